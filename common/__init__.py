@@ -1,0 +1,1 @@
+"""Small shared pieces: user-facing errors and CLI plumbing."""
