@@ -1,0 +1,1 @@
+"""Model side: the full-bandwidth wrapper, its fusion unit, the prefill engine, presets and training."""

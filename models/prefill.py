@@ -1,0 +1,297 @@
+"""The prefill engine: every prefill and decoding mode, in one place.
+
+Prompts are left-padded so that every row's last token (the probed position T) is the last column.
+Positions are given as negative offsets from the end (-1 = T, -2 = T-1).
+
+Modes
+    standard        one parallel pass on token embeddings
+    recurrent-k     standard prefill of all T columns (its KV cache is reused), crop the last k columns and
+                    recompute them one token at a time, each fused with the previous position's top state
+    recurrent-full  recurrent-k with k = T-1: every position after the first fused, O(T) cached steps
+    fused-n         n extra parallel feedback passes over the whole prompt; fused-0 = standard
+Depths: 0 = vector entering block 0 (embedding or fused input), l = output of block l (L = raw output of the
+last block, *before* the final norm; HF's hidden_states[-1] is after it).
+"""
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from common.errors import UserError
+from models.full_bandwidth import FullBandwidthLM, LMOutput, decoder_layers
+
+MODE_RE = re.compile(r"^(standard|recurrent-(\d+|full)|fused-(\d+))$")
+DECODINGS = ("std", "soft", "fused")
+
+
+@dataclass(frozen=True)
+class Mode:
+    kind: str  # "standard" | "recurrent" | "fused"
+    n: int | None = None  # k for recurrent (None = full), passes for fused
+
+    @property
+    def name(self) -> str:
+        if self.kind == "standard":
+            return "standard"
+        if self.kind == "recurrent":
+            return "recurrent-full" if self.n is None else f"recurrent-{self.n}"
+        return f"fused-{self.n}"
+
+
+def parse_mode(mode: str | Mode) -> Mode:
+    if isinstance(mode, Mode):
+        return mode
+    m = MODE_RE.match(str(mode))
+    if not m:
+        raise UserError(f"unknown prefill mode {mode!r} (use standard, recurrent-K, recurrent-full or fused-N)")
+    if m.group(1) == "standard":
+        return Mode("standard")
+    if m.group(2) is not None:
+        if m.group(2) == "full":
+            return Mode("recurrent", None)
+        k = int(m.group(2))
+        return Mode("standard") if k == 0 else Mode("recurrent", k)
+    n = int(m.group(3))
+    return Mode("standard") if n == 0 else Mode("fused", n)
+
+
+@dataclass
+class PrefillResult:
+    mode: str
+    positions: tuple[int, ...]  # negative offsets from the end
+    logits: torch.Tensor  # [batch, n_pos, vocab]
+    top: torch.Tensor  # [batch, n_pos, d_model] post-final-norm state (fed back at the next position)
+    resid: torch.Tensor | None = None  # [batch, n_pos, L+1, d_model] residual stream at every depth
+
+
+def pad_left(seqs: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token id lists -> (input_ids [batch, T], attention_mask [batch, T])."""
+    if not seqs:
+        raise UserError("empty dataset: nothing to run")
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s) == 0:
+            raise UserError(f"sample {i} is empty")
+        ids[i, T - len(s):] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, T - len(s):] = 1
+    return ids, mask
+
+
+class ResidualRecorder:
+    """Forward hooks on the blocks; records the residual stream at chosen columns of the current call."""
+
+    def __init__(self, model: FullBandwidthLM):
+        self.layers = decoder_layers(model.lm)
+        self.cols: torch.Tensor | None = None  # columns of the current call to keep; None = record nothing
+        self.buf: list[torch.Tensor | None] = [None] * (len(self.layers) + 1)
+        self.handles = []
+
+    def _keep(self, depth: int, h: torch.Tensor) -> None:
+        if self.cols is not None:
+            self.buf[depth] = h[:, self.cols].detach()
+
+    def __enter__(self):
+        def pre_hook(mod, args, kwargs):
+            self._keep(0, args[0] if args else kwargs["hidden_states"])
+
+        self.handles.append(self.layers[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
+        for i, layer in enumerate(self.layers):
+            def hook(mod, args, out, depth=i + 1):
+                self._keep(depth, out[0] if isinstance(out, tuple) else out)
+
+            self.handles.append(layer.register_forward_hook(hook))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def take(self) -> torch.Tensor:
+        out = torch.stack(self.buf, dim=2)  # [batch, n_cols, L+1, d_model]
+        self.buf = [None] * len(self.buf)
+        return out
+
+
+@contextmanager
+def _maybe_record(model, collect: bool):
+    if collect:
+        with ResidualRecorder(model) as rec:
+            yield rec
+    else:
+        yield None
+
+
+def _check_inputs(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  positions: tuple[int, ...]) -> None:
+    if input_ids.ndim != 2 or input_ids.shape != attention_mask.shape:
+        raise UserError("input_ids and attention_mask must both be [batch, T]")
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise UserError("empty dataset: nothing to run")
+    if not bool(attention_mask[:, -1].all()):
+        raise UserError("prompts must be left-padded (the last column must be a real token in every row)")
+    T = input_ids.shape[1]
+    ctx = getattr(model.config, "max_position_embeddings", None)
+    longest = int(attention_mask.sum(-1).max())
+    if ctx is not None and longest > ctx:
+        raise UserError(f"prompt of {longest} tokens is longer than the model's context ({ctx})")
+    for p in positions:
+        if not (-T <= p < 0):
+            raise UserError(f"position {p} out of range for prompts of {T} columns (use -1 .. -{T})")
+
+
+def _shift_state(top: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """state[:, t] = top[:, t-1]; fuse only where the previous column is a real token of the same row."""
+    state = torch.zeros_like(top)
+    state[:, 1:] = top[:, :-1]
+    fuse = torch.zeros_like(attention_mask, dtype=torch.bool)
+    fuse[:, 1:] = attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()
+    return state, fuse
+
+
+def _standard(model, ids, mask, cols, rec, use_cache=False) -> LMOutput:
+    if rec is not None:
+        rec.cols = cols
+    cache = DynamicCache(config=model.config) if use_cache else None
+    return model(ids, mask, cache=cache, use_cache=use_cache)
+
+
+def _fused(model, ids, mask, n, cols, rec, use_cache=False) -> LMOutput:
+    out = model(ids, mask)  # pass 0 (standard)
+    for i in range(n):
+        last = i == n - 1
+        if rec is not None and last:
+            rec.cols = cols
+        state, fuse = _shift_state(out.top, mask)
+        cache = DynamicCache(config=model.config) if (use_cache and last) else None
+        out = model(ids, mask, state=state, fuse_mask=fuse, cache=cache, use_cache=use_cache and last)
+    return out
+
+
+def _recurrent(model, ids, mask, k, cols, rec):
+    """Standard prefill with cache, crop the last k columns, recompute them sequentially with feedback.
+
+    Returns (standard_out, logits [B, T_or_cols, V], top, resid) for columns `cols`.
+    """
+    T = ids.shape[1]
+    k = T - 1 if k is None else min(k, T - 1)
+    if rec is not None:
+        rec.cols = cols
+    cache = DynamicCache(config=model.config)
+    std = model(ids, mask, cache=cache, use_cache=True)
+    std_resid = rec.take() if rec is not None else None
+    logits, top = std.logits[:, cols].clone(), std.top[:, cols].clone()
+    resid = std_resid.clone() if std_resid is not None else None
+    if k == 0:
+        return std, std_resid, logits, top, resid
+    cache.crop(-k)
+    prev = std.top[:, T - k - 1]  # [batch, d_model]
+    col_pos = {int(c): j for j, c in enumerate(cols.tolist())}
+    for t in range(T - k, T):
+        fuse = (mask[:, t - 1].bool() & mask[:, t].bool())[:, None]  # [batch, 1]
+        j = col_pos.get(t)
+        if rec is not None:
+            rec.cols = torch.tensor([0]) if j is not None else None
+        out = model(ids[:, t:t + 1], mask[:, :t + 1], state=prev[:, None], fuse_mask=fuse, cache=cache,
+                    use_cache=True)
+        prev = out.top[:, 0]
+        if j is not None:
+            logits[:, j], top[:, j] = out.logits[:, 0], out.top[:, 0]
+            if rec is not None:
+                resid[:, j] = rec.take()[:, 0]
+    return std, std_resid, logits, top, resid
+
+
+@torch.no_grad()
+def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 modes=("standard",), positions: tuple[int, ...] = (-1,), collect: bool = True
+                 ) -> dict[str, PrefillResult]:
+    """Run several prefill modes on one left-padded batch, sharing work where modes allow.
+
+    The standard result comes for free with any recurrent mode (same prefill, same KV cache).
+    """
+    parsed = [parse_mode(m) for m in modes]
+    if not model.has_fusion and any(m.kind != "standard" for m in parsed):
+        raise UserError("this model has no fusion module: only the standard prefill mode is available")
+    positions = tuple(int(p) for p in positions)
+    _check_inputs(model, input_ids, attention_mask, positions)
+    T = input_ids.shape[1]
+    cols = torch.tensor([T + p for p in positions])
+    results: dict[str, PrefillResult] = {}
+    want_std = any(m.kind == "standard" for m in parsed)
+    with _maybe_record(model, collect) as rec:
+        for m in parsed:
+            if m.kind == "recurrent":
+                std, std_resid, logits, top, resid = _recurrent(model, input_ids, attention_mask, m.n, cols, rec)
+                results[m.name] = PrefillResult(m.name, positions, logits, top, resid)
+                if want_std and "standard" not in results:
+                    results["standard"] = PrefillResult("standard", positions, std.logits[:, cols],
+                                                        std.top[:, cols], std_resid)
+        for m in parsed:
+            if m.name in results:
+                continue
+            if m.kind == "standard":
+                out = _standard(model, input_ids, attention_mask, cols, rec)
+            else:
+                out = _fused(model, input_ids, attention_mask, m.n, cols, rec)
+            results[m.name] = PrefillResult(m.name, positions, out.logits[:, cols], out.top[:, cols],
+                                            rec.take() if rec is not None else None)
+    return {m.name: results[m.name] for m in parsed}
+
+
+def prefill(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+            mode: str = "standard", positions: tuple[int, ...] = (-1,), collect: bool = True) -> PrefillResult:
+    """One prefill mode; see `prefill_many`."""
+    return next(iter(prefill_many(model, input_ids, attention_mask, (mode,), positions, collect).values()))
+
+
+@torch.no_grad()
+def generate(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             max_new_tokens: int, decoding: str = "std") -> torch.Tensor:
+    """Greedy generation. Returns new token ids [batch, max_new_tokens].
+
+    std    token embeddings only
+    soft   recurrent-1 prefill (the last prompt token is fed like a decoding step, fused with h_{T-1}),
+           then every generated token fused with the previous top state
+    fused  fused-1 prefill, then as soft
+    """
+    if decoding not in DECODINGS:
+        raise UserError(f"unknown decoding {decoding!r} (use one of {', '.join(DECODINGS)})")
+    if decoding != "std" and not model.has_fusion:
+        raise UserError(f"decoding {decoding!r} needs a model with a fusion module")
+    _check_inputs(model, input_ids, attention_mask, (-1,))
+    T = input_ids.shape[1]
+    cols = torch.tensor([T - 1])
+    if decoding == "std":
+        out = _standard(model, input_ids, attention_mask, cols, None, use_cache=True)
+        cache, prev = out.cache, out.top[:, -1]
+        logits = out.logits[:, -1]
+    elif decoding == "fused":
+        out = _fused(model, input_ids, attention_mask, 1, cols, None, use_cache=True)
+        cache, prev, logits = out.cache, out.top[:, -1], out.logits[:, -1]
+    else:
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids, attention_mask, cache=cache, use_cache=True)
+        cache.crop(-1)
+        fuse = (attention_mask[:, -2].bool() if T > 1 else torch.zeros_like(attention_mask[:, -1]).bool())[:, None]
+        out = model(input_ids[:, -1:], attention_mask, state=out.top[:, -2:-1], fuse_mask=fuse, cache=cache,
+                    use_cache=True)
+        prev, logits = out.top[:, -1], out.logits[:, -1]
+    mask = attention_mask
+    new = []
+    for step in range(max_new_tokens):
+        tok = logits.argmax(-1)  # [batch]
+        new.append(tok)
+        if step == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        state = None if decoding == "std" else prev[:, None]
+        out = model(tok[:, None], mask, state=state, cache=cache, use_cache=True)
+        prev, logits = out.top[:, -1], out.logits[:, -1]
+    return torch.stack(new, dim=1) if new else input_ids.new_zeros((input_ids.shape[0], 0))

@@ -1,0 +1,144 @@
+"""Deterministic generators for the three probing tasks, plus ``make_dataset`` and a dataset fingerprint.
+
+Samples come in adjacent pairs (label 0 first, then label 1) that differ only in the line that determines
+the label, so each dataset is exactly balanced. All randomness comes from a ``random.Random(seed)``
+local to the call: the same arguments always give byte-identical samples.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+
+from common.errors import UserError
+
+from .samples import FINAL_TOKEN, REGISTERS, TASKS, WRITES_CHOICES, Sample
+
+# Bump when the text format changes so cached artefacts keyed by the fingerprint are invalidated.
+FORMAT_VERSION = 1
+
+
+class _GroupIds:
+    """Small ints assigned to group keys in order of first appearance."""
+
+    def __init__(self) -> None:
+        self._ids: dict = {}
+
+    def __call__(self, key) -> int:
+        return self._ids.setdefault(key, len(self._ids))
+
+
+def _completion(n_pairs: int, n: int, rng: random.Random) -> list[Sample]:
+    # Group = (R, C_mismatch): both members of a pair share it, and since every sample with a given
+    # (R, C) combination lands in the same group, a grouped-CV probe can never have seen the label of a
+    # held-out (R, C) combination; it must compute C == R rather than memorise combinations.
+    # With digits there are at most 10 * 9 = 90 groups.
+    groups = _GroupIds()
+    distractors = ["scratch += 0"] * n
+    out = []
+    for pair_id in range(n_pairs):
+        r = rng.randrange(10)
+        c_mismatch = rng.choice([d for d in range(10) if d != r])
+        s = rng.randrange(10)
+        gid = groups((r, c_mismatch))
+        for label, c in ((0, c_mismatch), (1, r)):
+            lines = [f"required = {r}", f"completed = {c}", f"scratch = {s}", *distractors, "Status" + FINAL_TOKEN]
+            out.append(Sample("completion", "\n".join(lines), label, pair_id, gid, n))
+    return out
+
+
+def _memory(n_pairs: int, n: int, rng: random.Random) -> list[Sample]:
+    # Group = the scratch context (the distractor lines): identical contexts share a group id. With
+    # N = 0 every context is empty, so the whole dataset is ONE group; grouped CV then needs N > 0 (or
+    # enough distinct contexts, 2**N of them exist) to have more groups than folds.
+    groups = _GroupIds()
+    out = []
+    for pair_id in range(n_pairs):
+        bits = tuple(rng.randrange(2) for _ in range(n))  # label-independent
+        gid = groups(bits)
+        distractors = [f"scratch ^= {b}" for b in bits]
+        for label in (0, 1):
+            lines = [f"state = {label}", "scratch = 0", *distractors, "# final state" + FINAL_TOKEN]
+            out.append(Sample("memory", "\n".join(lines), label, pair_id, gid, n))
+    return out
+
+
+def _multi_register(n_pairs: int, n: int, rng: random.Random, writes: int | None) -> list[Sample]:
+    # Group = the update history (incl. nop placement); in practice each pair is its own group.
+    groups = _GroupIds()
+    out = []
+    for pair_id in range(n_pairs):
+        w = writes if writes is not None else WRITES_CHOICES[pair_id % len(WRITES_CHOICES)]
+        while True:
+            order = [reg for reg in REGISTERS for _ in range(w)]
+            rng.shuffle(order)
+            values = [rng.randrange(2) for _ in order]
+            latest = {reg: v for reg, v in zip(order, values)}
+            # Need one register whose latest value is 0 and one whose latest is 1 to form a pair.
+            if len(set(latest.values())) == 2:
+                break
+        total = len(order) + n
+        nop_slots = set(rng.sample(range(total), n))
+        history, it = [], iter(zip(order, values))
+        for pos in range(total):
+            if pos in nop_slots:
+                history.append("nop")
+            else:
+                reg, v = next(it)
+                history.append(f"{reg} = {v}")
+        q0 = rng.choice([reg for reg in REGISTERS if latest[reg] == 0])
+        q1 = rng.choice([reg for reg in REGISTERS if latest[reg] == 1])
+        gid = groups(tuple(history))
+        for label, q in ((0, q0), (1, q1)):
+            lines = [*history, f"get {q}", "value" + FINAL_TOKEN]
+            out.append(Sample("multi_register", "\n".join(lines), label, pair_id, gid, n, writes=w))
+    return out
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
+                 writes: int | None = None) -> list[Sample]:
+    """Return ``2 * n_pairs`` samples of ``task`` with ``n_distractors`` distractor lines each.
+
+    Pair members are adjacent (label 0 then label 1). For multi_register, ``writes`` fixes the number of
+    writes per register; ``None`` cycles 2, 4, 8 over the pair index so all three appear.
+    """
+    if task not in TASKS:
+        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+    if not _is_int(n_distractors) or n_distractors < 0:
+        raise UserError(f"number of distractors must be a non-negative integer, got {n_distractors!r}")
+    if not _is_int(n_pairs) or n_pairs < 1:
+        raise UserError(f"number of pairs must be a positive integer, got {n_pairs!r}")
+    if not _is_int(seed):
+        raise UserError(f"seed must be an integer, got {seed!r}")
+    if writes is not None:
+        if task != "multi_register":
+            raise UserError(f"writes only applies to task 'multi_register', not {task!r}")
+        if not _is_int(writes) or writes not in WRITES_CHOICES:
+            raise UserError(f"writes must be one of {', '.join(map(str, WRITES_CHOICES))}, got {writes!r}")
+    rng = random.Random(seed)
+    if task == "completion":
+        return _completion(n_pairs, n_distractors, rng)
+    if task == "memory":
+        return _memory(n_pairs, n_distractors, rng)
+    return _multi_register(n_pairs, n_distractors, rng, writes)
+
+
+def dataset_fingerprint(samples) -> str:
+    """SHA-256 hex digest of a canonical JSON dump of the samples, for cache keys.
+
+    ``n_tokens`` is left out: it depends on the tokenizer, not on the dataset, so the fingerprint is the
+    same before and after ``tokenize_samples`` (key the tokenizer separately).
+    """
+    rows = []
+    for s in samples:
+        d = dataclasses.asdict(s)
+        d.pop("n_tokens", None)
+        rows.append(d)
+    blob = json.dumps({"format": FORMAT_VERSION, "samples": rows}, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()

@@ -1,0 +1,87 @@
+"""Word-level tokenizer over the whole task vocabulary, and prompt tokenization with the final-token check."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from common.errors import UserError
+
+from .samples import LABEL_WORDS, REGISTERS, Sample
+
+PAD_TOKEN = "[PAD]"
+UNK_TOKEN = "[UNK]"
+
+# Every token any task text (prompt + answer) can contain. Order fixes the ids: keep appending only.
+_TASK_TOKENS = (
+    [str(d) for d in range(10)]
+    + list(REGISTERS)
+    + ["required", "completed", "scratch", "Status", "state", "final", "value", "get", "nop"]
+    + ["=", "+=", "^=", ":", "#", "\n"]
+    + [w for words in LABEL_WORDS.values() for w in words]
+)
+# Words (\w+), operator runs (+=, ^=, :, #) and newlines are tokens; other whitespace is dropped.
+# (The Whitespace pre-tokenizer would drop the newlines.)
+_SPLIT_PATTERN = r"\w+|[^\w\s]+|\n"
+
+
+def _vocab() -> dict[str, int]:
+    vocab: dict[str, int] = {PAD_TOKEN: 0, UNK_TOKEN: 1}
+    for tok in _TASK_TOKENS:
+        vocab.setdefault(tok, len(vocab))  # label words "0"/"1" repeat the digits
+    return vocab
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Word-level tokenizer: [PAD] = 0, [UNK] = 1, then every task token. No BOS/EOS is added."""
+    tok = Tokenizer(models.WordLevel(_vocab(), unk_token=UNK_TOKEN))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="removed", invert=True)
+    # Readable decode: put a space before every token, join, then undo the spaces around "\n" and
+    # before ":" so decode(encode(text)) == text for task texts.
+    tok.decoder = decoders.Sequence([
+        decoders.Replace(Regex("^"), " "),
+        decoders.Fuse(),
+        decoders.Replace(" \n ", "\n"),
+        decoders.Replace(" \n", "\n"),
+        decoders.Replace(" :", ":"),
+        decoders.Strip(" ", 1, 0),
+    ])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD_TOKEN, unk_token=UNK_TOKEN)
+
+
+def _tokenizer_name(tokenizer) -> str:
+    return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+
+
+def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]:
+    """Token ids of each prompt (no special tokens) and the samples with ``n_tokens`` filled.
+
+    Raises ``UserError`` unless every prompt ends with the same final token id: the layer-0 chance
+    guarantee of SPEC section 3 rests on it, and some tokenizers merge ":" with the preceding word.
+    """
+    samples = list(samples)
+    if not samples:
+        raise UserError("empty dataset: no samples to tokenize")
+    enc = tokenizer([s.text for s in samples], add_special_tokens=False)
+    ids = [list(x) for x in enc["input_ids"]]
+    name = _tokenizer_name(tokenizer)
+    for s, row in zip(samples, ids):
+        if not row:
+            raise UserError(f"tokenizer {name!r} gives no tokens for a {s.task} prompt (pair {s.pair_id})")
+    # The expected ending is the most common final id (ties -> first seen), so the one sample reported
+    # is the odd one out rather than whichever happened to come first.
+    counts = collections.Counter(row[-1] for row in ids)
+    expected = max(counts, key=lambda t: counts[t])
+    for s, row in zip(samples, ids):
+        if row[-1] != expected:
+            got = tokenizer.decode(row[-3:])
+            want = tokenizer.decode([expected])
+            raise UserError(
+                f"tokenizer {name!r}: prompts do not all end with the same final token; "
+                f"{s.task} sample (pair {s.pair_id}, label {s.label}) ends with {got!r} "
+                f"(last token {tokenizer.decode(row[-1:])!r}), expected final token {want!r}"
+            )
+    out = [dataclasses.replace(s, n_tokens=len(row)) for s, row in zip(samples, ids)]
+    return ids, out
