@@ -162,8 +162,10 @@ def _standard(model, ids, mask, cols, rec, use_cache=False) -> LMOutput:
     return model(ids, mask, cache=cache, use_cache=use_cache)
 
 
-def _fused(model, ids, mask, n, cols, rec, use_cache=False) -> LMOutput:
+def _iter_fused(model, ids, mask, n, cols=None, rec=None, use_cache=False):
+    """Yield (k, output) for k = 0..n Jacobi passes; pass k fuses pass k-1's top states shifted right."""
     out = model(ids, mask)  # pass 0 (standard)
+    yield 0, out
     for i in range(n):
         last = i == n - 1
         if rec is not None and last:
@@ -171,7 +173,39 @@ def _fused(model, ids, mask, n, cols, rec, use_cache=False) -> LMOutput:
         state, fuse = _shift_state(out.top, mask)
         cache = DynamicCache(config=model.config) if (use_cache and last) else None
         out = model(ids, mask, state=state, fuse_mask=fuse, cache=cache, use_cache=use_cache and last)
+        yield i + 1, out
+
+
+def _fused(model, ids, mask, n, cols, rec, use_cache=False) -> LMOutput:
+    for _, out in _iter_fused(model, ids, mask, n, cols, rec, use_cache):
+        pass
     return out
+
+
+@dataclass
+class FusedTrajectory:
+    logits: torch.Tensor  # [passes+1, batch, n_pos, vocab]; entry k = fused-k (k = 0 is standard)
+    state_change: torch.Tensor  # [passes+1]; mean over real positions of ||h^(k) - h^(k-1)||, entry 0 = nan
+    state_norm: torch.Tensor  # [passes+1]; mean ||h^(k)|| over real positions
+
+
+@torch.no_grad()
+def fused_trajectory(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     n_passes: int, positions: tuple[int, ...] = (-1,)) -> FusedTrajectory:
+    """Every fused-k for k = 0..n_passes in one run (the Jacobi iterates), with the state change per pass."""
+    if not model.has_fusion:
+        raise UserError("this model has no fusion module: fused prefill is not available")
+    _check_inputs(model, input_ids, attention_mask, positions)
+    T = input_ids.shape[1]
+    cols = torch.tensor([T + p for p in positions])
+    real = attention_mask.bool()
+    logits, change, norm, prev = [], [], [], None
+    for k, out in _iter_fused(model, input_ids, attention_mask, n_passes):
+        logits.append(out.logits[:, cols])
+        norm.append(out.top.norm(dim=-1)[real].mean())
+        change.append(torch.tensor(float("nan")) if prev is None else (out.top - prev).norm(dim=-1)[real].mean())
+        prev = out.top
+    return FusedTrajectory(torch.stack(logits), torch.stack(change), torch.stack(norm))
 
 
 def _recurrent(model, ids, mask, k, cols, rec):
@@ -216,6 +250,7 @@ def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask
 
     The standard result comes for free with any recurrent mode (same prefill, same KV cache).
     """
+    modes = list(modes)
     parsed = [parse_mode(m) for m in modes]
     if not model.has_fusion and any(m.kind != "standard" for m in parsed):
         raise UserError("this model has no fusion module: only the standard prefill mode is available")
@@ -242,7 +277,8 @@ def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask
                 out = _fused(model, input_ids, attention_mask, m.n, cols, rec)
             results[m.name] = PrefillResult(m.name, positions, out.logits[:, cols], out.top[:, cols],
                                             rec.take() if rec is not None else None)
-    return {m.name: results[m.name] for m in parsed}
+    # Keyed by the name the caller asked for: aliases of standard (fused-0, recurrent-0) keep their names.
+    return {(m if isinstance(m, str) else p.name): results[p.name] for m, p in zip(modes, parsed)}
 
 
 def prefill(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -266,6 +302,10 @@ def generate(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: to
     if decoding != "std" and not model.has_fusion:
         raise UserError(f"decoding {decoding!r} needs a model with a fusion module")
     _check_inputs(model, input_ids, attention_mask, (-1,))
+    ctx = getattr(model.config, "max_position_embeddings", None)
+    longest = int(attention_mask.sum(-1).max())
+    if ctx is not None and longest + max_new_tokens - 1 > ctx:  # the last new token is never fed back in
+        raise UserError(f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the model's context ({ctx})")
     T = input_ids.shape[1]
     cols = torch.tensor([T - 1])
     if decoding == "std":
@@ -274,6 +314,9 @@ def generate(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: to
         logits = out.logits[:, -1]
     elif decoding == "fused":
         out = _fused(model, input_ids, attention_mask, 1, cols, None, use_cache=True)
+        cache, prev, logits = out.cache, out.top[:, -1], out.logits[:, -1]
+    elif T == 1:  # no previous state to feed: recurrent-1 of one token is the standard prefill
+        out = _standard(model, input_ids, attention_mask, cols, None, use_cache=True)
         cache, prev, logits = out.cache, out.top[:, -1], out.logits[:, -1]
     else:
         cache = DynamicCache(config=model.config)

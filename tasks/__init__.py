@@ -5,7 +5,7 @@ determines the label; ``group_id`` is the cross-validation group held out as a w
 """
 from .generators import dataset_fingerprint, make_dataset
 from .samples import DISTRACTOR_COUNTS, LABEL_WORDS, TASKS, Sample
-from .tokenizer import build_tokenizer, tokenize_samples
+from .tokenizer import build_tokenizer, label_token_ids, tokenize_samples
 
 __all__ = [
     "TASKS",
@@ -16,4 +16,5 @@ __all__ = [
     "dataset_fingerprint",
     "build_tokenizer",
     "tokenize_samples",
+    "label_token_ids",
 ]

@@ -85,3 +85,21 @@ def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]
             )
     out = [dataclasses.replace(s, n_tokens=len(row)) for s, row in zip(samples, ids)]
     return ids, out
+
+
+def label_token_ids(tokenizer, task: str) -> list[int]:
+    """Token id of each label word (index = label) as it follows the prompt, for any tokenizer."""
+    from .generators import make_dataset
+
+    out = []
+    for label in (0, 1):
+        sample = next(s for s in make_dataset(task, n_pairs=1, n_distractors=0, seed=0) if s.label == label)
+        prompt = tokenizer(sample.text, add_special_tokens=False)["input_ids"]
+        full = tokenizer(sample.full_text, add_special_tokens=False)["input_ids"]
+        if full[:len(prompt)] != prompt or len(full) == len(prompt):
+            raise UserError(f"tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__} "
+                            f"does not split {task} answers from the prompt cleanly")
+        out.append(full[len(prompt)])
+    if out[0] == out[1]:
+        raise UserError(f"the two {task} label words share their first token under this tokenizer")
+    return out

@@ -1,0 +1,26 @@
+# Quick start: `make demo` (set up + main job) and `make test` (set up + test suite).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test setup clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU build of torch lies on disk; install it before anything can pull a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m probes.run --task completion --overwrite
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+clean-venv:
+	rm -rf $(VENV)

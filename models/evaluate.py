@@ -1,0 +1,156 @@
+"""Label accuracy of a model per task x decoding/prefill mode x N.
+
+    python -m models.evaluate --model tiny-fbt
+    python -m models.evaluate --model checkpoints/tiny-std --modes std --distractors 0,8
+
+Accuracy = greedy (full-vocabulary argmax) next token at the final prompt position equals the label word.
+Decoding modes reduce to a prefill for the first generated token: std = standard prefill, soft = recurrent-1
+(the last prompt token is fed like a decoding step, fused with h_{T-1}), fused = fused-1.
+`fused-1..K` evaluates every fused-k for k = 1..K in one Jacobi run and reports each k.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from common.errors import UserError, cli_entry
+from models.prefill import fused_trajectory, pad_left, parse_mode, prefill_many
+from models.presets import load_model
+from tasks import DISTRACTOR_COUNTS, TASKS, label_token_ids, make_dataset, tokenize_samples
+
+DECODING_AS_PREFILL = {"std": "standard", "soft": "recurrent-1", "fused": "fused-1"}
+DEFAULT_MODES = "std,soft,fused,recurrent-full,fused-1..30"
+EVAL_SEED = 424242  # disjoint from the training seeds' streams
+
+
+def parse_modes(spec: str, has_fusion: bool) -> tuple[list[str], int]:
+    """-> (list of single modes, K of a fused-1..K sweep or 0)."""
+    modes, sweep = [], 0
+    for m in [x.strip() for x in spec.split(",") if x.strip()]:
+        if m.startswith("fused-1.."):
+            try:
+                sweep = int(m.split("..")[1])
+            except ValueError:
+                raise UserError(f"bad sweep {m!r}: use fused-1..K") from None
+            if sweep < 1:
+                raise UserError(f"bad sweep {m!r}: K must be >= 1")
+            continue
+        parse_mode(DECODING_AS_PREFILL.get(m, m))  # validates
+        modes.append(m)
+    if not has_fusion:
+        dropped = [m for m in modes if DECODING_AS_PREFILL.get(m, m) != "standard"]
+        if dropped or sweep:
+            print(f"note: model has no fusion module; skipping {', '.join(dropped + (['fused sweep'] if sweep else []))}")
+        modes, sweep = [m for m in modes if m not in dropped], 0
+    if not modes and not sweep:
+        raise UserError("no modes to evaluate")
+    return modes, sweep
+
+
+def parse_ints(spec: str, what: str, lo: int = 0) -> list[int]:
+    try:
+        vals = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{what} must be comma-separated integers, got {spec!r}") from None
+    if not vals or any(v < lo for v in vals):
+        raise UserError(f"{what} must be integers >= {lo}, got {spec!r}")
+    return vals
+
+
+@torch.no_grad()
+def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progress=True) -> list[dict]:
+    rows = []
+    jobs = [(t, n) for t in tasks for n in ns]
+    for task, n in tqdm(jobs, disable=not progress, desc="evaluate"):
+        samples = make_dataset(task, n_pairs=n_pairs, n_distractors=n, seed=EVAL_SEED)
+        seqs, samples = tokenize_samples(samples, tok)
+        words = label_token_ids(tok, task)
+        labels = torch.tensor([words[s.label] for s in samples])
+        correct = {m: 0 for m in modes}
+        sweep_correct = torch.zeros(sweep + 1)
+        for i in range(0, len(seqs), batch_size):
+            ids, mask = pad_left(seqs[i:i + batch_size], tok.pad_token_id)
+            y = labels[i:i + batch_size]
+            res = prefill_many(model, ids, mask, [DECODING_AS_PREFILL.get(m, m) for m in modes], collect=False)
+            for m, r in zip(modes, res.values()):
+                correct[m] += int((r.logits[:, 0].argmax(-1) == y).sum())
+            if sweep:
+                traj = fused_trajectory(model, ids, mask, sweep)
+                sweep_correct += (traj.logits[:, :, 0].argmax(-1) == y[None]).sum(-1).float()
+        total = len(samples)
+        base = {"task": task, "n_distractors": n, "n_samples": total,
+                "mean_tokens": sum(s.n_tokens for s in samples) / total}
+        rows += [{**base, "mode": m, "accuracy": correct[m] / total} for m in modes]
+        rows += [{**base, "mode": f"fused-{k}", "accuracy": float(sweep_correct[k]) / total}
+                 for k in range(1, sweep + 1)]
+    return rows
+
+
+def table(rows, sweep) -> str:
+    show = lambda m: not (m.startswith("fused-") and m != "fused-1" and sweep)  # noqa: E731
+    modes = list(dict.fromkeys(r["mode"] for r in rows if show(r["mode"])))
+    head = f"{'task':15s} {'N':>4s} " + " ".join(f"{m:>14s}" for m in modes)
+    if sweep:
+        head += f" {'min fused-1..' + str(sweep):>16s}"
+    lines = [head]
+    keys = list(dict.fromkeys((r["task"], r["n_distractors"]) for r in rows))
+    for t, n in keys:
+        rs = {r["mode"]: r["accuracy"] for r in rows if r["task"] == t and r["n_distractors"] == n}
+        line = f"{t:15s} {n:4d} " + " ".join(f"{rs[m]:14.3f}" for m in modes)
+        if sweep:
+            line += f" {min(rs[f'fused-{k}'] for k in range(1, sweep + 1)):16.3f}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+@cli_entry
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m models.evaluate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny-fbt", help="preset name or checkpoint dir (default tiny-fbt)")
+    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks (default: all three)")
+    p.add_argument("--distractors", default=",".join(map(str, DISTRACTOR_COUNTS)),
+                   help="comma-separated N (default 0,8,32,128,256)")
+    p.add_argument("--modes", default=DEFAULT_MODES,
+                   help=f"decoding (std, soft, fused) and prefill modes; fused-1..K sweeps k (default {DEFAULT_MODES})")
+    p.add_argument("--n-pairs", type=int, default=50, help="pairs per task and N (default 50 = 100 samples)")
+    p.add_argument("--batch-size", type=int, default=64, help="samples per forward batch")
+    p.add_argument("--out", help="JSON output path (default <model dir>/eval.json for a checkpoint dir, "
+                                 "figures/<model>/eval.json otherwise)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    a = p.parse_args(argv)
+    tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
+    for t in tasks:
+        if t not in TASKS:
+            raise UserError(f"unknown task {t!r} (known: {', '.join(TASKS)})")
+    ns = parse_ints(a.distractors, "--distractors")
+    if a.n_pairs < 1:
+        raise UserError("--n-pairs must be >= 1")
+    model, tok, name = load_model(a.model)
+    if tok is None:
+        raise UserError(f"model {a.model} has no tokenizer beside it")
+    modes, sweep = parse_modes(a.modes, model.has_fusion)
+    out = Path(a.out) if a.out else Path("figures") / name / "eval.json"
+    if out.exists() and not a.overwrite:
+        raise UserError(f"{out} exists; pass --overwrite to replace it or --out elsewhere")
+    t0 = time.time()
+    rows = evaluate(model, tok, tasks, ns, modes, sweep, a.n_pairs, a.batch_size, not a.no_progress)
+    wall = time.time() - t0
+    print(table(rows, sweep))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"meta": {"model": a.model, "n_pairs": a.n_pairs, "seed": EVAL_SEED, "modes": a.modes,
+                    "wall_s": round(wall, 1)}, "results": rows}
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(out)
+    print(f"wrote {out} ({wall:.0f}s)")
+
+
+if __name__ == "__main__":
+    main()

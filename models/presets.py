@@ -1,0 +1,129 @@
+"""Named presets: training recipes for the shipped tiny models, and model loading by name or path."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from common.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKPOINTS = ROOT / "checkpoints"
+
+
+def parse_schedule(s: str) -> tuple[float, ...]:
+    """'75/22/3' -> probabilities of 1, 2, 3 passes per batch (normalized)."""
+    try:
+        parts = [float(x) for x in str(s).split("/")]
+    except ValueError:
+        raise UserError(f"bad schedule {s!r}: use weights of 1, 2, 3... passes separated by '/', e.g. 75/22/3") from None
+    if not parts or any(p < 0 for p in parts) or sum(parts) <= 0 or any(p != p for p in parts):
+        raise UserError(f"bad schedule {s!r}: weights must be non-negative with a positive sum, e.g. 75/22/3")
+    total = sum(parts)
+    return tuple(p / total for p in parts)
+
+
+@dataclass
+class TrainConfig:
+    """A training recipe. Validates itself on construction."""
+    arch: str = "qwen3"  # qwen3 | gpt2 (ignored when warm-starting from --base)
+    n_layers: int = 6
+    d_model: int = 128
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    d_ff: int = 256
+    max_len: int = 2048
+    schedule: str = "60/25/15"  # weights of 1, 2, 3... passes per batch
+    lam: float = 1.0  # lambda of the multi-pass loss
+    noise: float = 0.02  # uniform state noise U[-sigma, sigma] on the carried state
+    prefix_mix: float = 0.5  # probability that a row keeps a random-length unfused prefix
+    label_weight: float = 5.0  # loss weight on the label token (gets past the completion plateau)
+    depth_scale: bool = False  # scale residual-output init by 1/sqrt(2 L)
+    warm_passes: int = 0  # up to this many extra no-grad Jacobi passes before the first fused pass
+    warm_prob: float = 0.0  # probability of warm passes in a multi-pass batch (exposes near-fixed-point states)
+    distractors: dict = field(default_factory=lambda: {0: 0.25, 8: 0.3, 32: 0.3, 128: 0.15})
+    tasks: tuple = ("completion", "memory", "multi_register")
+    batch_tokens: int = 4096
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    warmup: int = 100
+    steps: int = 3000
+    seed: int = 0
+    eval_every: int = 250
+    save_every: int = 250
+
+    def __post_init__(self):
+        self.probs = parse_schedule(self.schedule)
+        if self.arch not in ("qwen3", "gpt2"):
+            raise UserError(f"unknown arch {self.arch!r} (qwen3 or gpt2)")
+        for name in ("n_layers", "d_model", "n_heads", "steps", "batch_tokens"):
+            if int(getattr(self, name)) <= 0:
+                raise UserError(f"{name} must be positive")
+        if self.warm_passes < 0 or not 0 <= self.warm_prob <= 1:
+            raise UserError("warm_passes must be >= 0 and warm_prob in [0, 1]")
+        if self.noise < 0 or not 0 <= self.prefix_mix <= 1 or self.lr <= 0:
+            raise UserError("noise must be >= 0, prefix_mix in [0, 1], lr > 0")
+        self.distractors = {int(k): float(v) for k, v in self.distractors.items()}
+
+    @property
+    def max_passes(self) -> int:
+        return len(self.probs)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["distractors"] = {str(k): v for k, v in self.distractors.items()}
+        d["tasks"] = list(self.tasks)
+        return d
+
+
+PRESETS: dict[str, TrainConfig] = {
+    "tiny-fbt": TrainConfig(),
+    "tiny-std": TrainConfig(schedule="1"),
+    "tiny-fbt-no3": TrainConfig(schedule="75/25"),
+}
+# A few-second recipe for tests and smoke runs.
+PRESETS["smoke"] = replace(PRESETS["tiny-fbt"], n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,
+                           steps=4, batch_tokens=256, eval_every=2, save_every=2,
+                           distractors={0: 0.5, 8: 0.5}, warmup=1)
+
+
+def get_preset(name: str) -> TrainConfig:
+    if name not in PRESETS:
+        raise UserError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    return replace(PRESETS[name])
+
+
+def checkpoint_dir(name: str) -> Path:
+    return CHECKPOINTS / name
+
+
+def load_model(name_or_path: str):
+    """Load a model by shipped preset name, full-bandwidth checkpoint dir, or plain HF model dir.
+
+    Returns (FullBandwidthLM, tokenizer or None, name). A plain HF LM is wrapped without a fusion module.
+    """
+    from models.full_bandwidth import FullBandwidthLM
+
+    p = Path(name_or_path)
+    if not p.exists() and name_or_path in PRESETS:
+        p = checkpoint_dir(name_or_path)
+        if not p.exists():
+            raise UserError(f"preset {name_or_path!r} has no shipped checkpoint at {p}; train it with "
+                            f"`python -m models.train --preset {name_or_path}`")
+    if not p.exists():
+        raise UserError(f"unknown model {name_or_path!r}: not a preset ({', '.join(k for k in PRESETS if k != 'smoke')}) "
+                        f"nor an existing directory")
+    cfg_file = p / "config.json"
+    if cfg_file.is_file() and '"full-bandwidth-lm"' in cfg_file.read_text(errors="replace"):
+        model = FullBandwidthLM.from_pretrained(p)
+    else:
+        from transformers import AutoModelForCausalLM
+        try:
+            lm = AutoModelForCausalLM.from_pretrained(str(p))
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot load a model from {p}: {str(e).splitlines()[0]}") from None
+        model = FullBandwidthLM(lm, fusion=False).eval()
+    tok = None
+    if (p / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+        tok = PreTrainedTokenizerFast.from_pretrained(str(p))
+    return model, tok, p.name

@@ -1,0 +1,303 @@
+"""Multi-pass (Jacobi) training of a FullBandwidthLM on the synthetic task mixture.
+
+    python -m models.train --preset tiny-fbt                     # trains into checkpoints/tiny-fbt
+    python -m models.train --preset tiny-fbt --out runs/x --resume
+    torchrun --nproc_per_node=2 -m models.train --preset smoke --out runs/ddp
+
+Loss: L = NTP(pass 1) + lambda/(K-1) * sum_{k=2..K} NTP(pass k); pass k>1 fuses pass k-1's top states shifted
+right by one; gradients flow through every pass (nothing detached). K is drawn per batch from the schedule.
+Every batch is a pure function of (seed, step, rank), so `--resume` continues bit-identically.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from common.errors import UserError, cli_entry
+from models.configs import gpt2_config, qwen3_config
+from models.full_bandwidth import FullBandwidthLM
+from models.presets import PRESETS, TrainConfig, checkpoint_dir, get_preset
+from models.prefill import _shift_state, pad_left, prefill_many
+from tasks import build_tokenizer, label_token_ids, make_dataset
+
+STATE_FILE = "trainer_state.pt"
+LOG_FILE = "train_log.json"
+
+
+# ----- data --------------------------------------------------------------------------------------------------
+def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1):
+    """Deterministic batch for (seed, step, rank).
+
+    One (task, N, writes) per batch: every row then has the same length, so there is no padding and
+    attention takes the fast causal path (a padded mask costs several times more on CPU).
+    """
+    rng = np.random.default_rng([cfg.seed, step, rank])
+    ns = sorted(cfg.distractors)
+    n = int(rng.choice(ns, p=np.array([cfg.distractors[k] for k in ns]) / sum(cfg.distractors.values())))
+    task = str(rng.choice(list(cfg.tasks)))
+    writes = int(rng.choice([2, 4, 8])) if task == "multi_register" else None
+    seed = int(rng.integers(2**31))
+    probe = make_dataset(task, n_pairs=1, n_distractors=n, seed=seed, writes=writes)[0]
+    length = len(tok(probe.full_text, add_special_tokens=False)["input_ids"])
+    rows = max(2, cfg.batch_tokens // length)
+    samples = make_dataset(task, n_pairs=(rows + 1) // 2, n_distractors=n, seed=seed, writes=writes)
+    order = rng.permutation(len(samples))[:rows]
+    samples = [samples[i] for i in order]
+    seqs = [tok(s.full_text, add_special_tokens=False)["input_ids"] for s in samples]
+    ids, mask = pad_left(seqs, tok.pad_token_id)
+    k = int(rng.choice(len(cfg.probs), p=np.array(cfg.probs))) + 1
+    warm = int(rng.integers(1, cfg.warm_passes + 1)) if (k > 1 and cfg.warm_passes and rng.random() < cfg.warm_prob) else 0
+    # Prefix mixin: a random-length prefix per row keeps plain embeddings (prompt prefilled normally).
+    lens = mask.sum(-1).numpy()
+    prefix = np.where(rng.random(len(seqs)) < cfg.prefix_mix, (rng.random(len(seqs)) * lens).astype(int), 0)
+    start = ids.shape[1] - lens  # first real column of each row
+    fuse_from = torch.as_tensor(start + prefix)
+    return ids, mask, k, warm, fuse_from, f"{task}/N={n}" + (f"/w={writes}" if writes else "")
+
+
+# ----- loss --------------------------------------------------------------------------------------------------
+def ntp_loss(logits, ids, mask, label_weight: float):
+    """Weighted next-token loss; the final target of every row (the label token) gets `label_weight`."""
+    tgt = ids[:, 1:]
+    valid = (mask[:, 1:] * mask[:, :-1]).float()
+    w = valid.clone()
+    w[:, -1] = w[:, -1] * label_weight
+    nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tgt.reshape(-1), reduction="none")
+    return (nll.view_as(w) * w).sum() / w.sum()
+
+
+def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, generator=None, warm: int = 0):
+    """Returns (total loss, [per-pass NTP losses]).
+
+    `warm` > 0 (recipe option, off in the paper's objective): before pass 2, run that many extra Jacobi passes
+    without gradient starting from pass 1's states, so pass 2 sees states closer to the recurrent fixed point
+    that `recurrent-full` and long `fused-n` produce at inference.
+    """
+    out = model(ids, mask)
+    losses = [ntp_loss(out.logits, ids, mask, cfg.label_weight)]
+    cols = torch.arange(ids.shape[1])[None]
+
+    def fused_pass(top):
+        state, fuse = _shift_state(top, mask)
+        if fuse_from is not None:
+            fuse = fuse & (cols >= fuse_from[:, None])
+        if cfg.noise > 0:
+            noise = torch.rand(state.shape, generator=generator, dtype=state.dtype) * 2 - 1
+            state = state + cfg.noise * noise
+        return model(ids, mask, state=state, fuse_mask=fuse)
+
+    top = out.top
+    if k > 1 and warm > 0:
+        with torch.no_grad():
+            for _ in range(warm):
+                top = fused_pass(top).top
+    for _ in range(2, k + 1):
+        out = fused_pass(top)
+        top = out.top
+        losses.append(ntp_loss(out.logits, ids, mask, cfg.label_weight))
+    total = losses[0] + (cfg.lam / (k - 1)) * sum(losses[1:]) if k > 1 else losses[0]
+    return total, losses
+
+
+# ----- model -------------------------------------------------------------------------------------------------
+def build_model(cfg: TrainConfig, vocab_size: int, base: str | None = None) -> FullBandwidthLM:
+    torch.manual_seed(cfg.seed)
+    if base:
+        from models.presets import load_model
+        model, _, _ = load_model(base)
+        return FullBandwidthLM(model.lm, fusion=True)
+    mk = qwen3_config if cfg.arch == "qwen3" else gpt2_config
+    kw = dict(n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.max_len)
+    if cfg.arch == "qwen3":
+        kw.update(n_kv_heads=cfg.n_kv_heads, d_ff=cfg.d_ff)
+    model = FullBandwidthLM.from_config(mk(vocab_size, **kw))
+    if cfg.depth_scale:
+        with torch.no_grad():
+            for name, p in model.lm.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight", "c_proj.weight")):
+                    p.mul_(1 / math.sqrt(2 * cfg.n_layers))
+    return model
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+# ----- evaluation --------------------------------------------------------------------------------------------
+@torch.no_grad()
+def label_accuracy(model, tok, task: str, n: int, modes, n_pairs: int = 32, seed: int = 10_000) -> dict:
+    """Label accuracy at the final position per prefill mode (argmax over the two label words)."""
+    samples = make_dataset(task, n_pairs=n_pairs, n_distractors=n, seed=seed)
+    seqs = [tok(s.text, add_special_tokens=False)["input_ids"] for s in samples]
+    ids, mask = pad_left(seqs, tok.pad_token_id)
+    words = label_token_ids(tok, task)
+    labels = torch.tensor([s.label for s in samples])
+    res = prefill_many(model, ids, mask, modes, positions=(-1,), collect=False)
+    return {m: float((r.logits[:, 0, words].argmax(-1) == labels).float().mean()) for m, r in res.items()}
+
+
+def quick_eval(model, tok, cfg: TrainConfig) -> dict:
+    model.eval()
+    out = {}
+    for task in cfg.tasks:
+        out[task] = label_accuracy(model, tok, task, 8, ["standard", "recurrent-1", "fused-8", "recurrent-full"],
+                                   n_pairs=16)
+    model.train()
+    return out
+
+
+# ----- checkpoints -------------------------------------------------------------------------------------------
+def save_checkpoint(model, tok, opt, cfg, step, log, out: Path):
+    model.save_pretrained(out, tokenizer=tok)
+    state = {"step": step, "optimizer": opt.state_dict(), "config": cfg.to_dict()}
+    torch.save(state, out / (STATE_FILE + ".tmp"))
+    (out / (STATE_FILE + ".tmp")).replace(out / STATE_FILE)
+    (out / (LOG_FILE + ".tmp")).write_text(json.dumps(log, indent=1))
+    (out / (LOG_FILE + ".tmp")).replace(out / LOG_FILE)
+
+
+def load_resume(model, opt, cfg, out: Path):
+    from safetensors.torch import load_model as st_load
+    state_file = out / STATE_FILE
+    if not state_file.is_file():
+        raise UserError(f"--resume: no {STATE_FILE} in {out}")
+    saved = FullBandwidthLM.read_config(out)
+    mine = model.lm.config.to_dict()
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads")
+    diff = [k for k in keys if saved["base_config"].get(k) != mine.get(k)]
+    if diff:
+        raise UserError(f"--resume: checkpoint in {out} has another architecture ({', '.join(diff)} differ)")
+    try:
+        st_load(model, str(out / "model.safetensors"), strict=False)
+        state = torch.load(state_file, weights_only=False)
+    except Exception as e:
+        raise UserError(f"--resume: corrupt checkpoint in {out}: {str(e).splitlines()[0]}") from None
+    opt.load_state_dict(state["optimizer"])
+    log = json.loads((out / LOG_FILE).read_text()) if (out / LOG_FILE).is_file() else {"history": []}
+    return state["step"], log
+
+
+# ----- main --------------------------------------------------------------------------------------------------
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="tiny-fbt", help=f"training recipe ({', '.join(PRESETS)}); default tiny-fbt")
+    p.add_argument("--out", help="output checkpoint dir (default checkpoints/<preset>)")
+    p.add_argument("--resume", action="store_true", help="continue from the trainer state in --out")
+    p.add_argument("--overwrite", action="store_true", help="allow replacing an existing checkpoint in --out")
+    p.add_argument("--base", help="warm start from an HF causal LM dir or preset (tokenizer of the base is kept)")
+    p.add_argument("--steps", type=int, help="total optimizer steps (overrides the preset)")
+    p.add_argument("--schedule", help="pass-count weights, e.g. 75/22/3 (overrides the preset)")
+    p.add_argument("--noise", type=float, help="uniform state noise sigma (default 0.02)")
+    p.add_argument("--lam", type=float, help="lambda, weight of the later passes")
+    p.add_argument("--label-weight", type=float, help="loss weight of the label token")
+    p.add_argument("--prefix-mix", type=float, help="probability of an unfused prefix per row")
+    p.add_argument("--warm-passes", type=int, help="max extra no-grad Jacobi passes before pass 2 (recipe option)")
+    p.add_argument("--warm-prob", type=float, help="probability of warm passes in a multi-pass batch")
+    p.add_argument("--depth-scale", action="store_true", help="scale residual-output init by 1/sqrt(2L)")
+    p.add_argument("--batch-tokens", type=int, help="approximate tokens per batch per process")
+    p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--seed", type=int, help="data and init seed")
+    p.add_argument("--eval-every", type=int, help="steps between evaluations")
+    p.add_argument("--save-every", type=int, help="steps between checkpoints")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: all)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+@cli_entry
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = get_preset(args.preset)
+    over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
+                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob")
+            if getattr(args, k) is not None}
+    if args.depth_scale:
+        over["depth_scale"] = True
+    cfg = replace(cfg, **over)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+    out = Path(args.out) if args.out else checkpoint_dir(args.preset)
+    if not args.resume and (out / "model.safetensors").exists() and not args.overwrite:
+        raise UserError(f"{out} already holds a checkpoint; use --resume to continue or --overwrite to replace it")
+
+    tok = build_tokenizer()
+    if args.base:
+        from models.presets import load_model
+        _, tok, _ = load_model(args.base)
+        if tok is None:
+            raise UserError(f"--base {args.base}: no tokenizer found beside the model")
+    model = build_model(cfg, len(tok), args.base)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    step, log = 0, {"config": cfg.to_dict(), "history": [], "evals": []}
+    if args.resume:
+        step, log = load_resume(model, opt, cfg, out)
+    t0 = time.time() - log.get("wall_s", 0.0)
+    from tqdm import tqdm
+    bar = tqdm(total=cfg.steps, initial=step, disable=args.no_progress or rank != 0, dynamic_ncols=True)
+    run_loss: dict[int, float] = {}
+    tokens_seen, tick = 0, time.time()
+    while step < cfg.steps:
+        ids, mask, k, warm, fuse_from, n = make_batch(cfg, tok, step, rank, world)
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 97 + rank)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(cfg, step)
+        loss, parts = multipass_loss(model, ids, mask, k, cfg, fuse_from, gen, warm)
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        if world > 1:
+            import torch.distributed as dist
+            for p in model.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+                p.grad /= world
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tokens_seen += int(mask.sum()) * k
+        lv = loss.item()
+        run_loss[k] = 0.9 * run_loss.get(k, lv) + 0.1 * lv
+        if rank == 0:
+            log["history"].append({"step": step, "passes": k, "batch": n, "loss": round(lv, 5),
+                                   "pass_losses": [round(x.item(), 5) for x in parts]})
+            el = time.time() - tick
+            bar.set_postfix({**{f"loss{kk}": f"{v:.3f}" for kk, v in sorted(run_loss.items())},
+                             "tok/s": f"{tokens_seen / max(el, 1e-9):.0f}"})
+            bar.update(1)
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                ev = quick_eval(model, tok, cfg)
+                log["evals"].append({"step": step, "wall_s": round(time.time() - t0, 1), "label_acc": ev})
+                bar.write(f"step {step}: " + "; ".join(
+                    f"{t} " + " ".join(f"{m}={a:.2f}" for m, a in r.items()) for t, r in ev.items()))
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                log["wall_s"] = round(time.time() - t0, 1)
+                save_checkpoint(model, tok, opt, cfg, step, log, out)
+    bar.close()
+    if rank == 0:
+        print(f"done: {step} steps in {time.time() - t0:.0f}s -> {out}")
+    if world > 1:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
