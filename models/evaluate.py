@@ -1,4 +1,4 @@
-"""Label accuracy of a model per task x decoding/prefill mode x N.
+"""Label accuracy (and label loss, -log p(label)) of a model per task x decoding/prefill mode x N.
 
     python -m models.evaluate --model tiny-fbt
     python -m models.evaluate --model checkpoints/tiny-std --modes std --distractors 0,8
@@ -72,22 +72,26 @@ def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progre
         words = label_token_ids(tok, task)
         labels = torch.tensor([words[s.label] for s in samples])
         correct = {m: 0 for m in modes}
-        sweep_correct = torch.zeros(sweep + 1)
+        nll = {m: 0.0 for m in modes}
+        sweep_correct, sweep_nll = torch.zeros(sweep + 1), torch.zeros(sweep + 1)
         for i in range(0, len(seqs), batch_size):
             ids, mask = pad_left(seqs[i:i + batch_size], tok.pad_token_id)
             y = labels[i:i + batch_size]
             res = prefill_many(model, ids, mask, [DECODING_AS_PREFILL.get(m, m) for m in modes], collect=False)
             for m, r in zip(modes, res.values()):
-                correct[m] += int((r.logits[:, 0].argmax(-1) == y).sum())
+                logits = r.logits[:, 0].float()  # [batch, vocab]
+                correct[m] += int((logits.argmax(-1) == y).sum())
+                nll[m] += float(-logits.log_softmax(-1).gather(1, y[:, None]).sum())
             if sweep:
-                traj = fused_trajectory(model, ids, mask, sweep)
-                sweep_correct += (traj.logits[:, :, 0].argmax(-1) == y[None]).sum(-1).float()
+                lg = fused_trajectory(model, ids, mask, sweep).logits[:, :, 0].float()  # [passes+1, batch, vocab]
+                sweep_correct += (lg.argmax(-1) == y[None]).sum(-1).float()
+                sweep_nll += -lg.log_softmax(-1).gather(2, y[None, :, None].expand(lg.shape[0], -1, 1)).sum((1, 2))
         total = len(samples)
         base = {"task": task, "n_distractors": n, "n_samples": total,
                 "mean_tokens": sum(s.n_tokens for s in samples) / total}
-        rows += [{**base, "mode": m, "accuracy": correct[m] / total} for m in modes]
-        rows += [{**base, "mode": f"fused-{k}", "accuracy": float(sweep_correct[k]) / total}
-                 for k in range(1, sweep + 1)]
+        rows += [{**base, "mode": m, "accuracy": correct[m] / total, "label_loss": nll[m] / total} for m in modes]
+        rows += [{**base, "mode": f"fused-{k}", "accuracy": float(sweep_correct[k]) / total,
+                  "label_loss": float(sweep_nll[k]) / total} for k in range(1, sweep + 1)]
     return rows
 
 

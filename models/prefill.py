@@ -176,6 +176,9 @@ def _iter_fused(model, ids, mask, n, cols=None, rec=None, use_cache=False):
         yield i + 1, out
 
 
+iter_fused = _iter_fused  # public name for analyses that need every pass's full output
+
+
 def _fused(model, ids, mask, n, cols, rec, use_cache=False) -> LMOutput:
     for _, out in _iter_fused(model, ids, mask, n, cols, rec, use_cache):
         pass

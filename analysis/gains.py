@@ -1,0 +1,99 @@
+"""Gain decomposition: where does the full-bandwidth model's accuracy come from?
+
+    python -m analysis.gains --fbt tiny-fbt --std tiny-std
+
+Per task and N, accuracy and label loss (-log p(label)) of
+    baseline        the standard model (trained 1-pass), standard decoding
+    fbt / std       the full-bandwidth model decoded WITHOUT feedback (training effect alone)
+    fbt / soft      with feedback during decoding (recurrent-1 at the final prompt token)
+    fbt / fused     fused-1 prefill, then feedback
+Writes gains.json and gains.html (grouped bars) under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from common.errors import UserError, cli_entry
+from models.evaluate import evaluate, parse_ints
+from models.presets import load_model
+from tasks import TASKS
+
+ARMS = (("baseline", "std_model", "std"), ("fbt/std", "fbt_model", "std"), ("fbt/soft", "fbt_model", "soft"),
+        ("fbt/fused", "fbt_model", "fused"))
+
+
+def figure(rows):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig = make_subplots(rows=2, cols=len(tasks), subplot_titles=[f"{t}: accuracy" for t in tasks] +
+                        [f"{t}: label loss" for t in tasks], shared_yaxes=False)
+    for arm, *_ in ARMS:
+        for j, t in enumerate(tasks):
+            rs = [r for r in rows if r["task"] == t and r["arm"] == arm]
+            x = [f"N={r['n_distractors']}" for r in rs]
+            for i, key in enumerate(("accuracy", "label_loss")):
+                fig.add_trace(go.Bar(x=x, y=[r[key] for r in rs], name=arm, legendgroup=arm,
+                                     showlegend=(i == 0 and j == 0),
+                                     hovertemplate=f"{arm}<br>%{{x}}<br>{key}=%{{y:.3f}}<br>n={rs[0]['n_samples'] if rs else 0}"),
+                              row=i + 1, col=j + 1)
+    fig.update_layout(barmode="group", title="Gain decomposition: training with feedback vs using it",
+                      height=700, width=420 * len(tasks))
+    return fig
+
+
+@cli_entry
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m analysis.gains", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fbt", default="tiny-fbt", help="full-bandwidth model (preset or dir)")
+    p.add_argument("--std", default="tiny-std", help="standard baseline model (preset or dir)")
+    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks")
+    p.add_argument("--distractors", default="0,8,32,128", help="comma-separated N (default 0,8,32,128)")
+    p.add_argument("--n-pairs", type=int, default=50, help="pairs per task and N (default 50)")
+    p.add_argument("--out", default="figures/gains", help="output dir (default figures/gains)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing results")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    a = p.parse_args(argv)
+    tasks = [t for t in a.tasks.split(",") if t]
+    for t in tasks:
+        if t not in TASKS:
+            raise UserError(f"unknown task {t!r} (known: {', '.join(TASKS)})")
+    ns = parse_ints(a.distractors, "--distractors")
+    out = Path(a.out)
+    if (out / "gains.json").exists() and not a.overwrite:
+        raise UserError(f"{out}/gains.json exists; pass --overwrite or another --out")
+    t0 = time.time()
+    fbt, fbt_tok, _ = load_model(a.fbt)
+    std, std_tok, _ = load_model(a.std)
+    if not fbt.has_fusion:
+        raise UserError(f"--fbt {a.fbt} has no fusion module")
+    ev_fbt = evaluate(fbt, fbt_tok, tasks, ns, ["std", "soft", "fused"], 0, a.n_pairs, progress=not a.no_progress)
+    ev_std = evaluate(std, std_tok, tasks, ns, ["std"], 0, a.n_pairs, progress=not a.no_progress)
+    rows = []
+    for arm, which, mode in ARMS:
+        src = ev_std if which == "std_model" else ev_fbt
+        rows += [{**r, "arm": arm} for r in src if r["mode"] == mode]
+    rows.sort(key=lambda r: (tasks.index(r["task"]), r["n_distractors"], [a_[0] for a_ in ARMS].index(r["arm"])))
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"meta": {"fbt": a.fbt, "std": a.std, "n_pairs": a.n_pairs, "wall_s": round(time.time() - t0, 1)},
+           "results": rows}
+    (out / "gains.json.tmp").write_text(json.dumps(doc, indent=1))
+    (out / "gains.json.tmp").replace(out / "gains.json")
+    figure(rows).write_html(out / "gains.html", include_plotlyjs=True)
+    print(f"{'task':15s} {'N':>4s} " + " ".join(f"{arm:>20s}" for arm, *_ in ARMS))
+    for t in tasks:
+        for n in ns:
+            rs = {r["arm"]: r for r in rows if r["task"] == t and r["n_distractors"] == n}
+            print(f"{t:15s} {n:4d} " + " ".join(
+                f"{rs[arm]['accuracy']:8.3f} / {rs[arm]['label_loss']:8.3f}  " for arm, *_ in ARMS))
+    print("(accuracy / label loss)")
+    print(f"wrote {out}/gains.json and gains.html")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Stability of iterated feedback (paper Fig. 3): validation loss and state change per fused-k pass.
+
+    python -m analysis.stability --models tiny-fbt,tiny-fbt-no3
+    python -m analysis.stability --models tiny-fbt --long          # also k = 100 and 1000
+
+For each model and task, runs the Jacobi passes of fused-k prefill on held-out samples (prompt + answer)
+and records after every pass k: validation NTP loss, label accuracy at the final prompt position, and the
+mean state change ||h^(k) - h^(k-1)|| over real positions. A map that contracts shows a falling state
+change and a flat loss; a diverging one shows both rising.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from common.errors import UserError, cli_entry
+from models.evaluate import EVAL_SEED, parse_ints
+from models.prefill import iter_fused, pad_left
+from models.presets import load_model
+from tasks import TASKS, make_dataset, tokenize_samples
+
+
+@torch.no_grad()
+def stability_curve(model, tok, task: str, n: int, passes: int, n_pairs: int, keep: set[int]) -> list[dict]:
+    samples = make_dataset(task, n_pairs=n_pairs, n_distractors=n, seed=EVAL_SEED)
+    _, samples = tokenize_samples(samples, tok)  # validates the shared final token
+    seqs = [tok(s.full_text, add_special_tokens=False)["input_ids"] for s in samples]
+    ids, mask = pad_left(seqs, tok.pad_token_id)
+    real = mask.bool()
+    valid = (mask[:, 1:] * mask[:, :-1]).bool()
+    rows, prev = [], None
+    for k, out in iter_fused(model, ids, mask, passes):
+        if k in keep:
+            nll = F.cross_entropy(out.logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")
+            label_ok = out.logits[:, -2].argmax(-1) == ids[:, -1]  # prediction at the final prompt token
+            rows.append({"task": task, "n_distractors": n, "passes": k,
+                         "val_loss": float(nll[valid].mean()),
+                         "label_accuracy": float(label_ok.float().mean()),
+                         "state_change": None if prev is None else float((out.top - prev).norm(dim=-1)[real].mean()),
+                         "state_norm": float(out.top.norm(dim=-1)[real].mean())})
+        prev = out.top
+    return rows
+
+
+def figure(results: dict):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("mean state change ||h(k) - h(k-1)||",
+                                                        "validation loss"))
+    for model_name, rows in results.items():
+        for task in dict.fromkeys(r["task"] for r in rows):
+            rs = [r for r in rows if r["task"] == task and r["passes"] > 0]
+            name = f"{model_name} / {task}"
+            fig.add_trace(go.Scatter(x=[r["passes"] for r in rs], y=[r["state_change"] for r in rs],
+                                     mode="lines+markers", name=name, legendgroup=name), row=1, col=1)
+            fig.add_trace(go.Scatter(x=[r["passes"] for r in rs], y=[r["val_loss"] for r in rs],
+                                     mode="lines+markers", name=name, legendgroup=name, showlegend=False),
+                          row=1, col=2)
+    fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_xaxes(title_text="fused passes k", type="log")
+    fig.update_layout(title="Iterated feedback: does the map contract?", height=480, width=1100)
+    return fig
+
+
+@cli_entry
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m analysis.stability", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="tiny-fbt,tiny-fbt-no3", help="comma-separated presets or checkpoint dirs")
+    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks (default all)")
+    p.add_argument("--distractors", type=int, default=8, help="N distractor lines (default 8)")
+    p.add_argument("--passes", type=int, default=30, help="max fused passes k (default 30)")
+    p.add_argument("--long", action="store_true", help="also run to k = 100 and 1000")
+    p.add_argument("--n-pairs", type=int, default=16, help="held-out pairs per task (default 16)")
+    p.add_argument("--out", default="figures/stability", help="output dir (default figures/stability)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing results in --out")
+    a = p.parse_args(argv)
+    if a.passes < 1 or a.n_pairs < 1 or a.distractors < 0:
+        raise UserError("--passes and --n-pairs must be >= 1, --distractors >= 0")
+    tasks = [t for t in a.tasks.split(",") if t]
+    for t in tasks:
+        if t not in TASKS:
+            raise UserError(f"unknown task {t!r} (known: {', '.join(TASKS)})")
+    out = Path(a.out)
+    if (out / "stability.json").exists() and not a.overwrite:
+        raise UserError(f"{out}/stability.json exists; pass --overwrite or another --out")
+    passes = 1000 if a.long else a.passes
+    keep = set(range(0, a.passes + 1)) | ({100, 1000} if a.long else set())
+    results, t0 = {}, time.time()
+    models = [m for m in a.models.split(",") if m]
+    for name in tqdm(models, desc="models"):
+        model, tok, _ = load_model(name)
+        if not model.has_fusion:
+            raise UserError(f"{name} has no fusion module; stability of feedback is undefined for it")
+        results[name] = [r for t in tasks for r in stability_curve(model, tok, t, a.distractors, passes, a.n_pairs, keep)]
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"meta": {"models": models, "tasks": tasks, "n_distractors": a.distractors, "passes": sorted(keep),
+                    "n_pairs": a.n_pairs, "seed": EVAL_SEED, "wall_s": round(time.time() - t0, 1)},
+           "results": results}
+    (out / "stability.json.tmp").write_text(json.dumps(doc, indent=1))
+    (out / "stability.json.tmp").replace(out / "stability.json")
+    figure(results).write_html(out / "stability.html", include_plotlyjs=True)
+    for name, rows in results.items():
+        for t in tasks:
+            rs = {r["passes"]: r for r in rows if r["task"] == t}
+            ks = [k for k in (1, 2, 3, 5, 10, 30, 100, 1000) if k in rs]
+            print(f"{name:14s} {t:15s} " + " ".join(
+                f"k={k}: dh={rs[k]['state_change']:.2e} loss={rs[k]['val_loss']:.3f} acc={rs[k]['label_accuracy']:.2f}"
+                for k in ks[:4]) + (f" ... k={ks[-1]}: dh={rs[ks[-1]]['state_change']:.2e} "
+                                    f"loss={rs[ks[-1]]['val_loss']:.3f} acc={rs[ks[-1]]['label_accuracy']:.2f}"))
+    print(f"wrote {out}/stability.json and stability.html")
+
+
+if __name__ == "__main__":
+    main()
