@@ -1,0 +1,95 @@
+"""Write MODEL_CARD.md for a trained checkpoint from its train_log.json and eval.json.
+
+    python -m models.card checkpoints/tiny-fbt --command "python -m models.train --preset tiny-fbt" --notes notes.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from common.errors import UserError, cli_entry
+from models.full_bandwidth import FullBandwidthLM
+
+
+def eval_table(rows: list[dict], modes: list[str]) -> str:
+    keys = list(dict.fromkeys((r["task"], r["n_distractors"]) for r in rows))
+    by = {(r["task"], r["n_distractors"], r["mode"]): r for r in rows}
+    sweep = sorted({int(r["mode"].split("-")[1]) for r in rows if r["mode"].startswith("fused-")})
+    head = "| task | N | " + " | ".join(modes) + (f" | min fused-1..{sweep[-1]} |" if sweep else " |")
+    lines = [head, "|" + "---|" * (len(modes) + 2 + bool(sweep))]
+    for t, n in keys:
+        cells = [f"{by[(t, n, m)]['accuracy']:.3f}" if (t, n, m) in by else "-" for m in modes]
+        if sweep:
+            cells.append(f"{min(by[(t, n, f'fused-{k}')]['accuracy'] for k in sweep):.3f}")
+        lines.append(f"| {t} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_card(path: Path, command: str, notes: str = "") -> str:
+    cfg = FullBandwidthLM.read_config(path)
+    log = json.loads((path / "train_log.json").read_text()) if (path / "train_log.json").is_file() else {}
+    ev = json.loads((path / "eval.json").read_text()) if (path / "eval.json").is_file() else None
+    tc = log.get("config", {})
+    base = cfg["base_config"]
+    from safetensors.torch import load_file
+    n_params = sum(t.numel() for t in load_file(str(path / "model.safetensors")).values())
+    hist = log.get("history", [])
+    lines = [f"# {path.name}", "",
+             f"Full-bandwidth checkpoint (format {cfg['format']} v{cfg['format_version']}); fusion "
+             f"{'enabled' if cfg['fusion']['enabled'] else 'disabled'}.", "",
+             "## Reproduce", "", "```bash", command, "```", "",
+             "## Architecture", "",
+             f"- base: {base.get('model_type')}-style decoder, "
+             f"{base.get('num_hidden_layers', base.get('n_layer'))} layers, d_model {base.get('hidden_size', base.get('n_embd'))}, "
+             f"{base.get('num_attention_heads', base.get('n_head'))} heads / {base.get('num_key_value_heads', '-')} KV heads, "
+             f"d_ff {base.get('intermediate_size', '-')}, vocab {base.get('vocab_size')}, tied embeddings: "
+             f"{base.get('tie_word_embeddings')}",
+             f"- parameters: {n_params:,}", "",
+             "## Training", ""]
+    if tc:
+        lines += [f"- steps: {len(hist)} of {tc.get('steps')}, wall time {log.get('wall_s', 0) / 60:.1f} min on 2 CPU cores",
+                  f"- pass schedule (1/2/3... passes): {tc.get('schedule')}; lambda {tc.get('lam')}; "
+                  f"state noise U[-{tc.get('noise')}, {tc.get('noise')}]; prefix mixin p={tc.get('prefix_mix')}; "
+                  f"label-token loss weight {tc.get('label_weight')}; warm no-grad passes "
+                  f"{tc.get('warm_passes')} (p={tc.get('warm_prob')}); depth scaling {tc.get('depth_scale')}",
+                  f"- data: tasks {', '.join(tc.get('tasks', []))} (one task/N per batch, uniform over tasks), "
+                  f"N mixture {tc.get('distractors')}, ~{tc.get('batch_tokens')} tokens per batch",
+                  f"- optimizer: AdamW lr {tc.get('lr')} (warm-up {tc.get('warmup')}, cosine to 10%), "
+                  f"weight decay {tc.get('weight_decay')}, seed {tc.get('seed')}"]
+        if hist:
+            last = hist[-50:]
+            lines.append(f"- final training loss (mean of last {len(last)} steps): "
+                         f"{sum(h['loss'] for h in last) / len(last):.4f}")
+    if ev:
+        modes = [m for m in dict.fromkeys(r["mode"] for r in ev["results"])
+                 if not (m.startswith("fused-") and m != "fused-1")]
+        lines += ["", "## Label accuracy", "",
+                  f"`python -m models.evaluate --model {path}` (n = {2 * ev['meta']['n_pairs']} samples per cell, "
+                  f"eval seed {ev['meta']['seed']}, greedy full-vocabulary argmax at the final prompt token; "
+                  f"std = standard, soft = recurrent-1, fused = fused-1):", "", eval_table(ev["results"], modes)]
+    if notes:
+        lines += ["", "## Notes", "", notes.strip()]
+    text = "\n".join(lines) + "\n"
+    (path / "MODEL_CARD.md").write_text(text)
+    return text
+
+
+@cli_entry
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m models.card", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", help="checkpoint dir")
+    p.add_argument("--command", required=True, help="the exact command that reproduces the checkpoint")
+    p.add_argument("--notes", help="markdown file with recipe notes to append")
+    a = p.parse_args(argv)
+    notes = ""
+    if a.notes:
+        if not Path(a.notes).is_file():
+            raise UserError(f"--notes {a.notes}: no such file")
+        notes = Path(a.notes).read_text()
+    print(write_card(Path(a.path), a.command, notes))
+
+
+if __name__ == "__main__":
+    main()
