@@ -38,17 +38,18 @@ class TrainConfig:
     prefix_mix: float = 0.5  # probability that a row keeps a random-length unfused prefix
     label_weight: float = 5.0  # loss weight on the label token (gets past the completion plateau)
     depth_scale: bool = False  # scale residual-output init by 1/sqrt(2 L)
-    warm_passes: int = 0  # up to this many extra no-grad Jacobi passes before the first fused pass
-    warm_prob: float = 0.0  # probability of warm passes in a multi-pass batch (exposes near-fixed-point states)
-    distractors: dict = field(default_factory=lambda: {0: 0.25, 8: 0.3, 32: 0.3, 128: 0.15})
+    warm_passes: int = 4  # up to this many extra no-grad Jacobi passes before the first fused pass
+    warm_prob: float = 0.25  # probability of warm passes in a multi-pass batch (exposes near-fixed-point states)
+    distractors: dict = field(default_factory=lambda: {0: 0.3, 8: 0.3, 32: 0.3, 128: 0.1})
     tasks: tuple = ("completion", "memory", "multi_register")
-    batch_tokens: int = 4096
+    batch_tokens: int = 2048
+    seq_len: int = 1024  # packed row length (a row streams several samples)
     lr: float = 2e-3
     weight_decay: float = 0.01
     warmup: int = 100
-    steps: int = 3000
+    steps: int = 4000
     seed: int = 0
-    eval_every: int = 250
+    eval_every: int = 500
     save_every: int = 250
 
     def __post_init__(self):
@@ -82,7 +83,7 @@ PRESETS: dict[str, TrainConfig] = {
 }
 # A few-second recipe for tests and smoke runs.
 PRESETS["smoke"] = replace(PRESETS["tiny-fbt"], n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,
-                           steps=4, batch_tokens=256, eval_every=2, save_every=2,
+                           steps=4, batch_tokens=256, seq_len=128, eval_every=2, save_every=2,
                            distractors={0: 0.5, 8: 0.5}, warmup=1)
 
 
@@ -104,6 +105,12 @@ def load_model(name_or_path: str):
     from models.full_bandwidth import FullBandwidthLM
 
     p = Path(name_or_path)
+    # --- optional real pretrained model (SPEC section 6), owned by models/smollm2.py ---
+    if not p.exists() and name_or_path == "smollm2-135m":
+        from models.smollm2 import load_smollm2
+
+        return load_smollm2()
+    # ---
     if not p.exists() and name_or_path in PRESETS:
         p = checkpoint_dir(name_or_path)
         if not p.exists():

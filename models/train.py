@@ -17,6 +17,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -34,48 +35,66 @@ LOG_FILE = "train_log.json"
 
 
 # ----- data --------------------------------------------------------------------------------------------------
-def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1):
-    """Deterministic batch for (seed, step, rank).
+class Batch(NamedTuple):
+    ids: torch.Tensor  # [batch, pos]
+    mask: torch.Tensor  # [batch, pos]
+    k: int  # passes
+    warm: int  # extra no-grad passes before pass 2
+    fuse_from: torch.Tensor  # [batch] first column that may be fused (prefix mixin)
+    desc: str
+    label_pos: torch.Tensor  # [batch, pos] bool: the token at this column is a label word
 
-    One (task, N, writes) per batch: every row then has the same length, so there is no padding and
-    attention takes the fast causal path (a padded mask costs several times more on CPU).
+
+def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1) -> Batch:
+    """Deterministic packed batch for (seed, step, rank).
+
+    Rows of exactly `cfg.seq_len` tokens, each a stream of samples (full text + newline) with task, N and
+    writes drawn per sample, so every batch mixes all tasks with no padding (attention keeps its fast causal
+    path). One task per batch instead stalled learning on a plateau: see the model card.
     """
     rng = np.random.default_rng([cfg.seed, step, rank])
     ns = sorted(cfg.distractors)
-    n = int(rng.choice(ns, p=np.array([cfg.distractors[k] for k in ns]) / sum(cfg.distractors.values())))
-    task = str(rng.choice(list(cfg.tasks)))
-    writes = int(rng.choice([2, 4, 8])) if task == "multi_register" else None
-    seed = int(rng.integers(2**31))
-    probe = make_dataset(task, n_pairs=1, n_distractors=n, seed=seed, writes=writes)[0]
-    length = len(tok(probe.full_text, add_special_tokens=False)["input_ids"])
-    rows = max(2, cfg.batch_tokens // length)
-    samples = make_dataset(task, n_pairs=(rows + 1) // 2, n_distractors=n, seed=seed, writes=writes)
-    order = rng.permutation(len(samples))[:rows]
-    samples = [samples[i] for i in order]
-    seqs = [tok(s.full_text, add_special_tokens=False)["input_ids"] for s in samples]
-    ids, mask = pad_left(seqs, tok.pad_token_id)
+    p_n = np.array([cfg.distractors[k] for k in ns]) / sum(cfg.distractors.values())
+    newline = tok("\n", add_special_tokens=False)["input_ids"]
+    rows = max(1, cfg.batch_tokens // cfg.seq_len)
+    ids = torch.empty(rows, cfg.seq_len, dtype=torch.long)
+    label_pos = torch.zeros(rows, cfg.seq_len, dtype=torch.bool)
+    for r in range(rows):
+        stream, labels = [], []
+        while len(stream) < cfg.seq_len:
+            task = str(rng.choice(list(cfg.tasks)))
+            n = int(rng.choice(ns, p=p_n))
+            writes = int(rng.choice([2, 4, 8])) if task == "multi_register" else None
+            sample = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes)[int(rng.integers(2))]
+            toks = tok(sample.full_text, add_special_tokens=False)["input_ids"]
+            labels.append(len(stream) + len(toks) - 1)
+            stream += toks + newline
+        ids[r] = torch.as_tensor(stream[:cfg.seq_len])
+        label_pos[r, [p for p in labels if p < cfg.seq_len]] = True
+    mask = torch.ones_like(ids)
     k = int(rng.choice(len(cfg.probs), p=np.array(cfg.probs))) + 1
     warm = int(rng.integers(1, cfg.warm_passes + 1)) if (k > 1 and cfg.warm_passes and rng.random() < cfg.warm_prob) else 0
     # Prefix mixin: a random-length prefix per row keeps plain embeddings (prompt prefilled normally).
-    lens = mask.sum(-1).numpy()
-    prefix = np.where(rng.random(len(seqs)) < cfg.prefix_mix, (rng.random(len(seqs)) * lens).astype(int), 0)
-    start = ids.shape[1] - lens  # first real column of each row
-    fuse_from = torch.as_tensor(start + prefix)
-    return ids, mask, k, warm, fuse_from, f"{task}/N={n}" + (f"/w={writes}" if writes else "")
+    prefix = np.where(rng.random(rows) < cfg.prefix_mix, (rng.random(rows) * cfg.seq_len).astype(int), 0)
+    return Batch(ids, mask, k, warm, torch.as_tensor(prefix), f"packed/k={k}", label_pos)
 
 
 # ----- loss --------------------------------------------------------------------------------------------------
-def ntp_loss(logits, ids, mask, label_weight: float):
-    """Weighted next-token loss; the final target of every row (the label token) gets `label_weight`."""
+def ntp_loss(logits, ids, mask, label_weight: float, label_pos=None):
+    """Weighted next-token loss; label-word targets get `label_weight` (default: each row's last token)."""
     tgt = ids[:, 1:]
     valid = (mask[:, 1:] * mask[:, :-1]).float()
     w = valid.clone()
-    w[:, -1] = w[:, -1] * label_weight
+    if label_pos is None:
+        w[:, -1] = w[:, -1] * label_weight
+    else:
+        w = torch.where(label_pos[:, 1:], w * label_weight, w)
     nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tgt.reshape(-1), reduction="none")
     return (nll.view_as(w) * w).sum() / w.sum()
 
 
-def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, generator=None, warm: int = 0):
+def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, generator=None, warm: int = 0,
+                   label_pos=None):
     """Returns (total loss, [per-pass NTP losses]).
 
     `warm` > 0 (recipe option, off in the paper's objective): before pass 2, run that many extra Jacobi passes
@@ -83,7 +102,7 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     that `recurrent-full` and long `fused-n` produce at inference.
     """
     out = model(ids, mask)
-    losses = [ntp_loss(out.logits, ids, mask, cfg.label_weight)]
+    losses = [ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos)]
     cols = torch.arange(ids.shape[1])[None]
 
     def fused_pass(top):
@@ -103,7 +122,7 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     for _ in range(2, k + 1):
         out = fused_pass(top)
         top = out.top
-        losses.append(ntp_loss(out.logits, ids, mask, cfg.label_weight))
+        losses.append(ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos))
     total = losses[0] + (cfg.lam / (k - 1)) * sum(losses[1:]) if k > 1 else losses[0]
     return total, losses
 
@@ -175,17 +194,18 @@ def load_resume(model, opt, cfg, out: Path):
         raise UserError(f"--resume: no {STATE_FILE} in {out}")
     saved = FullBandwidthLM.read_config(out)
     mine = model.lm.config.to_dict()
-    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads")
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads",
+            "num_key_value_heads", "n_embd", "n_layer", "n_head", "n_inner")  # n_*: GPT-2 spells its sizes so
     diff = [k for k in keys if saved["base_config"].get(k) != mine.get(k)]
     if diff:
         raise UserError(f"--resume: checkpoint in {out} has another architecture ({', '.join(diff)} differ)")
     try:
         st_load(model, str(out / "model.safetensors"), strict=False)
         state = torch.load(state_file, weights_only=False)
+        opt.load_state_dict(state["optimizer"])
+        log = json.loads((out / LOG_FILE).read_text()) if (out / LOG_FILE).is_file() else {"history": []}
     except Exception as e:
-        raise UserError(f"--resume: corrupt checkpoint in {out}: {str(e).splitlines()[0]}") from None
-    opt.load_state_dict(state["optimizer"])
-    log = json.loads((out / LOG_FILE).read_text()) if (out / LOG_FILE).is_file() else {"history": []}
+        raise UserError(f"--resume: corrupt checkpoint in {out}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
     return state["step"], log
 
 
@@ -256,11 +276,11 @@ def main(argv=None):
     run_loss: dict[int, float] = {}
     tokens_seen, tick = 0, time.time()
     while step < cfg.steps:
-        ids, mask, k, warm, fuse_from, n = make_batch(cfg, tok, step, rank, world)
+        ids, mask, k, warm, fuse_from, n, label_pos = make_batch(cfg, tok, step, rank, world)
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 97 + rank)
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
-        loss, parts = multipass_loss(model, ids, mask, k, cfg, fuse_from, gen, warm)
+        loss, parts = multipass_loss(model, ids, mask, k, cfg, fuse_from, gen, warm, label_pos)
         opt.zero_grad(set_to_none=False)
         loss.backward()
         if world > 1:

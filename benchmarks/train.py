@@ -1,0 +1,138 @@
+"""Multi-pass training benchmark: what does a K-pass training step cost against K one-pass steps?
+
+One training step = multi-pass loss (forward of K passes) + backward + gradient clipping + AdamW step, exactly
+as `models.train` runs it. K = 1, 2, 3 are timed side by side in one run on the same fixed batch (default: the
+tiny-fbt preset's architecture, --rows x --length tokens of random ids, no padding, a random-length unfused
+prefix per row as the prefix mixin gives, state noise on). After --warmup rounds, --repeats rounds each time
+one step of every K, the order rotated round by round so a noisy machine hits every K alike.
+
+Figures: median step time per K and tokens/s; for K = 2, 3 the ratio (K-pass time) / (K x one-pass time),
+headline = median of the per-round ratios (robust to background load), the ratio of the medians printed too.
+Goal <= 1.05 (the passes add no overhead beyond their own compute). Every figure is given on two clocks: wall time
+(the headline) and this process's CPU time, which a CPU shared with other jobs disturbs far less (with
+--threads 1 it is the step's own compute).
+
+Human-readable lines first; the LAST line of stdout is one JSON object with all the figures.
+
+    python benchmarks/train.py                  # defaults
+    python benchmarks/train.py --threads 1 --repeats 5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
+
+from models.presets import PRESETS  # noqa: E402
+from models.train import build_model, multipass_loss  # noqa: E402
+
+GOAL_RATIO = 1.05
+PASSES = (1, 2, 3)
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--preset", default="tiny-fbt", choices=[k for k in PRESETS],
+                   help="training preset whose architecture and loss settings are timed")
+    p.add_argument("--threads", type=int, default=available_cpus(),
+                   help="torch.set_num_threads value (default: all CPUs available to this process)")
+    p.add_argument("--rows", type=int, default=16, help="sequences per batch")
+    p.add_argument("--length", type=int, default=256, help="tokens per sequence (rows x length ~ batch tokens)")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the task tokenizer's)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds (one step of every K each)")
+    p.add_argument("--repeats", type=int, default=7, help="timed rounds; medians over these")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights, tokens and noise")
+    a = p.parse_args(argv)
+    if min(a.threads, a.rows, a.repeats) < 1 or a.length < 2 or a.warmup < 0 or (a.vocab is not None and a.vocab < 2):
+        p.error("--threads, --rows, --repeats must be >= 1, --length >= 2, --warmup >= 0, --vocab >= 2")
+    return a
+
+
+def main(argv=None) -> dict:
+    a = parse_args(argv)
+    torch.set_num_threads(a.threads)
+    cfg = replace(PRESETS[a.preset], seed=a.seed)
+    if a.vocab is None:
+        from tasks import build_tokenizer
+        vocab = len(build_tokenizer())
+    else:
+        vocab = a.vocab
+    model = build_model(cfg, vocab).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(a.seed)
+    ids = torch.randint(1, vocab, (a.rows, a.length), generator=g)
+    mask = torch.ones_like(ids)
+    has_prefix = torch.rand(a.rows, generator=g) < cfg.prefix_mix
+    fuse_from = torch.where(has_prefix, (torch.rand(a.rows, generator=g) * a.length).long(), torch.zeros(a.rows).long())
+    tokens = a.rows * a.length
+
+    def step(k: int, i: int) -> tuple[float, float]:
+        gen = torch.Generator().manual_seed(a.seed * 1_000_003 + i)
+        t, c = time.perf_counter(), time.process_time()
+        loss, _ = multipass_loss(model, ids, mask, k, cfg, fuse_from, gen)
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return time.perf_counter() - t, time.process_time() - c
+
+    print(f"model: {a.preset} architecture ({cfg.arch}, {cfg.n_layers} layers, d_model {cfg.d_model}, "
+          f"vocab {vocab}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params); "
+          f"batch {a.rows}x{a.length} = {tokens} tokens, no padding; threads {a.threads}")
+    times: dict[int, list[float]] = {k: [] for k in PASSES}
+    cpu: dict[int, list[float]] = {k: [] for k in PASSES}
+    for r in range(a.warmup + a.repeats):
+        order = PASSES[r % len(PASSES):] + PASSES[:r % len(PASSES)]  # rotate: every K goes first in turn
+        for k in order:
+            dt, dc = step(k, r * 10 + k)
+            if r >= a.warmup:
+                times[k].append(dt)
+                cpu[k].append(dc)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    cmed = {k: statistics.median(v) for k, v in cpu.items()}
+    res = {"preset": a.preset, "threads": a.threads, "batch_tokens": tokens, "rows": a.rows, "length": a.length,
+           "vocab": vocab, "warmup": a.warmup, "repeats": a.repeats, "goal_ratio": GOAL_RATIO,
+           "step_s": {}, "tokens_per_s": {}, "ratio": {}, "ratio_of_medians": {}, "meets_goal": {},
+           "cpu_step_s": {}, "cpu_ratio": {}, "cpu_ratio_of_medians": {}}
+    for k in PASSES:
+        res["step_s"][str(k)] = round(med[k], 4)
+        res["tokens_per_s"][str(k)] = round(tokens / med[k], 1)  # sequence tokens per second of training
+        res["cpu_step_s"][str(k)] = round(cmed[k], 4)
+        print(f"K={k}: step {med[k] * 1000:8.1f} ms (median of {a.repeats}; min {min(times[k]) * 1000:.1f}, "
+              f"max {max(times[k]) * 1000:.1f})   {tokens / med[k]:9.0f} tokens/s   "
+              f"{k * tokens / med[k]:9.0f} token-passes/s   CPU {cmed[k] * 1000:8.1f} ms")
+    for k in PASSES[1:]:
+        per_round = [tk / (k * t1) for tk, t1 in zip(times[k], times[1])]
+        ratio, of_medians = statistics.median(per_round), med[k] / (k * med[1])
+        res["ratio"][str(k)] = round(ratio, 4)
+        res["ratio_of_medians"][str(k)] = round(of_medians, 4)
+        res["meets_goal"][str(k)] = ratio <= GOAL_RATIO
+        print(f"K={k}: time / ({k} x one-pass) = {ratio:.3f} (median of per-round ratios; ratio of medians "
+              f"{of_medians:.3f}); goal <= {GOAL_RATIO}: {'met' if ratio <= GOAL_RATIO else 'NOT met'}")
+        c_ratio = statistics.median(ck / (k * c1) for ck, c1 in zip(cpu[k], cpu[1]))
+        res["cpu_ratio"][str(k)] = round(c_ratio, 4)
+        res["cpu_ratio_of_medians"][str(k)] = round(cmed[k] / (k * cmed[1]), 4)
+        print(f"K={k}: on CPU time = {c_ratio:.3f} (ratio of medians {cmed[k] / (k * cmed[1]):.3f})")
+    print(json.dumps(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,390 @@
+"""The multi-pass (Jacobi) trainer, SPEC section 2: the K-pass loss against a hand-written reference, gradients
+through every pass, the prefix mixin, bit-identical resume, a 2-process torchrun run, and clean CLI errors.
+
+Kept cheap (the CI box has 2 shared cores): tiny models, the `smoke` preset, training runs in-process through
+`main(argv)` where a subprocess would only add interpreter start-up; the real CLI is exercised by the torchrun
+run and one subprocess error case.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import models.train as train
+from models.full_bandwidth import FullBandwidthLM, decoder_layers
+from models.presets import get_preset
+
+ROOT = Path(__file__).resolve().parent.parent
+CKPT_FILES = ("model.safetensors", "config.json", "trainer_state.pt", "train_log.json")
+FAST = ["--preset", "smoke", "--threads", "1", "--no-progress"]
+
+
+# ----- hand-written reference ----------------------------------------------------------------------------------
+def _batch(seed=0, rows=3, width=12, vocab=50):
+    """Left-padded ids/mask with rows of different lengths (row 0 full, others padded)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (rows, width), generator=g)
+    mask = torch.ones_like(ids)
+    for r in range(1, rows):
+        pad = 2 * r + 1
+        mask[r, :pad] = 0
+        ids[r, :pad] = 0
+    return ids, mask
+
+
+def _ref_forward(model, x, mask):
+    """The wrapped HF model on given block-0 inputs (positions = count of real tokens before), tied LM head."""
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    top = model.lm.base_model(inputs_embeds=x, attention_mask=mask, position_ids=pos).last_hidden_state
+    return top, top @ model.lm.get_input_embeddings().weight.T
+
+
+def _ref_fuse(model, h_prev, e):
+    """u = RMSNorm((W_U h_{t-1}) * sigmoid(W_G e_t)), written out."""
+    f = model.fusion
+    v = (h_prev @ f.up.weight.T) * torch.sigmoid(e @ f.gate.weight.T)
+    return f.norm.weight * v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + f.norm.eps)
+
+
+def _ref_ntp(logits, ids, mask, label_weight):
+    """Mean NTP over real (t, t+1) pairs; the target in the last column (the label token) weighs label_weight."""
+    lp = torch.log_softmax(logits.float(), -1)
+    num, den = 0.0, 0.0
+    rows, width = ids.shape
+    for b in range(rows):
+        for t in range(width - 1):
+            if mask[b, t] and mask[b, t + 1]:
+                w = label_weight if t + 1 == width - 1 else 1.0
+                num = num - w * lp[b, t, ids[b, t + 1]]
+                den += w
+    return num / den
+
+
+def _ref_multipass(model, ids, mask, k, cfg, fuse_from=None, generator=None):
+    rows, width = ids.shape
+    e = model.lm.get_input_embeddings()(ids)
+    top, logits = _ref_forward(model, e, mask)  # pass 1: plain teacher forcing
+    losses = [_ref_ntp(logits, ids, mask, cfg.label_weight)]
+    for _ in range(2, k + 1):
+        noise = None
+        if cfg.noise > 0:  # U[-sigma, sigma] on the carried state, one draw of the whole grid per pass
+            noise = (torch.rand(top.shape, generator=generator, dtype=top.dtype) * 2 - 1) * cfg.noise
+        x = e.clone()
+        for b in range(rows):
+            for t in range(1, width):
+                if mask[b, t - 1] and mask[b, t] and (fuse_from is None or t >= int(fuse_from[b])):
+                    h = top[b, t - 1] if noise is None else top[b, t - 1] + noise[b, t]
+                    x[b, t] = _ref_fuse(model, h, e[b, t])
+        top, logits = _ref_forward(model, x, mask)
+        losses.append(_ref_ntp(logits, ids, mask, cfg.label_weight))
+    total = losses[0] + cfg.lam / (k - 1) * sum(losses[1:]) if k > 1 else losses[0]
+    return total, losses
+
+
+def _cfg(**kw):
+    return replace(get_preset("smoke"), **{"noise": 0.0, "lam": 0.7, "label_weight": 3.0, **kw})
+
+
+def _close(a, b):
+    return torch.allclose(torch.as_tensor(a).double(), torch.as_tensor(b).double(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@torch.no_grad()
+def test_multipass_loss_matches_hand_written_reference(tiny_model, k):
+    ids, mask = _batch()
+    cfg = _cfg()
+    total, parts = train.multipass_loss(tiny_model, ids, mask, k, cfg)
+    ref_total, ref_parts = _ref_multipass(tiny_model, ids, mask, k, cfg)
+    assert len(parts) == k
+    for p, r in zip(parts, ref_parts):
+        assert _close(p, r), (p, r)
+    assert _close(total, ref_total), (total, ref_total)
+    # Later passes really see different inputs (the fused state), so the test is not vacuous.
+    if k > 1:
+        assert not _close(parts[1], parts[0])
+
+
+@torch.no_grad()
+def test_multipass_loss_with_prefix_and_noise_is_reproduced(make_tiny_config):
+    tiny_model = FullBandwidthLM.from_config(make_tiny_config("qwen3"), seed=0).eval()
+    ids, mask = _batch(seed=1)
+    cfg = _cfg(noise=0.05)
+    fuse_from = torch.tensor([5, 7, 6])
+    total, parts = train.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, torch.Generator().manual_seed(7))
+    ref_total, ref_parts = _ref_multipass(tiny_model, ids, mask, 3, cfg, fuse_from, torch.Generator().manual_seed(7))
+    assert all(_close(p, r) for p, r in zip(parts, ref_parts)) and _close(total, ref_total)
+    again, _ = train.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, torch.Generator().manual_seed(7))
+    assert torch.equal(again, total)  # same generator seed: bit-identical
+    quiet, _ = train.multipass_loss(tiny_model, ids, mask, 3, _cfg(), fuse_from)
+    other, _ = train.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, torch.Generator().manual_seed(8))
+    assert not _close(quiet, total) and not _close(other, total)  # the noise is really applied
+
+
+def test_ntp_loss_weights_the_label_token():
+    g = torch.Generator().manual_seed(0)
+    ids, mask = _batch()
+    logits = torch.randn(*ids.shape, 50, generator=g)
+    for lw in (1.0, 5.0):
+        assert _close(train.ntp_loss(logits, ids, mask, lw), _ref_ntp(logits, ids, mask, lw))
+
+
+# ----- gradients -----------------------------------------------------------------------------------------------
+class _Recorder(torch.nn.Module):
+    """Passes calls through and keeps every pass's top state with retain_grad()."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.tops = model, []
+
+    def forward(self, *a, **kw):
+        out = self.model(*a, **kw)
+        out.top.retain_grad()
+        self.tops.append(out.top)
+        return out
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_later_pass_losses_reach_pass1_activations(make_tiny_config, k):
+    model = FullBandwidthLM.from_config(make_tiny_config("qwen3"), seed=0).train()
+    rec = _Recorder(model)
+    ids, mask = _batch()
+    _, parts = train.multipass_loss(rec, ids, mask, k, _cfg(noise=0.02), generator=torch.Generator().manual_seed(0))
+    assert len(rec.tops) == k
+    parts[-1].backward()  # the last pass's loss alone
+    for j in range(k - 1):  # every earlier pass gets a gradient through the carried state: nothing detached
+        g = rec.tops[j].grad
+        assert g is not None and g[0, :-1].abs().sum() > 0, j
+        # Shift by exactly one: the last column's state is never fed forward.
+        assert torch.count_nonzero(g[:, -1]) == 0
+    # The fusion weights are trained by the later-pass loss.
+    assert model.fusion.up.weight.grad.abs().sum() > 0
+
+
+# ----- prefix mixin --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [2, 3])
+@torch.no_grad()
+def test_prefix_mixin_keeps_prefix_inputs_unfused(k):
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = replace(get_preset("smoke"), prefix_mix=1.0, noise=0.0)
+    batch = train.make_batch(cfg, tok, 0)
+    ids, mask, fuse_from = batch.ids, batch.mask, batch.fuse_from
+    start = ids.shape[1] - mask.sum(-1)
+    assert bool((fuse_from >= start).all()) and bool((fuse_from < ids.shape[1]).all())
+    assert bool((fuse_from > start).any())  # prefix_mix=1: some rows do have a prefix
+
+    model = train.build_model(cfg, len(tok)).eval()
+    inputs = []
+    hook = decoder_layers(model.lm)[0].register_forward_pre_hook(
+        lambda mod, args, kwargs: inputs.append((args[0] if args else kwargs["hidden_states"]).clone()),
+        with_kwargs=True)
+    try:
+        train.multipass_loss(model, ids, mask, k, cfg, fuse_from)
+    finally:
+        hook.remove()
+    assert len(inputs) == k
+    emb = model.embed(ids)
+    assert torch.equal(inputs[0], emb)  # pass 1 is plain
+    cols = torch.arange(ids.shape[1])[None]
+    for j in range(1, k):
+        prefix = (cols < fuse_from[:, None]) & mask.bool()
+        suffix = (cols >= fuse_from[:, None]) & (cols > start[:, None])  # previous column is a real token
+        assert torch.equal(inputs[j][prefix], emb[prefix]), j
+        # Suffix: the fused input from the previous pass's top state (recomputed from that pass's block-0 input).
+        fused = _ref_fuse(model, torch.roll(_top_from_input(model, inputs[j - 1], mask), 1, dims=1), emb)
+        assert torch.allclose(inputs[j][suffix], fused[suffix], atol=1e-5), j
+        assert not torch.allclose(inputs[j][suffix], emb[suffix])
+
+
+def _top_from_input(model, x, mask):
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return model.lm.base_model(inputs_embeds=x, attention_mask=mask, position_ids=pos).last_hidden_state
+
+
+# ----- CLI runs (in-process) -----------------------------------------------------------------------------------
+def _snapshot(path: Path) -> dict:
+    return {f.name: f.read_bytes() for f in sorted(path.iterdir()) if f.is_file()} if path.exists() else {}
+
+
+class _Stop(Exception):
+    pass
+
+
+def _cheap_eval(model, tok, cfg):
+    # quick_eval costs seconds per call on a shared CPU; the mode toggling (all it does to the model) is kept.
+    model.eval()
+    model.train()
+    return {}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A 4-step smoke run straight, and the same recipe stopped after its step-2 checkpoint then resumed."""
+    base = tmp_path_factory.mktemp("runs")
+    straight, split, stopped = base / "straight", base / "split", base / "stopped"
+    real_save = train.save_checkpoint
+
+    def save_then_stop(model, tok, opt, cfg, step, log, out):
+        real_save(model, tok, opt, cfg, step, log, out)
+        if step == 2:
+            raise _Stop  # as if the job were killed right after its step-2 checkpoint
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(train, "quick_eval", _cheap_eval)
+        train.main(FAST + ["--out", str(straight), "--steps", "4", "--save-every", "2"])
+        mp.setattr(train, "save_checkpoint", save_then_stop)
+        with pytest.raises(_Stop):
+            train.main(FAST + ["--out", str(split), "--steps", "4", "--save-every", "2"])
+        shutil.copytree(split, stopped)
+        mp.setattr(train, "save_checkpoint", real_save)
+        train.main(FAST + ["--out", str(split), "--steps", "4", "--save-every", "2", "--resume"])
+    return {"straight": straight, "split": split, "stopped": stopped}
+
+
+def test_resume_continues_bit_identically(runs):
+    from safetensors.torch import load_file
+
+    a = load_file(str(runs["straight"] / "model.safetensors"))
+    b = load_file(str(runs["split"] / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    log_a = json.loads((runs["straight"] / "train_log.json").read_text())
+    log_b = json.loads((runs["split"] / "train_log.json").read_text())
+    assert [h["step"] for h in log_b["history"]] == [1, 2, 3, 4]
+    assert log_a["history"] == log_b["history"]  # losses per step and per pass, batches, pass counts
+    sa = torch.load(runs["straight"] / "trainer_state.pt", weights_only=False)
+    sb = torch.load(runs["split"] / "trainer_state.pt", weights_only=False)
+    assert sa["step"] == sb["step"] == 4
+    for pa, pb in zip(sa["optimizer"]["state"].values(), sb["optimizer"]["state"].values()):
+        assert all(torch.equal(pa[n], pb[n]) for n in pa)
+    # Training did move the weights between step 2 and 4 (a resume that silently did nothing would fail above
+    # only if the straight run were also a no-op).
+    mid = load_file(str(runs["stopped"] / "model.safetensors"))
+    assert any(not torch.equal(mid[k], a[k]) for k in a)
+    # The history covers several pass counts, so the resumed steps exercise the multi-pass path.
+    assert len({h["passes"] for h in log_a["history"]}) > 1
+
+
+def test_checkpoint_loads_as_a_model(runs):
+    model = FullBandwidthLM.from_pretrained(runs["straight"])
+    assert model.has_fusion and model.n_layers == get_preset("smoke").n_layers
+
+
+# ----- bad input -----------------------------------------------------------------------------------------------
+def _expect_error(argv, capsys, match):
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    assert re.search(match, err), err
+    return err
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--preset", "no-such-preset"], "unknown preset 'no-such-preset'"),
+    (["--schedule", "75/x"], "bad schedule '75/x'"),
+    (["--schedule", ""], "bad schedule ''"),
+    (["--schedule=-1/2"], "bad schedule '-1/2'"),
+    (["--schedule", "0/0"], "bad schedule '0/0'"),
+])
+def test_bad_recipe_is_a_one_line_error_and_overwrites_nothing(runs, tmp_path, capsys, argv, match):
+    out = tmp_path / "ckpt"
+    shutil.copytree(runs["stopped"], out)
+    before = _snapshot(out)
+    argv = FAST + ["--out", str(out), "--overwrite"] + argv  # a later --preset wins
+    _expect_error(argv, capsys, match)
+    assert _snapshot(out) == before
+
+
+def test_existing_checkpoint_needs_overwrite(runs, tmp_path, capsys):
+    out = tmp_path / "ckpt"
+    shutil.copytree(runs["stopped"], out)
+    before = _snapshot(out)
+    _expect_error(FAST + ["--out", str(out)], capsys, "already holds a checkpoint.*--overwrite")
+    assert _snapshot(out) == before
+
+
+def test_resume_without_checkpoint(tmp_path, capsys):
+    _expect_error(FAST + ["--out", str(tmp_path / "nothing"), "--resume"], capsys, "--resume: no trainer_state.pt")
+    assert not (tmp_path / "nothing" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("victim", ["model.safetensors", "trainer_state.pt", "train_log.json"])
+def test_resume_from_truncated_checkpoint(runs, tmp_path, capsys, victim):
+    out = tmp_path / "ckpt"
+    shutil.copytree(runs["stopped"], out)
+    data = (out / victim).read_bytes()
+    (out / victim).write_bytes(data[: len(data) // 2])
+    before = _snapshot(out)
+    _expect_error(FAST + ["--out", str(out), "--resume"], capsys, "corrupt checkpoint")
+    assert _snapshot(out) == before
+
+
+def test_resume_from_other_architecture(runs, tmp_path, capsys):
+    out = tmp_path / "ckpt"
+    shutil.copytree(runs["stopped"], out)
+    before = _snapshot(out)
+    argv = ["--preset", "tiny-fbt", "--threads", "1", "--no-progress", "--out", str(out), "--resume"]
+    _expect_error(argv, capsys, "another architecture")
+    assert _snapshot(out) == before
+
+
+def test_help_lists_every_flag(capsys):
+    import inspect
+
+    flags = set(re.findall(r'add_argument\("(--[a-z-]+)"', inspect.getsource(train.parse_args)))
+    assert {"--preset", "--out", "--resume", "--overwrite", "--steps", "--schedule", "--noise", "--base",
+            "--threads", "--no-progress"} <= flags
+    with pytest.raises(SystemExit) as e:
+        train.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    missing = [f for f in sorted(flags) if f not in text]
+    assert not missing, missing
+
+
+# ----- the real CLI --------------------------------------------------------------------------------------------
+def _env():
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+
+
+# Subprocess timeouts are hang guards only: idle, the torchrun run takes ~15 s, but a niced run on a CPU shared
+# with training jobs was measured at >2 min just to import torch.
+
+
+def test_cli_error_in_a_subprocess(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "models.train", "--preset", "nope", "--out", str(tmp_path / "x")],
+                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("error: unknown preset 'nope'") and len(r.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
+
+
+def test_torchrun_two_processes_on_cpu(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed beside this Python")
+    out = tmp_path / "ddp"
+    cmd = [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "models.train", *FAST,
+           "--out", str(out), "--steps", "2", "--eval-every", "1000", "--save-every", "1000"]
+    r = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "done: 2 steps" in r.stdout
+    model = FullBandwidthLM.from_pretrained(out)
+    assert model.has_fusion
+    log = json.loads((out / "train_log.json").read_text())
+    assert [h["step"] for h in log["history"]] == [1, 2]
+    assert torch.load(out / "trainer_state.pt", weights_only=False)["step"] == 2
