@@ -1,0 +1,217 @@
+"""Prefill-engine benchmark: is `recurrent-full` linear in T, how much faster than the naive recompute, and
+what does `recurrent-1` cost over `standard`?
+
+Measured side by side in one run, on a randomly initialised tiny Qwen3-style model (default: 4 layers,
+d_model 128, vocab 64, batch 1):
+
+  1. recurrent-full at T=short and T=long (median of --repeats); ratio time(long)/time(short).
+     Linear scaling gives long/short (4.0 for 1024/256); goal <= 4.5.
+  2. speed-up of recurrent-full over the naive full-prefix recompute at T=long (for every t: a full forward
+     on tokens[:t+1] with the previously computed top states fed back; O(T^2)). Goal >= 5x.
+     --naive sample (default) times one naive step at --naive-samples positions t spread over 0..T-1 and
+     estimates the total as the sum over all T positions of the per-position cost, linearly interpolated
+     between the measured t; --naive full times every position once (slow).
+  3. time(recurrent-1) / time(standard) at T=long: --overhead-repeats interleaved pairs; the headline is the
+     median of the per-pair ratios (robust to background load), the ratio of the medians is printed too.
+     Goal <= 1.15.
+
+Human-readable lines first; the LAST line of stdout is one JSON object with all the figures.
+
+    python benchmarks/prefill.py                 # defaults
+    python benchmarks/prefill.py --threads 1 --naive full
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
+
+from models.configs import qwen3_config  # noqa: E402
+from models.full_bandwidth import FullBandwidthLM  # noqa: E402
+from models.prefill import prefill_many  # noqa: E402
+
+GOAL_SCALING, GOAL_SPEEDUP, GOAL_OVERHEAD = 4.5, 5.0, 1.15
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--threads", type=int, default=available_cpus(),
+                   help="torch.set_num_threads value (default: all CPUs available to this process)")
+    p.add_argument("--layers", type=int, default=4, help="decoder blocks of the tiny Qwen3-style model")
+    p.add_argument("--d-model", type=int, default=128, help="hidden size")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (KV heads = heads // 2)")
+    p.add_argument("--vocab", type=int, default=64, help="vocabulary size")
+    p.add_argument("--batch", type=int, default=1, help="prompts per batch (all of length T)")
+    p.add_argument("--short", type=int, default=256, help="the short prompt length T for the scaling ratio")
+    p.add_argument("--long", type=int, default=1024, help="the long prompt length T (scaling, speed-up, overhead)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per figure (the median is reported)")
+    p.add_argument("--overhead-repeats", type=int, default=15,
+                   help="interleaved (standard, recurrent-1) pairs timed at T=long")
+    p.add_argument("--naive", choices=("sample", "full"), default="sample",
+                   help="'sample': time the naive step at --naive-samples positions and sum the interpolated "
+                        "per-position costs over all T; 'full': time the whole naive recompute once")
+    p.add_argument("--naive-samples", type=int, default=16, help="positions timed with --naive sample")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="'wall': elapsed time; 'cpu': this process's CPU time, much less disturbed by other busy "
+                        "processes on the machine (meaningful with --threads 1 on CPU)")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights and tokens")
+    p.add_argument("--device", default="cpu", help="torch device")
+    a = p.parse_args(argv)
+    if min(a.threads, a.layers, a.d_model, a.heads, a.vocab, a.batch, a.repeats, a.naive_samples, a.overhead_repeats) < 1:
+        p.error("all sizes and counts must be >= 1")
+    if not 2 <= a.short <= a.long:
+        p.error("need 2 <= --short <= --long")
+    if a.d_model % a.heads or a.heads % 2:
+        p.error("--d-model must be divisible by --heads, and --heads must be even")
+    return a
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+CLOCK = time.perf_counter  # set from --clock in main()
+
+
+def timed(fn, device) -> float:
+    sync(device)
+    t0 = CLOCK()
+    fn()
+    sync(device)
+    return CLOCK() - t0
+
+
+@torch.no_grad()
+def naive_step(model, ids, mask, state, fuse, t):
+    """Naive recurrent-full at position t: full forward on tokens[:t+1], feeding the known top states."""
+    return model(ids[:, :t + 1], mask[:, :t + 1], state=state[:, :t + 1], fuse_mask=fuse[:, :t + 1]).top[:, -1]
+
+
+def main(argv=None) -> dict:
+    global CLOCK
+    a = parse_args(argv)
+    CLOCK = time.perf_counter if a.clock == "wall" else time.process_time
+    torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    cfg = qwen3_config(a.vocab, n_layers=a.layers, d_model=a.d_model, n_heads=a.heads, n_kv_heads=a.heads // 2,
+                       max_len=max(2048, a.long))
+    model = FullBandwidthLM.from_config(cfg, seed=a.seed).eval().to(device)
+    g = torch.Generator().manual_seed(a.seed)
+    ids_long = torch.randint(1, a.vocab, (a.batch, a.long), generator=g).to(device)
+    mask_long = torch.ones_like(ids_long)
+    ids_short, mask_short = ids_long[:, -a.short:], mask_long[:, -a.short:]
+
+    def run(mode, ids, mask, positions=(-1,)):
+        return prefill_many(model, ids, mask, (mode,), positions=positions)[mode]
+
+    print(f"model: Qwen3-style, {a.layers} layers, d_model {a.d_model}, {a.heads} heads, vocab {a.vocab}, "
+          f"{sum(p.numel() for p in model.parameters()):,} params; batch {a.batch}; device {device}; "
+          f"torch threads {torch.get_num_threads()}; clock {a.clock}")
+    if hasattr(os, "getloadavg"):
+        print(f"load average before the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
+              "(other processes inflate and scatter the timings; with busy cores prefer --threads 1)")
+    run("recurrent-full", ids_short[:, :32], mask_short[:, :32])  # warm-up
+    run("standard", ids_long, mask_long)
+
+    # 1. recurrent-full scaling (short and long interleaved, so background load hits both alike)
+    t_short, t_long = [], []
+    for _ in range(a.repeats):
+        t_short.append(timed(lambda: run("recurrent-full", ids_short, mask_short), device))
+        t_long.append(timed(lambda: run("recurrent-full", ids_long, mask_long), device))
+    rf_short, rf_long = statistics.median(t_short), statistics.median(t_long)
+    scaling = rf_long / rf_short
+    scaling_pairs = statistics.median(lo / sh for sh, lo in zip(t_short, t_long))
+    print(f"recurrent-full  T={a.short:5d}: {rf_short * 1e3:9.1f} ms   T={a.long:5d}: {rf_long * 1e3:9.1f} ms   "
+          f"(median of {a.repeats}; {rf_long / a.long * 1e3:.2f} ms/token at T={a.long})")
+    print(f"  scaling time(T={a.long})/time(T={a.short}) = {scaling:.2f}  (ratio of medians; median of per-pair ratios "
+          f"{scaling_pairs:.2f}; linear = {a.long / a.short:.2f}, goal <= {GOAL_SCALING})  {'PASS' if scaling <= GOAL_SCALING else 'FAIL'}")
+
+    # 2. naive full-prefix recompute at T=long; its inputs are the recurrent-full top states
+    full = run("recurrent-full", ids_long, mask_long, positions=tuple(range(-a.long, 0)))
+    state = torch.zeros_like(full.top)
+    state[:, 1:] = full.top[:, :-1]
+    fuse = torch.ones_like(mask_long, dtype=torch.bool)
+    fuse[:, 0] = False
+    T = a.long
+    if a.naive == "full":
+        tops = []
+        naive_s = timed(lambda: tops.extend(naive_step(model, ids_long, mask_long, state, fuse, t)
+                                            for t in range(T)), device)
+        check = torch.stack(tops, 1)
+        naive_how = f"measured: all {T} positions timed once"
+        max_diff = float((check - full.top).abs().max())
+    else:
+        n = min(a.naive_samples, T)
+        ts = sorted({round(i * (T - 1) / max(n - 1, 1)) for i in range(n)})
+        costs, max_diff = [], 0.0
+        for t in ts:
+            reps = []
+            for _ in range(a.repeats):
+                out = [None]
+                reps.append(timed(lambda: out.__setitem__(0, naive_step(model, ids_long, mask_long, state, fuse, t)),
+                                  device))
+            costs.append(statistics.median(reps))
+            max_diff = max(max_diff, float((out[0] - full.top[:, t]).abs().max()))
+        # Sum over every position t = 0..T-1 of the per-position cost, linear between the measured t.
+        naive_s = 0.0
+        for (t0, c0), (t1, c1) in zip(zip(ts, costs), zip(ts[1:], costs[1:])):
+            naive_s += sum(c0 + (c1 - c0) * (t - t0) / (t1 - t0) for t in range(t0, t1))
+        naive_s += costs[-1]  # t = T-1
+        naive_how = (f"extrapolated: one naive step timed at {len(ts)} of {T} positions (median of {a.repeats}), "
+                     f"per-position costs linearly interpolated and summed over all {T}")
+    speedup = naive_s / rf_long
+    print(f"naive full-prefix recompute T={T}: {naive_s:9.2f} s  [{naive_how}]")
+    print(f"  agrees with recurrent-full to max |diff| {max_diff:.1e} on the top states it computed")
+    print(f"  speed-up of recurrent-full over naive = {speedup:.1f}x  (goal >= {GOAL_SPEEDUP}x)  "
+          f"{'PASS' if speedup >= GOAL_SPEEDUP else 'FAIL'}")
+
+    # 3. recurrent-1 vs standard at T=long (interleaved)
+    t_std, t_r1 = [], []
+    for _ in range(a.overhead_repeats):
+        t_std.append(timed(lambda: run("standard", ids_long, mask_long), device))
+        t_r1.append(timed(lambda: run("recurrent-1", ids_long, mask_long), device))
+    std_s, r1_s = statistics.median(t_std), statistics.median(t_r1)
+    overhead = statistics.median(b / s for s, b in zip(t_std, t_r1))
+    print(f"standard T={T}: {std_s * 1e3:8.1f} ms   recurrent-1 T={T}: {r1_s * 1e3:8.1f} ms   "
+          f"(medians of {len(t_std)} interleaved pairs; min {min(t_std) * 1e3:.1f} / {min(t_r1) * 1e3:.1f} ms)")
+    print(f"  recurrent-1 / standard = {overhead:.3f} (median of per-pair ratios; ratio of medians "
+          f"{r1_s / std_s:.3f}, of minima {min(t_r1) / min(t_std):.3f})  (goal <= {GOAL_OVERHEAD})  "
+          f"{'PASS' if overhead <= GOAL_OVERHEAD else 'FAIL'}")
+
+    result = {
+        "model": {"family": "qwen3", "layers": a.layers, "d_model": a.d_model, "heads": a.heads, "vocab": a.vocab},
+        "batch": a.batch, "threads": torch.get_num_threads(),
+        "load_avg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None, "device": str(device), "clock": a.clock, "repeats": a.repeats,
+        "T_short": a.short, "T_long": a.long,
+        "recurrent_full_s": {str(a.short): rf_short, str(a.long): rf_long},
+        "scaling_ratio": scaling, "scaling_ratio_pairs": scaling_pairs, "scaling_goal_max": GOAL_SCALING, "scaling_pass": scaling <= GOAL_SCALING,
+        "naive_s": naive_s, "naive_method": a.naive, "naive_note": naive_how, "naive_max_abs_diff": max_diff,
+        "speedup_vs_naive": speedup, "speedup_goal_min": GOAL_SPEEDUP, "speedup_pass": speedup >= GOAL_SPEEDUP,
+        "standard_s": std_s, "recurrent_1_s": r1_s,
+        "recurrent_1_over_standard": overhead, "recurrent_1_over_standard_ratio_of_medians": r1_s / std_s,
+        "recurrent_1_over_standard_ratio_of_minima": min(t_r1) / min(t_std), "overhead_goal_max": GOAL_OVERHEAD,
+        "overhead_pass": overhead <= GOAL_OVERHEAD,
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

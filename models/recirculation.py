@@ -1,0 +1,518 @@
+"""Recirculation: training-free deep-to-shallow feedback for any HF causal LM (SPEC section 6).
+
+For a source depth s and a shallower target depth d of the same token t (depth 0 = input of block 0, depth l =
+raw output of block l, as in models/prefill.py):
+
+    z'_{t,d} = alpha_t * (||z_{t,d}|| / ||z_{t,s}||) * z_{t,s} + beta_t * z_{t,d}
+    beta_t = 1 - alpha_t (convex) or 1 (residual);  alpha_t = alpha * min(1, (pos_t + 1) / ramp) with a ramp
+
+Semantics (exact): every token has two streams. The *normal* branch n_t runs all blocks on the token and gives
+token t's output. The *recirculation* branch r_t is identical below depth d, enters block d+1 with z'_{t,d}
+instead of z_{t,d}, and runs the remaining blocks; its keys/values (at every block) are what later tokens
+attend to. So n_t attends to {r_u : u < t} and itself; r_t attends to {r_u : u < t} and itself. One
+recirculation per position.
+
+Engines
+    sequential  exact, O(T) cached steps. Step t feeds the 2-token chunk [r_{t-1}, n_t]: ordinary causal
+                attention over the cache (r_{<t-1}) gives exactly the dependencies above, so the two stacks run
+                side by side ("pipelined"); after the step the n_t column is cropped from the cache.
+    blockwise   the Jacobi approximation for long prefill. The prompt is cut into blocks of `block` tokens
+                (default: the whole prompt); per block, pass 0 is a standard parallel forward (z_s from it), and
+                each further pass runs [r-half | n-half] of the block in one parallel forward with a custom 4D
+                mask, the r-half injected with z' built from the previous pass's z_s. z_{t,d} is exact in every
+                pass (the streams agree below d). After k passes positions c0..c0+k of a block are exact
+                (a triangular system), so passes >= block gives the sequential result; fewer passes is an
+                approximation whose error is only small when alpha is small.
+    Identity mixing (alpha = 0, beta = 1, no transform/subspace) short-circuits to the base model: prefill is the
+    base model's parallel forward and generation its own cached decoding, bit for bit
+    (`bypass_identity=False` runs the machinery anyway; then it matches to float rounding).
+
+Extras for the analysis: `transform` (a D x D orthogonal matrix applied to z_s before mixing: the basis test) and
+`subspace` / `subspace_complement` (only the projection of the change z' - z_d onto span(U), or onto its
+orthogonal complement, is applied: the mediation experiment).
+
+Hooking into probes.run: `recirculated_prefill(model, spec, input_ids, attention_mask, positions, collect)`
+returns a models.prefill.PrefillResult (mode name `spec.name`, last-position logits, post-final-norm top state
+and the residual stream of the *normal* branch at every depth 0..L); `parse_recirculate("s:d:alpha[:mode]",
+n_layers)` validates the CLI value.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+from transformers import DynamicCache, PreTrainedModel
+
+from common.errors import UserError
+from models.full_bandwidth import FullBandwidthLM, decoder_layers, positions_from_mask
+
+MODES = ("convex", "residual")
+_SPEC_RE = re.compile(r"^\s*(-?\d+)\s*:\s*(-?\d+)\s*:\s*([^:]+?)\s*(?::\s*(\w+)\s*)?$")
+
+
+# ----- configuration ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class RecircSpec:
+    source: int  # depth s (1..L)
+    target: int  # depth d (0..s-1)
+    alpha: float
+    mode: str = "convex"
+    ramp: int = 0  # early-token ramp length (0 = none): alpha_t = alpha * min(1, (pos+1)/ramp)
+    transform: torch.Tensor | None = field(default=None, repr=False)  # [D, D] applied to z_s: z_s @ transform.T
+    subspace: torch.Tensor | None = field(default=None, repr=False)  # [D, k] orthonormal columns
+    subspace_complement: bool = False  # apply the change only in the orthogonal complement of `subspace`
+
+    def __post_init__(self):
+        a = self.alpha
+        if not isinstance(a, (int, float)) or isinstance(a, bool) or not (0.0 <= float(a) <= 1.0):
+            raise UserError(f"recirculation alpha must be a number in [0, 1], got {a!r}")
+        if self.mode not in MODES:
+            raise UserError(f"recirculation mode must be convex or residual, got {self.mode!r}")
+        if not (isinstance(self.ramp, int) and self.ramp >= 0):
+            raise UserError(f"recirculation ramp must be a non-negative integer, got {self.ramp!r}")
+        if self.source <= self.target:
+            raise UserError(f"recirculation source depth must be deeper than the target: got s={self.source} <= "
+                            f"d={self.target}")
+        if self.target < 0:
+            raise UserError(f"recirculation target depth must be >= 0, got {self.target}")
+
+    @property
+    def beta(self) -> float:
+        return 1.0 - float(self.alpha) if self.mode == "convex" else 1.0
+
+    @property
+    def is_identity(self) -> bool:
+        return float(self.alpha) == 0.0 and self.beta == 1.0 and self.transform is None and self.subspace is None
+
+    @property
+    def name(self) -> str:
+        extra = f":ramp{self.ramp}" if self.ramp else ""
+        return f"recirc-{self.source}:{self.target}:{float(self.alpha):g}:{self.mode}{extra}"
+
+    def validate(self, n_layers: int) -> "RecircSpec":
+        if not (1 <= self.source <= n_layers):
+            raise UserError(f"recirculation source depth {self.source} out of range: this model has depths 0..{n_layers}"
+                            f" (source must be 1..{n_layers})")
+        if not (0 <= self.target < self.source):
+            raise UserError(f"recirculation target depth {self.target} out of range 0..{self.source - 1}")
+        return self
+
+
+def parse_recirculate(value: str, n_layers: int | None = None) -> RecircSpec:
+    """'s:d:alpha[:convex|residual]' -> RecircSpec (validated against n_layers when given)."""
+    m = _SPEC_RE.match(str(value))
+    if not m:
+        raise UserError(f"bad --recirculate {value!r}: use s:d:alpha[:convex|residual], e.g. 20:8:0.1:convex")
+    try:
+        alpha = float(m.group(3))
+    except ValueError:
+        raise UserError(f"bad --recirculate {value!r}: alpha {m.group(3)!r} is not a number") from None
+    if not math.isfinite(alpha):
+        raise UserError(f"bad --recirculate {value!r}: alpha must be in [0, 1]")
+    spec = RecircSpec(int(m.group(1)), int(m.group(2)), alpha, (m.group(4) or "convex").lower())
+    return spec.validate(n_layers) if n_layers is not None else spec
+
+
+def mix(zd: torch.Tensor, zs: torch.Tensor, spec: RecircSpec, alpha_t: torch.Tensor | float | None = None,
+        eps: float = 1e-12) -> torch.Tensor:
+    """z' from z_d and z_s ([..., D]); alpha_t broadcastable to zd[..., :1] (default: spec.alpha). Float32 math."""
+    dtype = zd.dtype
+    zd32, zs32 = zd.float(), zs.float()
+    if spec.transform is not None:
+        zs32 = zs32 @ spec.transform.to(zs32).T
+    a = torch.as_tensor(spec.alpha if alpha_t is None else alpha_t, dtype=torch.float32, device=zd.device)
+    if a.dim() > 0:
+        a = a[..., None]
+    b = 1.0 - a if spec.mode == "convex" else torch.ones_like(a)
+    scale = zd32.norm(dim=-1, keepdim=True) / zs32.norm(dim=-1, keepdim=True).clamp_min(eps)
+    out = a * scale * zs32 + b * zd32
+    if spec.subspace is not None:
+        U = spec.subspace.to(zd32)  # [D, k]
+        delta = out - zd32
+        proj = (delta @ U) @ U.T
+        out = zd32 + (delta - proj if spec.subspace_complement else proj)
+    return out.to(dtype)
+
+
+# ----- the wrapper ------------------------------------------------------------------------------------------
+@dataclass
+class RecircOutput:
+    logits: torch.Tensor  # [batch, n_cols, vocab] normal-branch logits at the requested columns
+    top: torch.Tensor  # [batch, n_cols, d_model] normal-branch post-final-norm state
+    resid: torch.Tensor | None = None  # [batch, n_cols, L+1, d_model] normal-branch residual stream
+    cache: object | None = None  # sequential only: holds r_{<T-1} and n_{T-1}
+    last_zs: torch.Tensor | None = None  # sequential only: z_{T-1,s} [batch, d_model], to continue generating
+
+
+class _Injector:
+    """Pre-hook on block d (replaces chosen columns of its input by z') + forward hook on block s (records z_s)."""
+
+    def __init__(self, layers: nn.ModuleList, spec: RecircSpec):
+        self.spec = spec
+        self.inject_cols: torch.Tensor | None = None  # columns of the current call to replace
+        self.inject_zs: torch.Tensor | None = None  # [batch, n_inject, D] z_s for them
+        self.inject_alpha: torch.Tensor | None = None  # [batch, n_inject]
+        self.record_cols: torch.Tensor | None = None  # columns whose z_s to keep
+        self.zs: torch.Tensor | None = None
+        self.handles = []
+        target, source = layers[spec.target], layers[spec.source - 1]
+
+        def pre(mod, args, kwargs):
+            if self.inject_cols is None:
+                return None
+            h = args[0] if args else kwargs["hidden_states"]
+            h = h.clone()
+            cols = self.inject_cols
+            h[:, cols] = mix(h[:, cols], self.inject_zs, self.spec, self.inject_alpha)
+            if args:
+                return (h,) + tuple(args[1:]), kwargs
+            kwargs = dict(kwargs)
+            kwargs["hidden_states"] = h
+            return args, kwargs
+
+        def post(mod, args, out):
+            if self.record_cols is not None:
+                h = out[0] if isinstance(out, tuple) else out
+                self.zs = h[:, self.record_cols].detach()
+
+        self.handles.append(target.register_forward_pre_hook(pre, with_kwargs=True))
+        self.handles.append(source.register_forward_hook(post))
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+def _float_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool [batch, q, k] -> additive float mask [batch, 1, q, k] (finite min: fully masked rows stay NaN-free)."""
+    m = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    m.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return m[:, None]
+
+
+class RecirculatedLM(nn.Module):
+    """A recirculated view of a base LM (a FullBandwidthLM without fusion, or any HF causal LM)."""
+
+    def __init__(self, model: FullBandwidthLM | PreTrainedModel, spec: RecircSpec, bypass_identity: bool = True):
+        super().__init__()
+        if isinstance(model, PreTrainedModel):
+            model = FullBandwidthLM(model, fusion=False).eval()
+        if getattr(model, "has_fusion", False):
+            raise UserError("recirculation is for off-the-shelf models: this model has a fusion module")
+        self.base = model
+        self.layers = decoder_layers(model.lm)
+        self.spec = spec.validate(len(self.layers))
+        self.bypass_identity = bypass_identity
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def config(self):
+        return self.base.config
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def with_spec(self, spec: RecircSpec) -> "RecirculatedLM":
+        return RecirculatedLM(self.base, spec, self.bypass_identity)
+
+    # ----- primitives -------------------------------------------------------------------------------------
+    def _alpha(self, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Per-(row, column) alpha: ramped by position, 0 on padding."""
+        a = torch.full(pos.shape, float(self.spec.alpha), dtype=torch.float32, device=pos.device)
+        if self.spec.ramp:
+            a = a * ((pos.float() + 1) / self.spec.ramp).clamp(max=1.0)
+        return a * valid.float()
+
+    def _run(self, ids, attention_mask, position_ids, cache):
+        """Base-model forward (no LM head): last hidden state after the final norm."""
+        out = self.base.lm.base_model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                                      cache=cache, use_cache=cache is not None)
+        return out.last_hidden_state
+
+    def _head(self, top):
+        return self.base.lm.get_output_embeddings()(top)
+
+    def _check(self, input_ids, attention_mask):
+        if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+            raise UserError("input_ids and attention_mask must both be [batch, T]")
+        if input_ids.shape[1] == 0:
+            raise UserError("empty prompt")
+        if not bool(attention_mask[:, -1].all()):
+            raise UserError("prompts must be left-padded (every row's last column must be a real token)")
+        ctx = getattr(self.config, "max_position_embeddings", None) or getattr(self.config, "n_positions", None)
+        if ctx is not None and int(attention_mask.sum(-1).max()) > ctx:
+            raise UserError(f"prompt longer than the model's context ({ctx})")
+
+    # ----- sequential (exact) -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def sequential(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cols: torch.Tensor | None = None,
+                   collect: bool = False, keep_cache: bool = False) -> RecircOutput:
+        """Exact recirculated prefill; outputs of the normal branch at `cols` (default: every column)."""
+        from models.prefill import ResidualRecorder
+
+        self._check(input_ids, attention_mask)
+        B, T = input_ids.shape
+        cols = torch.arange(T) if cols is None else cols
+        want = {int(c): j for j, c in enumerate(cols.tolist())}
+        pos_all = positions_from_mask(attention_mask, T)
+        valid = attention_mask.bool()
+        alpha_all = self._alpha(pos_all, valid)
+        cache = DynamicCache(config=self.config)
+        inj = _Injector(self.layers, self.spec)
+        rec = ResidualRecorder(self.base) if collect else None
+        logits = top = resid = None
+        zs_prev = None
+        try:
+            if rec is not None:
+                rec.__enter__()
+            for t in range(T):
+                if t == 0:
+                    chunk, c_n = input_ids[:, :1], 0
+                    inj.inject_cols = None
+                else:
+                    chunk, c_n = input_ids[:, t - 1:t + 1], 1
+                    inj.inject_cols, inj.inject_zs = torch.tensor([0]), zs_prev[:, None]
+                    inj.inject_alpha = alpha_all[:, t - 1:t]
+                inj.record_cols = torch.tensor([c_n])
+                j = want.get(t)
+                if rec is not None:
+                    rec.cols = torch.tensor([c_n]) if j is not None else None
+                k = t + 1
+                q = chunk.shape[1]
+                allowed = valid[:, None, :k] & (torch.arange(k)[None, :] <= torch.arange(k - q, k)[:, None])[None]
+                h = self._run(chunk, _float_mask(allowed, self.base.lm.dtype), pos_all[:, t + 1 - q:t + 1], cache)
+                zs_prev = inj.zs[:, 0]
+                cache.crop(-1)  # drop n_t's keys/values; r_t replaces them at the next step
+                if j is not None:
+                    hn = h[:, c_n]
+                    if logits is None:
+                        logits = torch.empty(B, len(cols), self.config.vocab_size, dtype=hn.dtype)
+                        top = torch.empty(B, len(cols), hn.shape[-1], dtype=hn.dtype)
+                        if collect:
+                            resid = torch.empty(B, len(cols), self.n_layers + 1, hn.shape[-1], dtype=hn.dtype)
+                    logits[:, j] = self._head(hn)
+                    top[:, j] = hn
+                    if rec is not None:
+                        resid[:, j] = rec.take()[:, 0]
+        finally:
+            inj.remove()
+            if rec is not None:
+                rec.__exit__(None, None, None)
+        # The cache now holds r_{<T-1} only (n_{T-1} was cropped): `generate` feeds [r_{T-1}, n_T] next.
+        return RecircOutput(logits, top, resid, cache if keep_cache else None, zs_prev)
+
+    # ----- blockwise / Jacobi -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def blockwise(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, passes: int = 2,
+                  block: int | None = None, cols: torch.Tensor | None = None, collect: bool = False) -> RecircOutput:
+        """Jacobi approximation: per block, pass 0 standard, then `passes` parallel [r | n] passes."""
+        from models.prefill import ResidualRecorder
+
+        self._check(input_ids, attention_mask)
+        if not (isinstance(passes, int) and passes >= 1):
+            raise UserError(f"blockwise recirculation needs passes >= 1, got {passes!r}")
+        B, T = input_ids.shape
+        block = T if block is None else int(block)
+        if block < 1:
+            raise UserError(f"block size must be >= 1, got {block}")
+        cols = torch.arange(T) if cols is None else cols
+        pos_all = positions_from_mask(attention_mask, T)
+        valid = attention_mask.bool()
+        alpha_all = self._alpha(pos_all, valid)
+        dtype = self.base.lm.dtype
+        cache = DynamicCache(config=self.config)
+        inj = _Injector(self.layers, self.spec)
+        rec = ResidualRecorder(self.base) if collect else None
+        logits = torch.empty(B, len(cols), self.config.vocab_size, dtype=dtype)
+        top = torch.empty(B, len(cols), self.base.d_model, dtype=dtype)
+        resid = torch.empty(B, len(cols), self.n_layers + 1, self.base.d_model, dtype=dtype) if collect else None
+        try:
+            if rec is not None:
+                rec.__enter__()
+            for c0 in range(0, T, block):
+                c1 = min(T, c0 + block)
+                b = c1 - c0
+                ids = input_ids[:, c0:c1]
+                pos = pos_all[:, c0:c1]
+                kv = valid[:, :c1]
+                causal = torch.arange(c1)[None, :] <= torch.arange(c0, c1)[:, None]  # [b, c1]
+                # pass 0: standard forward of the block (n attends to n within the block: the first guess)
+                inj.inject_cols, inj.record_cols = None, torch.arange(b)
+                self._run(ids, _float_mask(kv[:, None] & causal[None], dtype), pos, cache)
+                zs = inj.zs
+                cache.crop(-b)
+                # [r-half | n-half] mask: keys = past r (c0 columns) + r-half (b) + n-half (b)
+                past = kv[:, None, :c0].expand(B, b, c0)
+                r_self = causal[None, :, c0:] & kv[:, None, c0:c1]  # r_i -> r_j, j <= i
+                strict = torch.arange(b)[None, :] < torch.arange(b)[:, None]
+                n_r = strict[None] & kv[:, None, c0:c1]  # n_i -> r_j, j < i
+                eye = torch.eye(b, dtype=torch.bool)[None].expand(B, b, b)  # n_i -> n_i
+                none = torch.zeros(B, b, b, dtype=torch.bool)
+                allowed = torch.cat([torch.cat([past, r_self, none], -1), torch.cat([past, n_r, eye], -1)], 1)
+                fmask = _float_mask(allowed, dtype)
+                ids2 = torch.cat([ids, ids], 1)
+                pos2 = torch.cat([pos, pos], 1)
+                for k in range(passes):
+                    last = k == passes - 1
+                    inj.inject_cols, inj.inject_zs = torch.arange(b), zs
+                    inj.inject_alpha = alpha_all[:, c0:c1]
+                    inj.record_cols = torch.arange(b, 2 * b)
+                    sel = [(j, int(c) - c0) for j, c in enumerate(cols.tolist()) if c0 <= int(c) < c1]
+                    if rec is not None:
+                        rec.cols = torch.tensor([b + i for _, i in sel]) if (last and sel) else None
+                    h = self._run(ids2, fmask, pos2, cache)
+                    zs = inj.zs
+                    cache.crop(-b if last else -2 * b)  # keep r-half only after the final pass
+                    if last and sel:
+                        js = torch.tensor([j for j, _ in sel])
+                        hs = h[:, torch.tensor([b + i for _, i in sel])]
+                        top[:, js] = hs
+                        logits[:, js] = self._head(hs)
+                        if rec is not None:
+                            resid[:, js] = rec.take()
+        finally:
+            inj.remove()
+            if rec is not None:
+                rec.__exit__(None, None, None)
+        return RecircOutput(logits, top, resid)
+
+    # ----- base model (identity) --------------------------------------------------------------------------
+    @torch.no_grad()
+    def _base(self, input_ids, attention_mask, cols, collect) -> RecircOutput:
+        from models.prefill import ResidualRecorder, _maybe_record
+
+        with _maybe_record(self.base, collect) as rec:
+            if rec is not None:
+                rec.cols = cols
+            out = self.base(input_ids, attention_mask)
+            resid = rec.take() if rec is not None else None
+        return RecircOutput(out.logits[:, cols], out.top[:, cols], resid)
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, method: str = "sequential",
+                cols: torch.Tensor | None = None, collect: bool = False, passes: int = 2,
+                block: int | None = None) -> RecircOutput:
+        """Normal-branch outputs at `cols` (default all). method: sequential (exact) | blockwise (Jacobi)."""
+        if method not in ("sequential", "blockwise"):
+            raise UserError(f"unknown recirculation method {method!r} (sequential or blockwise)")
+        self._check(input_ids, attention_mask)
+        cols = torch.arange(input_ids.shape[1]) if cols is None else cols
+        if self.spec.is_identity and self.bypass_identity:
+            return self._base(input_ids, attention_mask, cols, collect)
+        if method == "sequential":
+            return self.sequential(input_ids, attention_mask, cols, collect)
+        return self.blockwise(input_ids, attention_mask, passes, block, cols, collect)
+
+    # ----- generation -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Greedy generation under recirculation (exact sequential prefill, then one [r_{t-1}, n_t] step per token).
+
+        Returns new token ids [batch, max_new_tokens]. Identity mixing = the base model's cached greedy decoding.
+        """
+        self._check(input_ids, attention_mask)
+        if max_new_tokens < 0:
+            raise UserError("max_new_tokens must be >= 0")
+        B, T = input_ids.shape
+        if max_new_tokens == 0:
+            return input_ids.new_zeros((B, 0))
+        if self.spec.is_identity and self.bypass_identity:
+            return base_generate(self.base, input_ids, attention_mask, max_new_tokens)
+        out = self.sequential(input_ids, attention_mask, cols=torch.tensor([T - 1]), keep_cache=True)
+        cache, zs, logits = out.cache, out.last_zs, out.logits[:, 0]
+        mask = attention_mask
+        prev = input_ids[:, -1]
+        inj = _Injector(self.layers, self.spec)
+        new = []
+        try:
+            for step in range(max_new_tokens):
+                tok = logits.argmax(-1)
+                new.append(tok)
+                if step == max_new_tokens - 1:
+                    break
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+                pos = positions_from_mask(mask, 2)
+                inj.inject_cols, inj.inject_zs = torch.tensor([0]), zs[:, None]
+                inj.inject_alpha = self._alpha(pos[:, :1], mask[:, -2:-1].bool())
+                inj.record_cols = torch.tensor([1])
+                chunk = torch.stack([prev, tok], 1)
+                h = self._run(chunk, mask, pos, cache)
+                cache.crop(-1)
+                zs, prev = inj.zs[:, 0], tok
+                logits = self._head(h[:, 1])
+        finally:
+            inj.remove()
+        return torch.stack(new, 1)
+
+
+@torch.no_grad()
+def base_generate(model: FullBandwidthLM, input_ids, attention_mask, max_new_tokens: int) -> torch.Tensor:
+    """Plain cached greedy decoding of the base model (one 1-token step per new token)."""
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids, attention_mask, cache=cache, use_cache=True)
+    logits, mask, new = out.logits[:, -1], attention_mask, []
+    for step in range(max_new_tokens):
+        tok = logits.argmax(-1)
+        new.append(tok)
+        if step == max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        out = model(tok[:, None], mask, cache=cache, use_cache=True)
+        logits = out.logits[:, -1]
+    return torch.stack(new, 1)
+
+
+# ----- the probes.run hook ----------------------------------------------------------------------------------
+def recirculated_prefill(model: FullBandwidthLM | PreTrainedModel, spec: RecircSpec | str,
+                         input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: tuple[int, ...] = (-1,),
+                         collect: bool = True, method: str = "sequential", passes: int = 2,
+                         block: int | None = None):
+    """Like models.prefill.prefill for a recirculated model: a PrefillResult (normal branch) for a left-padded batch.
+
+    `spec` may be the --recirculate string 's:d:alpha[:convex|residual]'. positions: negative offsets from the end.
+    """
+    from models.prefill import PrefillResult
+
+    base = model if isinstance(model, FullBandwidthLM) else FullBandwidthLM(model, fusion=False).eval()
+    if isinstance(spec, str):
+        spec = parse_recirculate(spec, base.n_layers)
+    rlm = RecirculatedLM(base, spec)
+    T = input_ids.shape[1]
+    positions = tuple(int(p) for p in positions)
+    if any(not (-T <= p <= -1) for p in positions):
+        raise UserError(f"positions must be negative offsets in -{T}..-1, got {positions}")
+    cols = torch.tensor([T + p for p in positions])
+    out = rlm.prefill(input_ids, attention_mask, method=method, cols=cols, collect=collect, passes=passes,
+                      block=block)
+    return PrefillResult(spec.name, positions, out.logits, out.top, out.resid)
+
+
+# ----- small utilities for the analysis ---------------------------------------------------------------------
+def random_rotation(d: int, angle: float | None = None, seed: int = 0) -> torch.Tensor:
+    """A D x D orthogonal matrix: Haar-random (angle None), or exp of a random skew matrix scaled so that the
+    rotation turns a typical vector by about `angle` radians (a 'small rotation')."""
+    g = torch.Generator().manual_seed(seed)
+    if angle is None:
+        q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+        return (q * torch.sign(torch.diagonal(r))[None]).float()
+    a = torch.randn(d, d, generator=g, dtype=torch.float64)
+    skew = (a - a.T) / math.sqrt(2 * d)  # ||skew x|| ~ ||x|| for a typical x
+    return torch.linalg.matrix_exp(angle * skew).float()
+
+
+def orthonormal(vectors: torch.Tensor) -> torch.Tensor:
+    """[k, D] directions -> [D, k] orthonormal basis of their span."""
+    q, _ = torch.linalg.qr(vectors.double().T)
+    return q.float()
+
+
+__all__ = ["RecircSpec", "RecirculatedLM", "RecircOutput", "parse_recirculate", "mix", "recirculated_prefill",
+           "base_generate", "random_rotation", "orthonormal", "MODES"]
+_ = replace  # re-exported for callers that build spec variants
