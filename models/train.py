@@ -53,15 +53,19 @@ def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1) 
     path). One task per batch instead stalled learning on a plateau: see the model card.
     """
     rng = np.random.default_rng([cfg.seed, step, rank])
-    ns = sorted(cfg.distractors)
-    p_n = np.array([cfg.distractors[k] for k in ns]) / sum(cfg.distractors.values())
+    distractors, seq_len = cfg.distractors, cfg.seq_len
+    if step < cfg.curriculum_steps:
+        distractors = {n: w for n, w in distractors.items() if n <= 8} or distractors
+        seq_len = min(seq_len, 256)
+    ns = sorted(distractors)
+    p_n = np.array([distractors[k] for k in ns]) / sum(distractors.values())
     newline = tok("\n", add_special_tokens=False)["input_ids"]
-    rows = max(1, cfg.batch_tokens // cfg.seq_len)
-    ids = torch.empty(rows, cfg.seq_len, dtype=torch.long)
-    label_pos = torch.zeros(rows, cfg.seq_len, dtype=torch.bool)
+    rows = max(1, cfg.batch_tokens // seq_len)
+    ids = torch.empty(rows, seq_len, dtype=torch.long)
+    label_pos = torch.zeros(rows, seq_len, dtype=torch.bool)
     for r in range(rows):
         stream, labels = [], []
-        while len(stream) < cfg.seq_len:
+        while len(stream) < seq_len:
             task = str(rng.choice(list(cfg.tasks)))
             n = int(rng.choice(ns, p=p_n))
             writes = int(rng.choice([2, 4, 8])) if task == "multi_register" else None
@@ -69,13 +73,15 @@ def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1) 
             toks = tok(sample.full_text, add_special_tokens=False)["input_ids"]
             labels.append(len(stream) + len(toks) - 1)
             stream += toks + newline
-        ids[r] = torch.as_tensor(stream[:cfg.seq_len])
-        label_pos[r, [p for p in labels if p < cfg.seq_len]] = True
+        ids[r] = torch.as_tensor(stream[:seq_len])
+        label_pos[r, [p for p in labels if p < seq_len]] = True
     mask = torch.ones_like(ids)
     k = int(rng.choice(len(cfg.probs), p=np.array(cfg.probs))) + 1
+    if step < cfg.curriculum_steps:
+        k = 1  # feedback passes only once the standard pass has learned the tasks (as the paper's warm start)
     warm = int(rng.integers(1, cfg.warm_passes + 1)) if (k > 1 and cfg.warm_passes and rng.random() < cfg.warm_prob) else 0
     # Prefix mixin: a random-length prefix per row keeps plain embeddings (prompt prefilled normally).
-    prefix = np.where(rng.random(rows) < cfg.prefix_mix, (rng.random(rows) * cfg.seq_len).astype(int), 0)
+    prefix = np.where(rng.random(rows) < cfg.prefix_mix, (rng.random(rows) * seq_len).astype(int), 0)
     return Batch(ids, mask, k, warm, torch.as_tensor(prefix), f"packed/k={k}", label_pos)
 
 
