@@ -1,0 +1,1 @@
+"""Causal interventions on the fed-back state (SPEC section 5): patching, ablation, subspace, dose, layers."""

@@ -1,0 +1,227 @@
+"""causal_report.{json,md,html}: the verdict sentence, tables, and Plotly figures (self-contained HTML)."""
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+
+REPORT_FILES = ("causal_report.json", "causal_report.md", "causal_report.html")
+SCHEMA = {"name": "causal-report", "version": 1}
+
+
+def clean_json(x):
+    """NaN/inf -> None, numpy/torch scalars -> python, recursively."""
+    if isinstance(x, dict):
+        return {str(k): clean_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean_json(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        try:
+            x = x.item()
+        except (ValueError, AttributeError):
+            pass
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _f(x, nd=2, pct=False):
+    if x is None:
+        return "n/a"
+    return f"{100 * x:.0f}%" if pct else f"{x:.{nd}f}"
+
+
+def _ci(row, key, nd=2, pct=False):
+    ci = row.get(key + "_ci")
+    if not ci:
+        return "[n/a]"
+    return f"[{_f(ci[0], nd, pct)}, {_f(ci[1], nd, pct)}]"
+
+
+def _row(res, name):
+    for src in (res["interventions"], res["subspace"]["rows"]):
+        for r in src:
+            if r["name"] == name:
+                return r
+    return None
+
+
+def verdict(report: dict) -> tuple[str, str]:
+    """(label, one sentence with its numbers) for the task of this report."""
+    cfg, res = report["config"], report["results"]
+    clean = res["clean"][cfg["mode"]]
+    swap, sub = _row(res, "state_swap"), res["subspace"]
+    ne, ci = swap["normalized_effect"], swap["normalized_effect_ci"]
+    lo = ci[0] if ci else None
+    if clean["accuracy"] is None or clean["accuracy"] < 0.6:
+        label = "inconclusive (the model does not solve the task)"
+    elif lo is not None and lo > 0.5:
+        label = "causally used"
+    elif lo is not None and lo > 0.05:
+        label = "partly used"
+    else:
+        label = "not detectably used"
+    r = sub["rank"]
+    parts = {n: _row(res, n) for n in ("subspace_swap", "complement_swap", "random_subspace_swap")}
+    s = (f"{cfg['task']} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): the fused state is "
+         f"{label}: swapping h_{{T-1}} with the paired sample's flips {_f(swap['flip_rate'], pct=True)} "
+         f"{_ci(swap, 'flip_rate', pct=True)} of predictions, normalized effect {_f(ne)} "
+         f"{_ci(swap, 'normalized_effect')} (n={swap['n']}, {swap['n_groups']} groups; clean accuracy "
+         f"{_f(clean['accuracy'])} {_ci(clean, 'accuracy')}); the rank-{r} probe subspace alone gives "
+         f"{_f(parts['subspace_swap']['normalized_effect'])} {_ci(parts['subspace_swap'], 'normalized_effect')}, "
+         f"its complement {_f(parts['complement_swap']['normalized_effect'])} "
+         f"{_ci(parts['complement_swap'], 'normalized_effect')}, a random rank-{r} subspace "
+         f"{_f(parts['random_subspace_swap']['normalized_effect'])} "
+         f"{_ci(parts['random_subspace_swap'], 'normalized_effect')} "
+         f"(probe held-out accuracy on h_{{T-1}} {_f(sub['probe_heldout_accuracy'])}).")
+    return label, s
+
+
+def control_sentence(report: dict) -> str:
+    c = report.get("control")
+    if not c:
+        return "Negative control: not run."
+    if c.get("skipped"):
+        return f"Negative control: skipped ({c['skipped']})."
+    if not c.get("interventions"):
+        return f"Negative control {c['model']}: {c.get('note', 'no interventions')}."
+    sw = next(r for r in c["interventions"] if r["name"] == "state_swap")
+    cl = c["clean"].get(report["config"]["mode"]) or c["clean"]["standard"]
+    return (f"Negative control {c['model']} (fusion never trained): the same swap gives normalized effect "
+            f"{_f(sw['normalized_effect'])} {_ci(sw, 'normalized_effect')}, flip rate "
+            f"{_f(sw['flip_rate'], pct=True)} {_ci(sw, 'flip_rate', pct=True)} (clean accuracy "
+            f"{_f(cl['accuracy'])}, n={sw['n']}).")
+
+
+def _table(rows, first="intervention"):
+    out = [f"| {first} | LD mean | accuracy | flip rate | normalized effect | n |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r.get('label', r.get('name'))} | {_f(r['ld_mean'])} {_ci(r, 'ld_mean')} | "
+                   f"{_f(r['accuracy'])} {_ci(r, 'accuracy')} | {_f(r['flip_rate'])} {_ci(r, 'flip_rate')} | "
+                   f"{_f(r['normalized_effect'])} {_ci(r, 'normalized_effect')} | {r['n']} |")
+    return "\n".join(out)
+
+
+def markdown(report: dict) -> str:
+    cfg, res = report["config"], report["results"]
+    label, sentence = report["verdict"]["label"], report["verdict"]["sentence"]
+    lines = [f"# Causal-ablation report: {cfg['task']} on {report['model']['name']}", "",
+             f"**Verdict.** {sentence}", "", control_sentence(report), "",
+             f"Model `{report['model']['path']}` (weights sha256 {report['model']['weights_sha256'][:12]}), "
+             f"mode `{cfg['mode']}`, {cfg['n_pairs']} pairs, N = {cfg['distractors']} distractors, seed "
+             f"{cfg['seed']}, dataset fingerprint {report['dataset']['fingerprint'][:12]}. "
+             "Metrics at the probed position T: LD = logit(true) - logit(other) label word; accuracy = LD > 0; "
+             "flip rate = prediction follows the donor's (or, without a donor, the paired sample's) label; "
+             "normalized effect = (LD_patched - LD_clean) / (LD_ref - LD_clean) as a ratio of means; 95% CIs "
+             "by a bootstrap over groups.", "", "## Clean runs", ""]
+    lines.append(_table([{**v, "label": k} for k, v in res["clean"].items()], "mode"))
+    lines += ["", "## Interventions on the fused state at T", ""]
+    lines.append(_table(res["interventions"] + res["subspace"]["rows"]))
+    sub = res["subspace"]
+    lines += ["", f"Probe subspace: rank {sub['rank']}, fitted on h_{{T-1}} of the training folds only "
+              f"({sub['n_folds']} grouped folds); held-out probe accuracy {_f(sub['probe_heldout_accuracy'])}; "
+              f"share of ||h_donor - h_own||^2 inside it {_f(sub['energy_fraction'], 3)}.", "",
+              "## Dose-response: h = (1 - a) own + a donor", ""]
+    lines.append(_table([{**r, "label": f"a = {r['alpha']:.1f}"} for r in res["dose"]["rows"]], "alpha"))
+    lp = res.get("layer_patching")
+    if lp:
+        lines += ["", "## Layer patching (residual stream from the paired sample): normalized effect", ""]
+        for mode in lp["modes"]:
+            if mode not in lp:
+                continue
+            lines += [f"**{mode}**", "", "| depth | " + " | ".join(lp["positions"]) + " |",
+                      "|---" * (len(lp["positions"]) + 1) + "|"]
+            for d in lp["depths"]:
+                lines.append(f"| {d} | " + " | ".join(_f(v) for v in lp[mode]["normalized_effect"][d]) + " |")
+            lines.append("")
+    c = report.get("control")
+    if c and c.get("interventions"):
+        lines += ["## Negative control", "", _table(c["interventions"]), ""]
+    lines += ["", f"Wall time {report['timings_s']['total']:.1f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def html_report(report: dict) -> str:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    res = report["results"]
+    figs = []
+
+    def err(rows, key):
+        lo = [r[key] - r[key + "_ci"][0] if r.get(key + "_ci") and r[key] is not None else 0 for r in rows]
+        hi = [r[key + "_ci"][1] - r[key] if r.get(key + "_ci") and r[key] is not None else 0 for r in rows]
+        return dict(type="data", symmetric=False, array=hi, arrayminus=lo)
+
+    rows = res["interventions"] + res["subspace"]["rows"]
+    c = report.get("control")
+    crow = [dict(r, name=f"control: {r['name']}") for r in (c.get("interventions") or [])] if c else []
+    allrows = rows + crow
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("normalized effect", "accuracy", "flip rate"))
+    for j, key in enumerate(("normalized_effect", "accuracy", "flip_rate")):
+        fig.add_trace(go.Bar(x=[r["name"] for r in allrows], y=[r[key] for r in allrows], error_y=err(allrows, key),
+                             name=key, showlegend=False), row=1, col=j + 1)
+    fig.update_layout(title="Interventions on the fused state at T (bars: 95% bootstrap CI)", height=480)
+    figs.append(fig)
+
+    dose = res["dose"]["rows"]
+    fig = go.Figure()
+    for key in ("normalized_effect", "flip_rate", "accuracy"):
+        fig.add_trace(go.Scatter(x=[r["alpha"] for r in dose], y=[r[key] for r in dose], error_y=err(dose, key),
+                                 mode="lines+markers", name=key))
+    fig.update_layout(title="Dose-response: h = (1 - a) own + a paired donor", xaxis_title="a", height=420)
+    figs.append(fig)
+
+    lp = res.get("layer_patching")
+    if lp:
+        modes = [m for m in lp["modes"] if m in lp]
+        fig = make_subplots(rows=1, cols=len(modes), subplot_titles=modes)
+        for j, m in enumerate(modes):
+            z = lp[m]["normalized_effect"]
+            fig.add_trace(go.Heatmap(z=z, x=lp["positions"], y=lp["depths"], zmin=-0.2, zmax=1.2,
+                                     colorscale="RdBu_r", showscale=j == 0,
+                                     text=[[_f(v) for v in row] for row in z], texttemplate="%{text}"),
+                          row=1, col=j + 1)
+            fig.update_yaxes(title_text="depth", row=1, col=j + 1)
+        fig.update_layout(title="Layer patching from the paired sample: normalized effect (depth x position)",
+                          height=480)
+        figs.append(fig)
+
+    body = []
+    for i, f in enumerate(figs):
+        body.append(f.to_html(full_html=False, include_plotlyjs=(i == 0)))
+    title = f"Causal-ablation report: {report['config']['task']} on {report['model']['name']}"
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title></head><body>"
+            f"<h1>{html.escape(title)}</h1><p><b>Verdict.</b> {html.escape(report['verdict']['sentence'])}</p>"
+            f"<p>{html.escape(control_sentence(report))}</p>" + "".join(body) + "</body></html>")
+
+
+def existing_results(out: Path) -> list[str]:
+    return [n for n in REPORT_FILES if (out / n).exists()]
+
+
+def write_report(report: dict, out: Path, overwrite: bool) -> list[Path]:
+    """Write the three files atomically (temp names, then rename). Never replaces results without overwrite."""
+    out.mkdir(parents=True, exist_ok=True)
+    found = existing_results(out)
+    if found and not overwrite:
+        from common.errors import UserError
+        raise UserError(f"{out} already holds results of another run ({', '.join(found)}); "
+                        "pass --overwrite or choose another --out")
+    report = clean_json(report)
+    texts = {"causal_report.json": json.dumps(report, indent=2, allow_nan=False),
+             "causal_report.md": markdown(report), "causal_report.html": html_report(report)}
+    tmp = []
+    try:
+        for name, text in texts.items():
+            p = out / f".{name}.tmp"
+            p.write_text(text)
+            tmp.append((p, out / name))
+        for p, final in tmp:
+            p.replace(final)
+    finally:
+        for p, _ in tmp:
+            if p.exists():
+                p.unlink()
+    return [out / n for n in texts]

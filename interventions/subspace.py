@@ -1,0 +1,110 @@
+"""The task-state subspace of h_{T-1}: probe direction(s) fitted on training folds only.
+
+`fold_subspaces` splits the rows with StratifiedGroupKFold over their groups (a pair never straddles folds);
+in each fold a `probes.linear.LinearProbe` is fitted on the TRAINING rows' h_{T-1} and its unit direction
+spans the subspace (rank r > 1: iterative nullspace projection, each further probe fitted on the training
+states with the earlier directions projected out). Each held-out row is then patched with the subspace of
+the fold that held it out, so no row is ever patched along a direction fitted on it.
+
+`swap_part(own, donor, U, part)`:
+    subspace    own + P (donor - own)        P = U U^T (U orthonormal [D, r])
+    complement  own + (I - P)(donor - own)
+so subspace and complement swaps compose to the full swap: applying one on top of the other gives `donor`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sklearn.model_selection import StratifiedGroupKFold
+
+from common.errors import UserError
+from probes.linear import LinearProbe, ProbeConfig
+
+
+@dataclass
+class FoldSubspace:
+    test: np.ndarray  # held-out row indices
+    U: torch.Tensor  # [D, r] orthonormal basis of the probe subspace (fitted on the other folds)
+    probe_accuracy: float  # held-out accuracy of the first probe on this fold
+
+
+def orthonormal(M: torch.Tensor) -> torch.Tensor:
+    q, _ = torch.linalg.qr(M.double())
+    return q.to(M.dtype)
+
+
+def random_subspace(d: int, rank: int, seed: int, dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(int(seed))
+    return orthonormal(torch.randn(d, rank, generator=g, dtype=torch.float64)).to(dtype)
+
+
+def fold_subspaces(H: torch.Tensor, labels, groups, rank: int = 1, config: ProbeConfig | None = None
+                   ) -> list[FoldSubspace]:
+    """Per outer fold: probe subspace of rank `rank` fitted on the training rows of H [B, D]."""
+    config = config or ProbeConfig()
+    X = H.detach().double().cpu().numpy()
+    y = np.asarray(labels)
+    groups = np.asarray(groups)
+    if not 1 <= rank <= X.shape[1]:
+        raise UserError(f"subspace rank must be in 1..{X.shape[1]}, got {rank}")
+    cv = StratifiedGroupKFold(n_splits=config.n_splits, shuffle=True, random_state=config.random_state)
+    out = []
+    for tr, te in cv.split(X, y, groups):
+        if len(np.unique(y[tr])) < 2:
+            raise UserError("a training fold has a single class: too few groups per label for grouped CV")
+        dirs, Xtr, acc = [], X[tr].copy(), None
+        for k in range(rank):
+            probe = LinearProbe(config).fit(Xtr, y[tr], groups[tr])
+            if k == 0:
+                acc = probe.score(X[te], y[te])
+            u = probe.direction
+            if dirs:  # keep exact orthogonality to the earlier directions
+                B = np.stack(dirs, 1)
+                u = u - B @ (B.T @ u)
+            nu = np.linalg.norm(u)
+            if nu < 1e-12:
+                break
+            u = u / nu
+            dirs.append(u)
+            Xtr = Xtr - np.outer(Xtr @ u, u)
+        if not dirs:
+            raise UserError("the probe on h_{T-1} found no direction (constant states?)")
+        U = torch.from_numpy(np.stack(dirs, 1)).to(H.dtype)
+        out.append(FoldSubspace(te, U, float(acc)))
+    return out
+
+
+def swap_part(own: torch.Tensor, donor: torch.Tensor, U: torch.Tensor, part: str) -> torch.Tensor:
+    """Swap only the `part` ('subspace' or 'complement') of own [.., D] towards donor."""
+    delta = donor - own
+    inside = (delta @ U) @ U.T
+    if part == "subspace":
+        return own + inside
+    if part == "complement":
+        return own + (delta - inside)
+    raise UserError(f"unknown subspace part {part!r} (subspace or complement)")
+
+
+def per_fold_states(own: torch.Tensor, donor: torch.Tensor, folds: list[FoldSubspace], part: str,
+                    random_rank_seed: int | None = None) -> torch.Tensor:
+    """States [B, D] where each held-out row gets its fold's subspace swap (or a random one of equal rank)."""
+    out = own.clone()
+    for i, f in enumerate(folds):
+        U = f.U if random_rank_seed is None else random_subspace(own.shape[1], f.U.shape[1],
+                                                                  random_rank_seed + i, own.dtype)
+        idx = torch.as_tensor(f.test, dtype=torch.long)
+        out[idx] = swap_part(own[idx], donor[idx], U, part)
+    return out
+
+
+def energy_fraction(own: torch.Tensor, donor: torch.Tensor, folds: list[FoldSubspace]) -> float:
+    """Share of ||donor - own||^2 (summed over held-out rows) that lies in the probe subspace."""
+    num = den = 0.0
+    for f in folds:
+        idx = torch.as_tensor(f.test, dtype=torch.long)
+        delta = (donor[idx] - own[idx]).double()
+        num += float(((delta @ f.U.double()) ** 2).sum())
+        den += float((delta ** 2).sum())
+    return num / den if den > 0 else float("nan")

@@ -1,0 +1,248 @@
+"""Interventions (SPEC section 5): exactness, a hand-built model with a known answer, metric formulas, subspace
+composition, and the CLI's bad-input behaviour.
+
+The hand-built model (`state_only_model`): a 2-layer Qwen3-style FullBandwidthLM whose logits at T depend
+only on the state fed to the fusion.
+    * every block's attention output projection (o_proj) and MLP down projection are zero, so each block is
+      the identity on the residual stream: the top residual equals the input of block 0;
+    * fusion: W_G = 0 (the gate is sigmoid(0) = 1/2 for every token: the embedding e_T has no influence),
+      W_U = I, norm weight 1, so u_T = RMSNorm(h_{T-1} / 2) = RMSNorm(h_{T-1});
+    * embeddings (tied with the LM head): token A = 3 -> C * e_0, token B = 4 -> C * e_1, all others 0.
+      A prompt [.., A|B, F] with the label token at T-1 gives h_{T-1} = final_norm(E[A|B]) = sqrt(D) e_k, hence
+      logits(T) = E RMSNorm(RMSNorm(sqrt(D) e_k)) and LD = C sqrt(D) * D / (D + eps') ~= C sqrt(D) for the
+      label of the token at T-1 (label 0 <-> A, 1 <-> B).
+    * documented values: clean LD = C sqrt(D) (here 2 * sqrt(32) = 11.31) and accuracy 1; the paired swap
+      gives LD = -C sqrt(D), flip rate 1 and normalized effect 1; zero ablation gives u = RMSNorm(0) = 0, a zero
+      residual, zero logits, hence LD = 0 exactly, accuracy 1/2 (an exact tie counts 1/2), normalized effect
+      exactly 1/2.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from interventions.core import Batch, CausalContext, Patch
+from interventions.metrics import label_ld, summarize
+from interventions.subspace import fold_subspaces, per_fold_states, random_subspace, swap_part
+from interventions.suite import Suite
+
+A, B, F, C = 3, 4, 5, 2.0
+
+
+def _random_batch(model, n_pairs=4, T=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    V = model.config.vocab_size
+    ids = torch.randint(2, V, (2 * n_pairs, T), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # some left padding (pair 0 shares it)
+    mask[1, :2] = 0
+    labels = torch.tensor([0, 1] * n_pairs)
+    pair = torch.arange(2 * n_pairs) ^ 1
+    return Batch(ids, mask, labels, pair, np.repeat(np.arange(n_pairs), 2), (10, 11))
+
+
+def test_donor_self_changes_nothing_exactly(tiny_model):
+    batch = _random_batch(tiny_model)
+    ctx = CausalContext(tiny_model, batch)  # also checks clean logits == the prefill engine's, bit for bit
+    me = torch.arange(batch.size)
+    clean = ctx.clean["recurrent-1"].logits
+    assert torch.equal(ctx.swap_state(me), clean)
+    h = ctx.h_prev
+    assert torch.equal(ctx.patch_state((1 - 0.0) * h + 0.0 * h[batch.pair]), clean)
+    for mode in ("standard", "recurrent-1"):
+        for pos in (-2, -1):
+            for d in range(tiny_model.n_layers + 1):
+                assert torch.equal(ctx.patch_resid(mode, d, pos, me), ctx.clean[mode].logits), (mode, pos, d)
+    # the swap does change something, and the shared prefix is restored after every run
+    assert (ctx.swap_state(batch.pair) - clean).abs().max() > 1e-3
+    assert torch.equal(ctx.run("recurrent-1").logits, clean)
+
+
+def test_top_depth_patch_gives_the_donor_logits(tiny_model):
+    batch = _random_batch(tiny_model)
+    ctx = CausalContext(tiny_model, batch)
+    L = tiny_model.n_layers
+    for mode in ("standard", "recurrent-1"):
+        out = ctx.patch_resid(mode, L, -1, batch.pair)
+        assert torch.allclose(out, ctx.clean[mode].logits[batch.pair], atol=1e-6)
+
+
+@pytest.fixture
+def state_only_model(make_tiny_config):
+    from models.full_bandwidth import FullBandwidthLM, decoder_layers
+
+    model = FullBandwidthLM.from_config(make_tiny_config("qwen3"), seed=0).eval().float()
+    D = model.d_model
+    with torch.no_grad():
+        for layer in decoder_layers(model.lm):
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.fusion.gate.weight.zero_()
+        model.fusion.up.weight.copy_(torch.eye(D))
+        model.fusion.norm.weight.fill_(1.0)
+        E = model.lm.get_input_embeddings().weight
+        E.zero_()
+        E[A, 0] = C
+        E[B, 1] = C
+    return model
+
+
+def _state_batch(n_pairs=6):
+    g = torch.Generator().manual_seed(1)
+    rows, labels = [], []
+    for i in range(n_pairs):
+        ctx_tokens = torch.randint(6, 50, (4,), generator=g).tolist()
+        for label, tok in ((0, A), (1, B)):
+            rows.append(ctx_tokens + [tok, F])
+            labels.append(label)
+    ids = torch.tensor(rows)
+    return Batch(ids, torch.ones_like(ids), torch.tensor(labels), torch.arange(len(rows)) ^ 1,
+                 np.repeat(np.arange(n_pairs), 2), (A, B))
+
+
+def test_hand_built_model_swap_flips_all_and_zero_gives_documented_value(state_only_model):
+    batch = _state_batch()
+    ctx = CausalContext(state_only_model, batch)
+    D = state_only_model.d_model
+    y, ids = batch.labels, batch.label_ids
+    ld_clean = label_ld(ctx.clean["recurrent-1"].logits, y, ids)
+    assert np.allclose(ld_clean, C * math.sqrt(D), rtol=1e-4)
+    s = Suite(ctx, n_boot=200)
+    swap = s.metrics(ctx.swap_state(batch.pair))
+    assert swap["flip_rate"] == 1.0 and swap["accuracy"] == 0.0
+    assert swap["normalized_effect"] == pytest.approx(1.0, abs=1e-6)
+    zero_logits = ctx.patch_state(torch.zeros_like(ctx.h_prev))
+    assert np.array_equal(label_ld(zero_logits, y, ids), np.zeros(batch.size))
+    zero = s.metrics(zero_logits)
+    assert zero["ld_mean"] == 0.0 and zero["accuracy"] == 0.5 and zero["normalized_effect"] == 0.5
+    # the embedding at T has no influence: the gate bypass feeds e_T = E[F] = 0 -> zero logits too
+    assert np.array_equal(label_ld(ctx.gate_bypass(), y, ids), np.zeros(batch.size))
+
+
+def test_metric_formulas_match_a_hand_computation():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [0.0, 2.0, 2.0], [5.0, 0.0, 4.0], [0.0, -1.0, 1.0]])
+    y = np.array([0, 1, 1, 0])
+    ld = label_ld(logits, y, (1, 2))
+    assert ld.tolist() == [2.0, 0.0, 4.0, -2.0]
+    ld_clean = np.array([3.0, 1.0, 2.0, 1.0])
+    ld_ref = np.array([-3.0, -1.0, 2.0, -1.0])  # row 2: a same-label donor
+    ref_labels = np.array([1, 0, 1, 1])
+    groups = np.array([0, 0, 1, 1])
+    m = summarize(ld, ld_clean, ld_ref, y, ref_labels, groups, n_boot=500, seed=0)
+    assert m["n"] == 4 and m["n_groups"] == 2 and m["n_flip"] == 3
+    assert m["ld_mean"] == pytest.approx(1.0)
+    assert m["accuracy"] == pytest.approx((1 + 0.5 + 1 + 0) / 4)
+    # flip over rows 0, 1, 3 (donor label differs): 0, 0.5, 1
+    assert m["flip_rate"] == pytest.approx(1.5 / 3)
+    # ((2-3)+(0-1)+(4-2)+(-2-1)) / ((-3-3)+(-1-1)+(2-2)+(-1-1)) = -3 / -10
+    assert m["normalized_effect"] == pytest.approx(0.3)
+    for k in ("ld_mean", "accuracy", "flip_rate", "normalized_effect"):
+        lo, hi = m[k + "_ci"]
+        assert lo <= m[k] + 1e-12 and m[k] <= hi + 1e-12
+
+
+def test_subspace_and_complement_compose_to_the_full_swap(tiny_model):
+    batch = _random_batch(tiny_model, n_pairs=6)
+    ctx = CausalContext(tiny_model, batch)
+    h, donor = ctx.h_prev, ctx.h_prev[batch.pair]
+    U = random_subspace(h.shape[1], 3, seed=0)
+    sub = swap_part(h, donor, U, "subspace")
+    both = swap_part(sub, donor, U, "complement")
+    assert torch.allclose(both, donor, atol=1e-6)
+    assert torch.allclose(swap_part(h, donor, U, "complement") - h + sub - h, donor - h, atol=1e-6)
+    assert torch.allclose(ctx.patch_state(both), ctx.swap_state(batch.pair), atol=1e-5)
+
+
+def test_probe_subspaces_are_fitted_on_training_folds_only():
+    rng = np.random.default_rng(0)
+    n_pairs, D = 30, 8
+    y = np.tile([0, 1], n_pairs)
+    groups = np.repeat(np.arange(n_pairs) % 15, 2)
+    H = torch.tensor(rng.normal(size=(2 * n_pairs, D)) + 4.0 * y[:, None] * np.eye(D)[0], dtype=torch.float32)
+    folds = fold_subspaces(H, y, groups, rank=2)
+    held = np.concatenate([f.test for f in folds])
+    assert sorted(held.tolist()) == list(range(2 * n_pairs))  # each row held out exactly once
+    for f in folds:
+        train_groups = set(groups[np.setdiff1d(np.arange(2 * n_pairs), f.test)].tolist())
+        assert not train_groups & set(groups[f.test].tolist())
+        assert torch.allclose(f.U.T @ f.U, torch.eye(2), atol=1e-5)
+        assert float(f.U[0].norm()) > 0.95  # the planted direction lies in the rank-2 subspace
+    own, donor = H, H[torch.arange(2 * n_pairs) ^ 1]
+    full = per_fold_states(per_fold_states(own, donor, folds, "subspace"), donor, folds, "complement")
+    assert torch.allclose(full, donor, atol=1e-5)
+
+
+# ----- CLI ---------------------------------------------------------------------------------------------------
+def _cli(argv, capsys):
+    from interventions.run import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    return e.value.code, err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--task", "nope"], "unknown task"),
+    (["--mode", "fused-2"], "not supported"),
+    (["--mode", "bogus"], "unknown prefill mode"),
+    (["--model", "no-such-model-xyz"], "unknown model"),
+    (["--n-pairs", "3"], "--n-pairs must be in"),
+    (["--n-pairs", "100000"], "--n-pairs must be in"),
+    (["--n-pairs", "many"], "--n-pairs must be an integer"),
+    (["--no-such-flag"], "unrecognized arguments"),
+])
+def test_cli_bad_input_is_one_line_exit_2(argv, needle, capsys):
+    code, err = _cli(argv, capsys)
+    assert code == 2
+    assert err.startswith("error: ") and needle in err and err.strip().count("\n") == 0
+
+
+def test_cli_refuses_to_overwrite_another_runs_results(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "causal_report.json").write_text('{"previous": true}')
+    (out / "probe_results.json").write_text("keep")
+    code, err = _cli(["--model", str(tmp_path), "--out", str(out)], capsys)
+    assert code == 2 and "--overwrite" in err and err.strip().count("\n") == 0
+    assert json.loads((out / "causal_report.json").read_text()) == {"previous": True}
+    assert (out / "probe_results.json").read_text() == "keep"
+    assert sorted(p.name for p in out.iterdir()) == ["causal_report.json", "probe_results.json"]
+
+
+@pytest.mark.slow  # ~1 min on a loaded 2-core box; the default run keeps the fast CLI tests above
+def test_cli_end_to_end_on_a_tiny_checkpoint(tmp_path, capsys):
+    from interventions.run import main
+    from models.configs import qwen3_config
+    from models.full_bandwidth import FullBandwidthLM
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = qwen3_config(len(tok.get_vocab()), n_layers=2, d_model=32, initializer_range=0.1)
+    ckpt = tmp_path / "tiny"
+    FullBandwidthLM.from_config(cfg, seed=0).save_pretrained(ckpt, tok)
+    out = tmp_path / "fig"
+    argv = ["--model", str(ckpt), "--task", "memory", "--n-pairs", "10", "--distractors", "4", "--out", str(out),
+            "--control-model", str(ckpt), "--no-progress"]
+    assert main(argv) == 0
+    rep = json.loads((out / "causal_report.json").read_text())
+    names = [r["name"] for r in rep["results"]["interventions"] + rep["results"]["subspace"]["rows"]]
+    assert names == ["gate_bypass", "state_swap", "resample", "mean", "zero", "random_state", "subspace_swap",
+                     "complement_swap", "random_subspace_swap"]
+    assert len(rep["results"]["dose"]["rows"]) == 11 and rep["results"]["dose"]["rows"][0]["normalized_effect"] == 0
+    lp = rep["results"]["layer_patching"]
+    assert len(lp["recurrent-1"]["normalized_effect"]) == 3 and len(lp["standard"]["normalized_effect"][0]) == 2
+    assert rep["control"]["interventions"][0]["name"] == "state_swap"
+    assert "memory" in rep["verdict"]["sentence"]
+    html = (out / "causal_report.html").read_text()
+    assert "plotly" in html.lower() and "<script src=" not in html  # self-contained
+    assert "**Verdict.**" in (out / "causal_report.md").read_text()
+    before = (out / "causal_report.json").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and (out / "causal_report.json").read_text() == before
