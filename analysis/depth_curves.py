@@ -1,0 +1,235 @@
+"""Depth curves of probe accuracy (the paper's Fig. 7): self-contained interactive Plotly HTML, and a PNG.
+
+Input: a probes.json document (``{"meta": ..., "results": [...]}``, written by ``python -m probes.run``).
+
+* completion / memory (Fig. 7a): one panel per prefill mode (standard, recurrent-1, ...), x = depth,
+  y = held-out accuracy, one line per distractor count N with its 95% CI as a band, the chance line at 0.5,
+  hover showing accuracy, CI, fold spread, control accuracy and n (samples / groups).
+* multi_register (Fig. 7b): one panel per mode (standard, recurrent-1/2/4, recurrent-full), one line per
+  writes-per-register (2, 4, 8; and per N when several N were run).
+
+The HTML embeds plotly.js (no network needed) and uses a fixed div id, so the same document always gives the
+same page. ``write_png`` renders the page with headless Chromium (kaleido is not required).
+
+CLI: ``python -m analysis.depth_curves figures/tiny-fbt/completion/probes.json [--png out.png]``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common.errors import UserError, cli_entry
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
+MODE_ORDER = ("standard", "recurrent-1", "recurrent-2", "recurrent-4", "recurrent-8", "recurrent-full")
+DIV_ID = "depth-curves"
+
+
+def _mode_key(m: str):
+    if m in MODE_ORDER:
+        return (0, MODE_ORDER.index(m), m)
+    return (1, 0, m)
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _load(doc_or_path) -> dict:
+    if isinstance(doc_or_path, dict):
+        return doc_or_path
+    p = Path(doc_or_path)
+    if not p.is_file():
+        raise UserError(f"no probes.json at {p}")
+    try:
+        doc = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{p} is not valid JSON: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+        raise UserError(f"{p} is not a probes.json (needs a 'results' list)")
+    return doc
+
+
+def _lines(rows: list[dict], task: str) -> dict:
+    """{mode: {line label: rows sorted by depth}}"""
+    by_mode: dict[str, dict[str, list]] = {}
+    multi = task == "multi_register"
+    n_values = sorted({r["n_distractors"] for r in rows})
+    for r in rows:
+        if multi:
+            if r.get("writes") is None:
+                continue
+            label = f"{r['writes']} writes/register" + (f", N={r['n_distractors']}" if len(n_values) > 1 else "")
+            key = (r["writes"], r["n_distractors"])
+        else:
+            if r.get("writes") is not None:
+                continue
+            label = f"N={r['n_distractors']}"
+            key = (r["n_distractors"],)
+        by_mode.setdefault(r["mode"], {}).setdefault((key, label), []).append(r)
+    out = {}
+    for mode in sorted(by_mode, key=_mode_key):
+        lines = by_mode[mode]
+        out[mode] = {label: sorted(rs, key=lambda r: r["depth"]) for (key, label), rs in sorted(lines.items())}
+    return out
+
+
+def depth_curve_figure(doc_or_path, title: str | None = None):
+    """Plotly figure of the depth curves of one probes.json (one task)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    doc = _load(doc_or_path)
+    rows = doc["results"]
+    if not rows:
+        raise UserError("probes.json has no results to plot")
+    tasks = sorted({r["task"] for r in rows})
+    if len(tasks) != 1:
+        raise UserError(f"one task per figure (got {', '.join(tasks)})")
+    task = tasks[0]
+    lines = _lines(rows, task)
+    modes = list(lines)
+    model = doc.get("meta", {}).get("model", {}).get("name") or rows[0].get("model", "")
+    fig = make_subplots(rows=1, cols=len(modes), shared_yaxes=True, subplot_titles=[f"{m} prefill" for m in modes],
+                        horizontal_spacing=0.04 if len(modes) > 3 else 0.06)
+    labels = []
+    for lines_m in lines.values():
+        for label in lines_m:
+            if label not in labels:
+                labels.append(label)
+    color = {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
+    max_depth = max(r["depth"] for r in rows)
+    for col, mode in enumerate(modes, start=1):
+        for label, rs in lines[mode].items():
+            x = [r["depth"] for r in rs]
+            c = color[label]
+            # CI band: upper edge, then lower edge filled up to it.
+            fig.add_trace(go.Scatter(x=x, y=[r["ci_high"] for r in rs], mode="lines", line=dict(width=0),
+                                     hoverinfo="skip", showlegend=False, legendgroup=label),
+                          row=1, col=col)
+            fig.add_trace(go.Scatter(x=x, y=[r["ci_low"] for r in rs], mode="lines", line=dict(width=0),
+                                     fill="tonexty", fillcolor=_rgba(c, 0.18), hoverinfo="skip",
+                                     showlegend=False, legendgroup=label),
+                          row=1, col=col)
+            custom = [[r["ci_low"], r["ci_high"], r["accuracy_std"], r["control_accuracy"], r["n_samples"],
+                       r["n_groups"]] for r in rs]
+            fig.add_trace(go.Scatter(
+                x=x, y=[r["accuracy"] for r in rs], mode="lines+markers", name=label, legendgroup=label,
+                showlegend=col == 1, line=dict(color=c, width=2), marker=dict(size=6, color=c),
+                customdata=custom,
+                hovertemplate=(f"{mode}, {label}<br>depth %{{x}}: accuracy %{{y:.3f}}"
+                               "<br>95% CI [%{customdata[0]:.3f}, %{customdata[1]:.3f}], fold sd %{customdata[2]:.3f}"
+                               "<br>control %{customdata[3]:.3f}<br>n = %{customdata[4]} samples, "
+                               "%{customdata[5]} groups<extra></extra>"),
+            ), row=1, col=col)
+        fig.add_hline(y=0.5, line=dict(color="#555", dash="dash", width=1), row=1, col=col)
+        fig.update_xaxes(title_text="depth (0 = input of block 0)", range=[-0.3, max_depth + 0.3], dtick=1,
+                         row=1, col=col)
+    fig.update_yaxes(title_text="held-out probe accuracy", range=[0.3, 1.03], row=1, col=1)
+    fig.add_annotation(text="chance", x=max_depth, y=0.5, xref="x", yref="y", showarrow=False, yshift=-10,
+                       font=dict(size=10, color="#555"))
+    sub = "Fig. 7b" if task == "multi_register" else "Fig. 7a"
+    fig.update_layout(
+        title=title or (f"{task} on {model}: linear-probe accuracy by depth"
+                        f"<br><sup>cf. paper {sub}; bands = 95% bootstrap CI; dashed = chance</sup>"),
+        template="plotly_white", height=450, width=max(700, 380 * len(modes)),
+        legend=dict(title="writes per register" if task == "multi_register" else "distractors"),
+        hovermode="closest", margin=dict(l=60, r=20, t=80, b=60),
+    )
+    return fig
+
+
+def render_html(doc_or_path, title: str | None = None) -> str:
+    """Self-contained HTML (plotly.js inline) of the depth curves."""
+    fig = depth_curve_figure(doc_or_path, title)
+    return fig.to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID,
+                       config={"displaylogo": False, "responsive": False})
+
+
+def write_depth_curves(doc_or_path, path: str | Path, title: str | None = None) -> Path:
+    """Write the HTML atomically (temporary file + rename)."""
+    path = Path(path)
+    html = render_html(doc_or_path, title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(html)
+    os.replace(tmp, path)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# headless Chromium
+# ----------------------------------------------------------------------------------------------------------
+def find_chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        p = shutil.which(name)
+        if p:
+            return p
+    return "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
+
+
+def chromium_cmd(chromium: str, user_data_dir: str, *extra: str) -> list[str]:
+    return [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--no-first-run", "--disable-dev-shm-usage", f"--user-data-dir={user_data_dir}", *extra]
+
+
+def html_to_png(html_path: str | Path, png_path: str | Path, width: int = 1200, height: int = 500,
+                timeout: float = 120) -> Path:
+    """Screenshot a local HTML page with headless Chromium."""
+    chromium = find_chromium()
+    if chromium is None:
+        raise UserError("headless Chromium not found (install Debian `chromium`) — needed to write a PNG")
+    html_path, png_path = Path(html_path).resolve(), Path(png_path).resolve()
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as prof:
+        tmp_png = Path(prof) / "shot.png"
+        cmd = chromium_cmd(chromium, str(Path(prof) / "profile"), f"--screenshot={tmp_png}",
+                           f"--window-size={width},{height}", "--hide-scrollbars",
+                           "--virtual-time-budget=5000", html_path.as_uri())
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0 or not tmp_png.is_file():
+            raise UserError(f"chromium screenshot failed (exit {r.returncode}): {r.stderr.strip()[-300:]}")
+        shutil.move(str(tmp_png), png_path)
+    return png_path
+
+
+def write_png(doc_or_path, png_path: str | Path, title: str | None = None) -> Path:
+    """PNG of the depth curves (for the README): render the HTML, screenshot it with headless Chromium."""
+    fig = depth_curve_figure(doc_or_path, title)
+    width, height = int(fig.layout.width), int(fig.layout.height)
+    with tempfile.TemporaryDirectory() as d:
+        html = Path(d) / "page.html"
+        html.write_text(fig.to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID,
+                                    config={"staticPlot": True}), encoding="utf-8")
+        return html_to_png(html, png_path, width=width + 20, height=height + 20)
+
+
+@cli_entry
+def main(argv=None):
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m analysis.depth_curves", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("probes_json")
+    p.add_argument("--html", help="output HTML (default: depth_curves.html beside the JSON)")
+    p.add_argument("--png", help="also write a PNG (needs headless Chromium)")
+    args = p.parse_args(argv)
+    src = Path(args.probes_json)
+    html = Path(args.html) if args.html else src.parent / "depth_curves.html"
+    write_depth_curves(src, html)
+    print(f"wrote {html}")
+    if args.png:
+        print(f"wrote {write_png(src, args.png)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

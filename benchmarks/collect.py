@@ -1,0 +1,148 @@
+"""Activation-collection benchmark: nnsight collection of every depth vs a plain HF forward.
+
+1. On the same batch (completion prompts, N distractors, equal lengths so nobody pads), time
+     a) probes.collect: one nnsight trace of the prefill engine, reading block 0's input and every block's
+        output at the last position (standard mode), and
+     b) a plain ``model.lm(ids, output_hidden_states=True)`` forward (no nnsight),
+   as --repeats interleaved pairs; headline = median of the per-pair ratios a/b (robust to background
+   load), goal <= 1.15. Both wall-clock and process-CPU medians are printed.
+2. End-to-end wall time (and CPU time) of the default command ``python -m probes.run --task completion``
+   in a subprocess with a fresh activation cache (goal < 180 s on 2 cores). Skipped with --skip-e2e, or when
+   the default model has no checkpoint and no --model is given.
+
+Human-readable lines first; the LAST line of stdout is one JSON object.
+
+    python benchmarks/collect.py                     # random tiny-fbt-shaped model for part 1
+    python benchmarks/collect.py --model runs/A      # a checkpoint for both parts
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from anywhere without an install
+
+GOAL_RATIO = 1.15
+GOAL_E2E_S = 180.0
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="checkpoint dir / preset for both parts (default: random tiny-fbt-shaped "
+                                   "model for part 1, the tiny-fbt checkpoint for part 2)")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--distractors", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--skip-e2e", action="store_true")
+    return p.parse_args(argv)
+
+
+def _timed(fn):
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w, time.process_time() - c
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    from models.configs import qwen3_config
+    from models.full_bandwidth import FullBandwidthLM
+    from models.prefill import pad_left
+    from probes.collect import Collector
+    from tasks import build_tokenizer, make_dataset, tokenize_samples
+
+    if a.model:
+        from models.presets import load_model
+
+        model, tok, name = load_model(a.model)
+        tok = tok or build_tokenizer()
+    else:
+        tok = build_tokenizer()
+        model, name = FullBandwidthLM.from_config(qwen3_config(len(tok)), seed=0), "random tiny-fbt-shaped"
+    model = model.eval().float()
+    ids_list, _ = tokenize_samples(make_dataset("completion", a.batch // 2, a.distractors, seed=0), tok)
+    ids, mask = pad_left(ids_list, tok.pad_token_id or 0)
+    assert bool(mask.all()), "completion prompts of one N have equal lengths"
+    col = Collector(model, progress=False)
+
+    def nnsight_run():
+        col.collect_batch(ids, mask, ["standard"])
+
+    @torch.no_grad()
+    def plain_run():
+        model.lm(input_ids=ids, output_hidden_states=True)
+
+    nnsight_run(), plain_run()  # warm up
+    # same numbers from both paths (depths 0..L-1; HF's last entry is after the final norm)
+    got = col.collect_batch(ids, mask, ["standard"])["standard"]
+    with torch.no_grad():
+        hs = torch.stack(model.lm(input_ids=ids, output_hidden_states=True).hidden_states, 1)[:, :, -1]
+    max_diff = float((got[:, :-1] - hs[:, :-1]).abs().max())
+    pairs = []
+    for _ in range(a.repeats):
+        pairs.append((_timed(nnsight_run), _timed(plain_run)))
+    ratio_wall = statistics.median(n[0] / p[0] for n, p in pairs)
+    ratio_cpu = statistics.median(n[1] / p[1] for n, p in pairs)
+    nn_w, pl_w = statistics.median(n[0] for n, _ in pairs), statistics.median(p[0] for _, p in pairs)
+    nn_c, pl_c = statistics.median(n[1] for n, _ in pairs), statistics.median(p[1] for _, p in pairs)
+    print(f"model: {name}; batch {ids.shape[0]} x {ids.shape[1]} tokens; threads {torch.get_num_threads()}; "
+          f"load avg {os.getloadavg()[0]:.1f}")
+    print(f"  nnsight collection (all {got.shape[1]} depths): {nn_w * 1e3:8.1f} ms wall  {nn_c * 1e3:8.1f} ms cpu")
+    print(f"  plain forward, output_hidden_states:     {pl_w * 1e3:8.1f} ms wall  {pl_c * 1e3:8.1f} ms cpu")
+    print(f"  ratio nnsight/plain = {ratio_wall:.3f} wall, {ratio_cpu:.3f} cpu (median of {a.repeats} per-pair "
+          f"ratios; goal <= {GOAL_RATIO}) {'PASS' if ratio_wall <= GOAL_RATIO else 'FAIL'}; "
+          f"max |diff| {max_diff:.2e}")
+
+    e2e = None
+    target = a.model
+    if target is None and (ROOT / "checkpoints" / "tiny-fbt" / "model.safetensors").is_file():
+        target = "tiny-fbt"
+    if not a.skip_e2e and target is not None:
+        with tempfile.TemporaryDirectory() as d:
+            cmd = [sys.executable, "-m", "probes.run", "--task", "completion", "--no-progress", "--out",
+                   f"{d}/out", "--cache-dir", f"{d}/cache"]
+            if a.model:
+                cmd += ["--model", a.model]
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            wall = time.perf_counter() - t
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        e2e = {"command": " ".join(cmd[1:4] + ["completion"]) + (f" --model {a.model}" if a.model else ""),
+               "wall_s": wall, "cpu_s": cpu, "returncode": r.returncode,
+               "pass": r.returncode == 0 and wall < GOAL_E2E_S}
+        print(f"end to end `python -m probes.run --task completion`{' --model ' + a.model if a.model else ''}: "
+              f"{wall:.1f} s wall, {cpu:.1f} s cpu (goal < {GOAL_E2E_S:.0f} s wall) "
+              f"{'PASS' if e2e['pass'] else 'FAIL'}" + ("" if r.returncode == 0 else f"; exit {r.returncode}: "
+                                                         f"{r.stderr.strip()[-200:]}"))
+    else:
+        print("end to end: skipped (no --model and no checkpoints/tiny-fbt)" if not a.skip_e2e
+              else "end to end: skipped (--skip-e2e)")
+
+    result = {"model": name, "batch": list(ids.shape), "threads": torch.get_num_threads(),
+              "load_avg_1min": os.getloadavg()[0], "repeats": a.repeats,
+              "nnsight_ms_wall": nn_w * 1e3, "plain_ms_wall": pl_w * 1e3, "nnsight_ms_cpu": nn_c * 1e3,
+              "plain_ms_cpu": pl_c * 1e3, "ratio_wall": ratio_wall, "ratio_cpu": ratio_cpu,
+              "ratio_goal_max": GOAL_RATIO, "ratio_pass": ratio_wall <= GOAL_RATIO, "max_abs_diff": max_diff,
+              "e2e": e2e}
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+"""Probe every depth of a model under several prefill modes: `python -m probes.run --task completion`.
+
+For each distractor count N the task's dataset is generated (seeded), tokenized, the residual stream at the
+final token is collected through nnsight for every depth and mode (probes.collect, cached on disk), and a
+linear probe is scored per depth with group-held-out CV (probes.linear). Writes to --out
+(default figures/<model>/<task>/):
+
+    probes.json         {"meta": {...}, "results": [...]}  (schema below)
+    depth_curves.html   self-contained interactive depth curves (analysis.depth_curves)
+    activations/        only with --save-activations: N<N>_<mode>.npz + .json (layout in probes.collect)
+
+probes.json
+    meta     schema, run (the settings that define this run: task, model, weights hash, modes, distractors,
+             n_pairs, seed, probe config), model (name, path, n_layers, d_model, fusion), datasets (per N:
+             fingerprint, n_samples, n_groups, token lengths), tokenizer hash, versions, seed,
+             warnings (leakage: standard-prefill depth 0 not at chance), wall_time_s (the only field that
+             differs between two runs with the same settings)
+    results  one row per (mode, N, depth[, writes]): task, model, mode, n_distractors, writes (multi_register:
+             2/4/8 per writes-per-register subset, null = all samples), depth, accuracy, accuracy_std, ci_low,
+             ci_high, control_accuracy, selectivity, n_samples, n_groups, fold_accuracies
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from common.errors import UserError, cli_entry
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = "tiny-fbt"
+DEFAULT_MODES = {
+    "completion": ("standard", "recurrent-1"),
+    "memory": ("standard", "recurrent-1"),
+    "multi_register": ("standard", "recurrent-1", "recurrent-2", "recurrent-4", "recurrent-full"),
+}
+# Paper-like lengths that keep the default command within a few minutes on 2 CPU cores. memory N=0 has a
+# single CV group (every scratch context is empty), so it cannot be probed with grouped CV.
+DEFAULT_DISTRACTORS = {"completion": (0, 32, 128), "memory": (8, 32, 128), "multi_register": (0,)}
+DEFAULT_N_PAIRS = 96
+MAX_DISTRACTORS = 256
+MIN_PAIRS, MAX_PAIRS = 5, 5000
+SCHEMA = "fbprobe.probes/1"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one-line error, exit 2 (via cli_entry), no usage dump
+        raise UserError(message)
+
+
+def parse_args(argv):
+    p = _Parser(prog="python -m probes.run", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", required=True, help="completion, memory or multi_register")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="preset name, full-bandwidth checkpoint dir or HF model dir (default tiny-fbt)")
+    p.add_argument("--modes", help="comma-separated prefill modes (standard, recurrent-K, recurrent-full, "
+                                   "fused-N); default: the paper's for the task")
+    p.add_argument("--distractors", help="comma-separated distractor counts N (0..256); default per task")
+    p.add_argument("--n-pairs", type=int, default=DEFAULT_N_PAIRS, help=f"pairs per N (default {DEFAULT_N_PAIRS})")
+    p.add_argument("--seed", type=int, default=0, help="dataset and probe seed (default 0)")
+    p.add_argument("--out", help="output dir (default figures/<model>/<task>/)")
+    p.add_argument("--overwrite", action="store_true", help="replace results of a different run in --out")
+    p.add_argument("--save-activations", action="store_true", help="export activations to <out>/activations/")
+    p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "activations"),
+                   help="activation cache dir (default .cache/activations)")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the activation cache")
+    p.add_argument("--batch-size", type=int, default=32, help="rows per nnsight trace (default 32)")
+    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the 95%% CI")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------------------------
+def _parse_modes(s, task):
+    from probes.collect import canonical_modes
+
+    if s is None:
+        return list(DEFAULT_MODES[task])
+    items = [x.strip() for x in s.split(",") if x.strip()]
+    if not items:
+        raise UserError("--modes is empty")
+    canonical_modes(items)  # validates (UserError on an unknown mode)
+    out = []
+    for m in items:
+        if m not in out:
+            out.append(m)
+    return out
+
+
+def _parse_distractors(s, task):
+    if s is None:
+        return list(DEFAULT_DISTRACTORS[task])
+    out = []
+    for x in s.split(","):
+        x = x.strip()
+        if not x:
+            continue
+        try:
+            n = int(x)
+        except ValueError:
+            raise UserError(f"--distractors: {x!r} is not an integer") from None
+        if not 0 <= n <= MAX_DISTRACTORS:
+            raise UserError(f"--distractors: N={n} out of range (0..{MAX_DISTRACTORS})")
+        if n not in out:
+            out.append(n)
+    if not out:
+        raise UserError("--distractors is empty")
+    if task == "memory" and 0 in out:
+        raise UserError("memory with N=0 has a single CV group (every scratch context is empty), so grouped "
+                        "cross-validation cannot run; use N >= 8")
+    return sorted(out)
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("fbprobe", "torch", "transformers", "nnsight", "scikit-learn", "numpy"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _json_dumps(doc) -> str:
+    return json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
+def _check_out_dir(out: Path, run_sig: dict, overwrite: bool) -> None:
+    """Refuse (UserError) to overwrite results of a different run unless --overwrite."""
+    pj = out / "probes.json"
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    if not pj.exists():
+        others = [p.name for p in (out / "depth_curves.html", out / "activations") if p.exists()]
+        if others and not overwrite:
+            raise UserError(f"{out} holds {', '.join(others)} but no probes.json (a different or interrupted "
+                            f"run); use --overwrite to replace them or choose another --out")
+        return
+    if overwrite:
+        return
+    try:
+        old = json.loads(pj.read_text())
+        old_sig = old["meta"]["run"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        raise UserError(f"{pj} is not a readable probes.json of this tool; use --overwrite to replace it") from None
+    if old_sig != run_sig:
+        diff = sorted(k for k in set(old_sig) | set(run_sig) if old_sig.get(k) != run_sig.get(k))
+        raise UserError(f"{out} holds results of a different run (differs in {', '.join(diff)}); "
+                        f"use --overwrite to replace them or choose another --out")
+
+
+def _tokenizer_for(model, tok):
+    from tasks import build_tokenizer
+
+    if tok is None:
+        tok = build_tokenizer()
+    vocab = model.lm.get_input_embeddings().weight.shape[0]
+    if len(tok) > vocab:
+        raise UserError(f"the tokenizer has {len(tok)} tokens but the model's embedding only {vocab}")
+    return tok
+
+
+def _result_rows(task, model_name, mode, n, scores, writes=None):
+    rows = []
+    for depth, sc in enumerate(scores):
+        rows.append({
+            "task": task, "model": model_name, "mode": mode, "n_distractors": n, "writes": writes,
+            "depth": depth, "accuracy": sc.accuracy, "accuracy_std": sc.accuracy_std,
+            "ci_low": sc.ci_low, "ci_high": sc.ci_high, "control_accuracy": sc.control_accuracy,
+            "selectivity": sc.accuracy - sc.control_accuracy, "n_samples": sc.n_samples, "n_groups": sc.n_groups,
+            "fold_accuracies": sc.fold_accuracies,
+        })
+    return rows
+
+
+def _score_depths(acts, y, groups, config, what):
+    from threadpoolctl import threadpool_limits
+
+    from probes.linear import grouped_cv_scores
+
+    try:
+        # Probe-sized linear algebra is fastest (and exactly repeatable) on one BLAS thread.
+        with threadpool_limits(limits=1, user_api="blas"):
+            return grouped_cv_scores([acts[:, d] for d in range(acts.shape[1])], y, groups, config)
+    except UserError as e:
+        raise UserError(f"{what}: {e}") from None
+
+
+@cli_entry
+def main(argv=None):
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    from tasks import TASKS
+
+    if args.task not in TASKS:
+        raise UserError(f"unknown task {args.task!r}; valid tasks: {', '.join(TASKS)}")
+    task = args.task
+    modes = _parse_modes(args.modes, task)
+    distractors = _parse_distractors(args.distractors, task)
+    if not MIN_PAIRS <= args.n_pairs <= MAX_PAIRS:
+        raise UserError(f"--n-pairs {args.n_pairs} out of range ({MIN_PAIRS}..{MAX_PAIRS})")
+    if args.batch_size < 1:
+        raise UserError("--batch-size must be positive")
+
+    from probes.linear import ProbeConfig, check_groups
+
+    config = ProbeConfig(n_boot=args.n_boot, random_state=args.seed) if args.seed >= 0 else None
+    if config is None:
+        raise UserError(f"--seed must be a non-negative integer (got {args.seed})")
+
+    # Everything cheap is validated before the model is loaded or anything is written.
+    from tasks import make_dataset, tokenize_samples
+
+    datasets = {}
+    for n in distractors:
+        samples = make_dataset(task, args.n_pairs, n, seed=args.seed)
+        groups = np.array([s.group_id for s in samples])
+        y = np.array([s.label for s in samples])
+        try:
+            check_groups(y, groups, config.n_splits)
+            if task == "multi_register":
+                for w in sorted({s.writes for s in samples}):
+                    sel = np.array([s.writes == w for s in samples])
+                    check_groups(y[sel], groups[sel], config.n_splits)
+        except UserError as e:
+            raise UserError(f"{task} N={n} with --n-pairs {args.n_pairs}: {e}") from None
+        datasets[n] = samples
+
+    import torch
+
+    from models.presets import load_model
+    from probes.collect import ActivationCache, Collector, collect_with_cache, save_activations, tokenizer_hash, \
+        weights_hash
+
+    model, tok, model_name = load_model(args.model)
+    model = model.eval().float()
+    if not model.has_fusion:
+        from probes.collect import canonical_modes
+        bad = [m for m, c in zip(modes, canonical_modes(modes)) if c != "standard"]
+        if bad:
+            raise UserError(f"model {model_name!r} has no fusion module: only the standard mode is available "
+                            f"(got {', '.join(bad)})")
+    tok = _tokenizer_for(model, tok)
+    w_hash = weights_hash(model)
+    out = Path(args.out) if args.out else ROOT / "figures" / model_name / task
+    run_sig = {"task": task, "model": model_name, "weights": w_hash, "modes": modes, "distractors": distractors,
+               "n_pairs": args.n_pairs, "seed": args.seed, "probe": config.to_dict(),
+               "tokenizer": tokenizer_hash(tok)}
+    _check_out_dir(out, run_sig, args.overwrite)
+
+    torch.manual_seed(args.seed)
+    collector = Collector(model, batch_size=args.batch_size, pad_id=tok.pad_token_id or 0,
+                          progress=not args.no_progress)
+    cache = None if args.no_cache else ActivationCache(args.cache_dir)
+    from tasks import dataset_fingerprint
+
+    results, warnings, ds_meta, exports = [], [], {}, []
+    for n in distractors:
+        ids, samples = tokenize_samples(datasets[n], tok)
+        y = np.array([s.label for s in samples])
+        groups = np.array([s.group_id for s in samples])
+        lengths = [len(r) for r in ids]
+        ds_meta[str(n)] = {"fingerprint": dataset_fingerprint(samples), "n_samples": len(samples),
+                           "n_groups": int(len(np.unique(groups))), "min_tokens": min(lengths),
+                           "max_tokens": max(lengths)}
+        acts, status = collect_with_cache(collector, ids, samples, modes, tok, cache, weights=w_hash,
+                                          desc=f"{task} N={n}")
+        if not args.no_progress:
+            print(f"[{task} N={n}] activations: " + ", ".join(f"{m} {s}" for m, s in status.items()),
+                  file=sys.stderr)
+        from probes.collect import canonical_modes
+
+        for mode, cmode in zip(modes, canonical_modes(modes)):
+            a = acts[cmode]
+            scores = _score_depths(a, y, groups, config, f"{task} N={n} {mode}")
+            results += _result_rows(task, model_name, mode, n, scores)
+            if cmode == "standard":
+                s0 = scores[0]
+                if not s0.ci_low <= 0.5 <= s0.ci_high:
+                    msg = (f"LEAKAGE: standard-prefill depth-0 accuracy {s0.accuracy:.3f} "
+                           f"(95% CI {s0.ci_low:.3f}..{s0.ci_high:.3f}) is not at chance for {task} N={n}: "
+                           f"all prompts end with the same token, so this is a bug")
+                    warnings.append({"kind": "leakage", "task": task, "mode": mode, "n_distractors": n,
+                                     "depth": 0, "accuracy": s0.accuracy, "ci_low": s0.ci_low,
+                                     "ci_high": s0.ci_high, "message": msg})
+                    bar = "!" * 100
+                    print(f"{bar}\n{msg}\n{bar}", file=sys.stderr)
+            if task == "multi_register":
+                for w in sorted({s.writes for s in samples}):
+                    sel = np.array([s.writes == w for s in samples])
+                    sc_w = _score_depths(a[sel], y[sel], groups[sel], config, f"{task} N={n} {mode} writes={w}")
+                    results += _result_rows(task, model_name, mode, n, sc_w, writes=w)
+            if args.save_activations:
+                exports.append((f"N{n}_{cmode}", a, samples, {"model": model_name, "task": task, "mode": cmode,
+                                                              "n_distractors": n, "seed": args.seed}))
+
+    meta = {
+        "schema": SCHEMA,
+        "run": run_sig,
+        "model": {"name": model_name, "path": str(args.model), "n_layers": model.n_layers,
+                  "d_model": model.d_model, "fusion": model.has_fusion, "weights_sha256": w_hash},
+        "datasets": ds_meta,
+        "tokenizer_sha256": run_sig["tokenizer"],
+        "versions": _versions(),
+        "seed": args.seed,
+        "probe": config.to_dict(),
+        "depths": "0 = input of block 0 (embedding or fused input); l = output of block l (L before the final norm)",
+        "warnings": warnings,
+        "wall_time_s": None,
+    }
+    doc = {"meta": meta, "results": results}
+
+    from analysis.depth_curves import write_depth_curves
+    from probes.collect import _atomic_write
+
+    out.mkdir(parents=True, exist_ok=True)
+    for stem, a, samples, m in exports:
+        save_activations(out / "activations", stem, a, samples, m)
+    write_depth_curves(doc, out / "depth_curves.html")
+    meta["wall_time_s"] = round(time.perf_counter() - t0, 3)
+    _atomic_write(out / "probes.json", lambda tmp: Path(tmp).write_text(_json_dumps(doc)))
+    _print_summary(doc, out)
+    return 0
+
+
+def _print_summary(doc, out):
+    rows = [r for r in doc["results"] if r["depth"] == 0 and r["writes"] is None]
+    print(f"depth-0 accuracy ({doc['meta']['run']['task']}, {doc['meta']['model']['name']}):")
+    for r in rows:
+        print(f"  {r['mode']:>15s} N={r['n_distractors']:<4d} acc {r['accuracy']:.3f} "
+              f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] control {r['control_accuracy']:.3f}")
+    if doc["meta"]["warnings"]:
+        print(f"WARNING: {len(doc['meta']['warnings'])} leakage warning(s), see meta.warnings")
+    print(f"wrote {out / 'probes.json'} and {out / 'depth_curves.html'} in {doc['meta']['wall_time_s']:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""probes.linear: the grouped-CV linear probe recovers planted signals, stays at chance on noise."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.errors import UserError
+from probes.linear import LinearProbe, ProbeConfig, grouped_cv_score, grouped_cv_scores, permute_labels_by_group
+
+FAST = ProbeConfig(n_boot=200, Cs=(0.1, 1.0))
+
+
+def pairs(n_groups=40, per_group=2, d=16, seed=0):
+    rng = np.random.default_rng(seed)
+    groups = np.repeat(np.arange(n_groups), per_group)
+    y = np.tile(np.arange(per_group) % 2, n_groups)
+    X = rng.normal(size=(len(y), d))
+    return X, y, groups, rng
+
+
+def test_planted_signal_recovered_and_direction():
+    X, y, groups, rng = pairs(n_groups=150)
+    w = rng.normal(size=X.shape[1])
+    scale = rng.uniform(0.1, 10, size=X.shape[1])  # unequal feature scales: direction must undo them
+    Xs = (X + np.outer(2 * y - 1, w / np.linalg.norm(w)) * 1.5) * scale
+    s = grouped_cv_score(Xs, y, groups, FAST)
+    assert s.accuracy >= 0.9 and s.ci_low > 0.5
+    assert abs(s.control_accuracy - 0.5) < 0.2
+    assert s.n_samples == 300 and s.n_groups == 150 and len(s.fold_accuracies) == 5
+    d = LinearProbe(FAST).fit(Xs, y, groups).direction
+    assert d.shape == (16,) and abs(np.linalg.norm(d) - 1) < 1e-9
+    true = w / scale  # effective direction in the raw space
+    assert np.dot(d, true / np.linalg.norm(true)) > 0.8
+
+
+def test_noise_at_chance_with_grouped_folds():
+    X, y, groups, _ = pairs(n_groups=60, d=32, seed=1)
+    s = grouped_cv_score(X, y, groups, FAST)
+    assert s.ci_low <= 0.5 <= s.ci_high
+    assert abs(s.accuracy - 0.5) < 0.15
+
+
+def test_group_identity_leak_is_not_rewarded():
+    # Features identify the group and every group has one label: a sample-level CV would memorise groups
+    # (accuracy ~1); grouped CV holds whole groups out, so nothing is learnt (it can even land below chance:
+    # holding out a fold tilts the training balance against it).
+    rng = np.random.default_rng(2)
+    n_groups = 40
+    groups = np.repeat(np.arange(n_groups), 4)
+    g_label = rng.permutation(np.arange(n_groups) % 2)
+    y = g_label[groups]
+    X = rng.normal(size=(n_groups, 8))[groups] + 0.01 * rng.normal(size=(len(y), 8))
+    s = grouped_cv_score(X, y, groups, FAST)
+    assert s.accuracy < 0.65
+
+
+def test_control_is_at_chance_even_for_a_perfect_probe():
+    X, y, groups, rng = pairs(n_groups=50, seed=3)
+    X[:, 0] += 4 * (2 * y - 1)
+    s = grouped_cv_score(X, y, groups, FAST)
+    assert s.accuracy == 1.0
+    assert abs(s.control_accuracy - 0.5) < 0.15
+
+
+def test_constant_features_at_chance():
+    _, y, groups, _ = pairs()
+    s = grouped_cv_score(np.ones((len(y), 8)), y, groups, FAST)
+    assert s.accuracy == 0.5 and s.ci_low <= 0.5 <= s.ci_high
+
+
+def test_permute_labels_by_group_keeps_structure():
+    _, y, groups, _ = pairs(n_groups=30)
+    yc = permute_labels_by_group(y, groups, np.random.default_rng(0))
+    assert yc.shape == y.shape and sorted(yc) == sorted(y)
+    for g in np.unique(groups):  # a balanced pair stays a balanced pair
+        assert sorted(yc[groups == g]) == [0, 1]
+    assert (yc != y).any()
+    assert np.array_equal(yc, permute_labels_by_group(y, groups, np.random.default_rng(0)))
+    # single-label groups: labels move with whole groups, balance preserved
+    g2 = np.repeat(np.arange(20), 3)
+    y2 = (np.arange(20) % 2)[g2]
+    y2c = permute_labels_by_group(y2, g2, 1)
+    assert y2c.sum() == y2.sum()
+    for g in range(20):
+        assert len(set(y2c[g2 == g])) == 1
+
+
+def test_deterministic_and_batched_equals_single():
+    X, y, groups, _ = pairs(seed=4)
+    X[:, 1] += 0.7 * y
+    a = grouped_cv_score(X, y, groups, FAST)
+    b = grouped_cv_score(X, y, groups, FAST)
+    assert a == b
+    many = grouped_cv_scores([X, X[:, :4]], y, groups, FAST)
+    assert many[0] == a and many[1] == grouped_cv_score(X[:, :4], y, groups, FAST)
+
+
+def test_matches_sklearn_logistic_regression():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    X, y, groups, _ = pairs(seed=5)
+    X[:, 0] += y
+    p = LinearProbe(ProbeConfig(Cs=(0.3,))).fit(X, y)
+    ref = LogisticRegression(C=0.3, tol=1e-10, max_iter=10000).fit(StandardScaler().fit_transform(X), y)
+    assert np.allclose(p.clf_.coef_, ref.coef_, atol=1e-4)
+    assert np.allclose(p.clf_.intercept_, ref.intercept_, atol=1e-4)
+
+
+def test_too_few_groups_is_a_user_error():
+    X, y, groups, _ = pairs(n_groups=4)
+    with pytest.raises(UserError, match="4 group.*at least 5"):
+        grouped_cv_score(X, y, groups, FAST)
+    with pytest.raises(UserError, match="1 group"):
+        grouped_cv_score(X, y, np.zeros_like(groups), FAST)
+
+
+@pytest.mark.parametrize("kw", [dict(n_splits=1), dict(inner_splits=0), dict(Cs=()), dict(Cs=(0.0,)),
+                                dict(n_boot=0), dict(random_state=-1), dict(n_splits=2.5)])
+def test_config_validates(kw):
+    with pytest.raises(UserError):
+        ProbeConfig(**kw)
+
+
+def test_predict_before_fit_and_bad_shapes():
+    with pytest.raises(UserError):
+        LinearProbe().predict(np.zeros((2, 3)))
+    with pytest.raises(UserError):
+        LinearProbe().fit(np.zeros((4, 3)), np.array([0, 1, 0]))

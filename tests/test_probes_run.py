@@ -1,0 +1,117 @@
+"""probes.run CLI: end to end on a tiny random checkpoint; determinism; bad input -> one line, exit 2."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    from models.configs import qwen3_config
+    from models.full_bandwidth import FullBandwidthLM
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    model = FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1,
+                                                     initializer_range=0.1), seed=0).eval()
+    path = tmp_path_factory.mktemp("ckpt") / "tiny"
+    model.save_pretrained(path, tokenizer=tok)
+    return path
+
+
+FAST = ["--n-pairs", "20", "--distractors", "0,8", "--n-boot", "100", "--no-progress"]
+
+
+def run_cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "probes.run", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=900)
+
+
+def strip_wall(doc):
+    doc = json.loads(json.dumps(doc))
+    doc["meta"].pop("wall_time_s")
+    return doc
+
+
+def test_end_to_end_deterministic(tiny_ckpt, tmp_path):
+    from probes.run import main
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    # separate caches: the second run recomputes everything
+    assert main(["--task", "completion", "--model", str(tiny_ckpt), "--out", str(a), "--cache-dir",
+                 str(tmp_path / "c1"), *FAST]) == 0
+    assert main(["--task", "completion", "--model", str(tiny_ckpt), "--out", str(b), "--cache-dir",
+                 str(tmp_path / "c2"), "--save-activations", *FAST]) == 0
+    ja, jb = (a / "probes.json").read_text(), (b / "probes.json").read_text()
+    da, db = json.loads(ja), json.loads(jb)
+    assert strip_wall(da) == strip_wall(db)
+    # byte-identical apart from the wall-time line
+    strip = lambda s: [ln for ln in s.splitlines() if '"wall_time_s"' not in ln]  # noqa: E731
+    assert strip(ja) == strip(jb)
+    rows = da["results"]
+    assert {(r["mode"], r["n_distractors"]) for r in rows} == {(m, n) for m in ("standard", "recurrent-1")
+                                                                for n in (0, 8)}
+    assert {r["depth"] for r in rows} == {0, 1, 2}
+    keys = {"task", "mode", "n_distractors", "depth", "accuracy", "accuracy_std", "ci_low", "ci_high",
+            "control_accuracy", "n_samples", "n_groups"}
+    assert keys <= set(rows[0])
+    for r in rows:  # standard depth 0 at chance: every prompt ends with the same token
+        if r["mode"] == "standard" and r["depth"] == 0:
+            assert r["ci_low"] <= 0.5 <= r["ci_high"]
+    assert da["meta"]["warnings"] == [] and da["meta"]["seed"] == 0
+    assert {"torch", "transformers", "nnsight"} <= set(da["meta"]["versions"])
+    assert (a / "depth_curves.html").stat().st_size > 1_000_000
+    assert sorted(p.name for p in (b / "activations").iterdir()) == sorted(
+        f"N{n}_{m}.{ext}" for n in (0, 8) for m in ("standard", "recurrent-1") for ext in ("npz", "json"))
+    # same run again into the same dir: allowed (same settings), cache hit
+    assert main(["--task", "completion", "--model", str(tiny_ckpt), "--out", str(a), "--cache-dir",
+                 str(tmp_path / "c1"), *FAST]) == 0
+    assert strip_wall(json.loads((a / "probes.json").read_text())) == strip_wall(da)
+
+
+def test_multi_register_per_writes(tiny_ckpt, tmp_path):
+    from probes.run import main
+
+    out = tmp_path / "m"
+    assert main(["--task", "multi_register", "--model", str(tiny_ckpt), "--out", str(out), "--modes",
+                 "standard,recurrent-2", "--distractors", "0", "--n-pairs", "30", "--n-boot", "50",
+                 "--no-cache", "--no-progress"]) == 0
+    rows = json.loads((out / "probes.json").read_text())["results"]
+    assert {r["writes"] for r in rows} == {None, 2, 4, 8}
+    assert {r["n_samples"] for r in rows if r["writes"] == 2} == {20}
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--task", "nope"], "unknown task"),
+    (["--task", "completion", "--modes", "sideways"], "unknown prefill mode"),
+    (["--task", "completion", "--model", "no-such-model"], "unknown model"),
+    (["--task", "completion", "--distractors", "300"], "out of range"),
+    (["--task", "completion", "--distractors", "-1"], "out of range"),
+    (["--task", "completion", "--n-pairs", "0"], "out of range"),
+    (["--task", "memory", "--distractors", "0"], "single CV group"),
+    (["--task", "multi_register", "--n-pairs", "12", "--distractors", "0"], "too few groups"),
+    (["--bogus"], "unrecognized arguments"),
+])
+def test_bad_input_one_line_exit_2(args, msg):
+    r = run_cli(*args)
+    assert r.returncode == 2, r.stderr
+    assert msg in r.stderr and r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
+
+
+def test_refuses_results_of_a_different_run(tiny_ckpt, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "probes.json").write_text(json.dumps({"meta": {"run": {"task": "memory"}}, "results": []}))
+    r = run_cli("--task", "completion", "--model", tiny_ckpt, "--out", out, *FAST)
+    assert r.returncode == 2 and "different run" in r.stderr and r.stderr.count("\n") == 1
+    assert json.loads((out / "probes.json").read_text())["meta"]["run"] == {"task": "memory"}  # nothing lost
+    assert not (out / "depth_curves.html").exists()
+    # an unknown non-model mode for a plain HF model is refused too
+    r = run_cli("--task", "completion", "--model", tiny_ckpt, "--out", tmp_path / "p", "--modes", "fused-x")
+    assert r.returncode == 2
