@@ -96,7 +96,7 @@ def test_multi_register_per_writes(tiny_ckpt, tmp_path):
     (["--task", "completion", "--n-pairs", "0"], "out of range"),
     (["--task", "memory", "--distractors", "0"], "single CV group"),
     (["--task", "multi_register", "--n-pairs", "12", "--distractors", "0"], "too few groups"),
-    (["--bogus"], "unrecognized arguments"),
+    (["--task", "completion", "--bogus"], "unrecognized arguments"),
 ])
 def test_bad_input_one_line_exit_2(args, msg):
     r = run_cli(*args)
