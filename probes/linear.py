@@ -275,9 +275,9 @@ class ProbeScore:
 def permute_labels_by_group(y, groups, rng) -> np.ndarray:
     """Control labels (Hewitt & Liang 2019) that keep the group structure but break any input -> label rule.
 
-    Groups of equal size swap their label vectors under a random permutation; then every group whose labels
-    are internally balanced (e.g. a pair with opposite labels) is flipped with probability 1/2 (a flip keeps
-    the global balance). Samples of one group therefore still share one "control identity", but what a
+    Groups of equal size swap their label vectors under a random permutation; then exactly half (rounded
+    at random) of the groups whose labels are internally balanced (e.g. a pair with opposite labels) are
+    flipped (a flip keeps the global balance). Samples of one group therefore still share one "control identity", but what a
     held-out group's label is cannot be predicted from the inputs. ``rng``: a ``numpy.random.Generator``
     (or an int seed).
     """
@@ -300,23 +300,25 @@ def permute_labels_by_group(y, groups, rng) -> np.ndarray:
             out[members[g]] = y[members[gs[src]]]
     if len(classes) == 2:
         flip = {classes[0]: classes[1], classes[1]: classes[0]}
-        for g in uniq:
-            idx = members[g]
-            vals = out[idx]
-            balanced = np.sum(vals == classes[0]) == np.sum(vals == classes[1])
-            if rng.random() < 0.5 and balanced:
-                out[idx] = np.array([flip[v] for v in vals], dtype=out.dtype)
+        balanced = [g for g in uniq
+                    if np.sum(out[members[g]] == classes[0]) == np.sum(out[members[g]] == classes[1])]
+        n_flip = len(balanced) // 2 + (int(rng.random() < 0.5) if len(balanced) % 2 else 0)
+        for j in rng.permutation(len(balanced))[:n_flip]:
+            idx = members[balanced[j]]
+            out[idx] = np.array([flip[v] for v in out[idx]], dtype=out.dtype)
     return out
 
 
 class _Plan:
     """Outer and inner splits for one (labels, groups), computed once and shared by every depth."""
 
-    def __init__(self, y, groups, config):
-        cv = StratifiedGroupKFold(n_splits=config.n_splits, shuffle=True, random_state=config.random_state)
+    def __init__(self, y, groups, config, outer=None):
+        if outer is None:
+            cv = StratifiedGroupKFold(n_splits=config.n_splits, shuffle=True, random_state=config.random_state)
+            outer = list(cv.split(np.zeros(len(y)), y, groups))
         self.outer = []
         helper = LinearProbe(config)
-        for tr, te in cv.split(np.zeros(len(y)), y, groups):
+        for tr, te in outer:
             if len(np.unique(y[tr])) < 2:
                 raise UserError("a training fold has a single class: too few groups per label for grouped CV")
             self.outer.append((tr, te, helper._inner_splits(y[tr], groups[tr])))
@@ -377,8 +379,15 @@ def grouped_cv_scores(Xs, y, groups, config: ProbeConfig = ProbeConfig()) -> lis
     Xs = [_as_xy(X, y, groups)[0] for X in Xs]
     _, y, groups = _as_xy(np.zeros((len(np.asarray(y)), 1)), y, groups)
     n_groups = check_groups(y, groups, config.n_splits)
-    y_ctrl = permute_labels_by_group(y, groups, np.random.default_rng(config.random_state + 1))
-    plan, plan_c = _Plan(y, groups, config), _Plan(y_ctrl, groups, config)
+    plan = _Plan(y, groups, config)
+    # Control labels are permuted within each outer test fold, on the same folds: every training fold then
+    # holds the same share of permuted groups as its test fold. (A permutation over the whole dataset makes
+    # a fold's training share and test share anti-correlated, which pushes the control *below* chance.)
+    rng = np.random.default_rng(config.random_state + 1)
+    y_ctrl = y.copy()
+    for _, te, _ in plan.outer:
+        y_ctrl[te] = permute_labels_by_group(y[te], groups[te], rng)
+    plan_c = _Plan(y_ctrl, groups, config, outer=[(tr, te) for tr, te, _ in plan.outer])
     out = []
     for X in Xs:
         pred, folds = _outer_predictions(X, y, groups, config, plan)

@@ -127,3 +127,19 @@ def test_predict_before_fit_and_bad_shapes():
         LinearProbe().predict(np.zeros((2, 3)))
     with pytest.raises(UserError):
         LinearProbe().fit(np.zeros((4, 3)), np.array([0, 1, 0]))
+
+
+def test_control_unbiased_on_task_groups():
+    # completion-style groups (several pairs share a group); a feature that encodes the label perfectly.
+    # A control permuted over the whole dataset lands below chance (training and test shares of flipped
+    # groups are anti-correlated); permuting within each outer fold keeps it at chance on average.
+    from tasks import make_dataset
+
+    s = make_dataset("completion", 96, 0, seed=0)
+    y = np.array([x.label for x in s])
+    groups = np.array([x.group_id for x in s])
+    X = np.random.default_rng(0).normal(size=(len(y), 8))
+    X[:, 0] += 3 * (2 * y - 1)
+    ctrl = [grouped_cv_score(X, y, groups, ProbeConfig(n_boot=50, Cs=(1.0,), random_state=k)).control_accuracy
+            for k in range(4)]
+    assert abs(np.mean(ctrl) - 0.5) < 0.06
