@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from common.errors import UserError, cli_entry
-from models.evaluate import evaluate, parse_ints
+from models.evaluate import evaluate, parse_ints, parse_tasks
 from models.presets import load_model
 from tasks import TASKS
 
@@ -59,10 +59,7 @@ def main(argv=None):
     p.add_argument("--overwrite", action="store_true", help="replace existing results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
-    tasks = [t for t in a.tasks.split(",") if t]
-    for t in tasks:
-        if t not in TASKS:
-            raise UserError(f"unknown task {t!r} (known: {', '.join(TASKS)})")
+    tasks = parse_tasks(a.tasks)
     ns = parse_ints(a.distractors, "--distractors")
     out = Path(a.out)
     if (out / "gains.json").exists() and not a.overwrite:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from common.errors import UserError, cli_entry
-from models.evaluate import EVAL_SEED, parse_ints
+from models.evaluate import EVAL_SEED, parse_ints, parse_tasks
 from models.prefill import iter_fused, pad_left
 from models.presets import load_model
 from tasks import TASKS, make_dataset, tokenize_samples
@@ -84,10 +84,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.passes < 1 or a.n_pairs < 1 or a.distractors < 0:
         raise UserError("--passes and --n-pairs must be >= 1, --distractors >= 0")
-    tasks = [t for t in a.tasks.split(",") if t]
-    for t in tasks:
-        if t not in TASKS:
-            raise UserError(f"unknown task {t!r} (known: {', '.join(TASKS)})")
+    tasks = parse_tasks(a.tasks)
     out = Path(a.out)
     if (out / "stability.json").exists() and not a.overwrite:
         raise UserError(f"{out}/stability.json exists; pass --overwrite or another --out")

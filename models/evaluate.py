@@ -52,6 +52,17 @@ def parse_modes(spec: str, has_fusion: bool) -> tuple[list[str], int]:
     return modes, sweep
 
 
+def parse_tasks(spec: str) -> list[str]:
+    """'completion,memory' -> list of known task names (UserError on an unknown one)."""
+    tasks = [t.strip() for t in spec.split(",") if t.strip()]
+    for t in tasks:
+        if t not in TASKS:
+            raise UserError(f"unknown task {t!r} (known: {', '.join(TASKS)})")
+    if not tasks:
+        raise UserError("no tasks given")
+    return tasks
+
+
 def parse_ints(spec: str, what: str, lo: int = 0) -> list[int]:
     try:
         vals = [int(x) for x in spec.split(",") if x.strip()]
@@ -129,10 +140,7 @@ def main(argv=None):
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
-    tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
-    for t in tasks:
-        if t not in TASKS:
-            raise UserError(f"unknown task {t!r} (known: {', '.join(TASKS)})")
+    tasks = parse_tasks(a.tasks)
     ns = parse_ints(a.distractors, "--distractors")
     if a.n_pairs < 1:
         raise UserError("--n-pairs must be >= 1")
