@@ -53,7 +53,7 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                   f"state noise U[-{tc.get('noise')}, {tc.get('noise')}]; prefix mixin p={tc.get('prefix_mix')}; "
                   f"label-token loss weight {tc.get('label_weight')}; warm no-grad passes "
                   f"{tc.get('warm_passes')} (p={tc.get('warm_prob')}); depth scaling {tc.get('depth_scale')}",
-                  f"- data: tasks {', '.join(tc.get('tasks', []))} (packed rows of {tc.get('seq_len')} tokens streaming samples of all tasks; first {tc.get('curriculum_steps')} steps 1-pass, N <= 8, 256-token rows), "
+                  f"- data: tasks {', '.join(tc.get('tasks', []))} (packed rows of {tc.get('seq_len')} tokens streaming samples of all tasks; first {tc.get('curriculum_steps')} steps 1-pass, N <= {tc.get('curriculum_max_n', 8)}, {tc.get('curriculum_seq_len', 256)}-token rows), "
                   f"N mixture {tc.get('distractors')}, ~{tc.get('batch_tokens')} tokens per batch",
                   f"- optimizer: AdamW lr {tc.get('lr')} (warm-up {tc.get('warmup')}, cosine to 10%), "
                   f"weight decay {tc.get('weight_decay')}, seed {tc.get('seed')}"]

@@ -6,15 +6,17 @@ from transformers import GPT2Config, Qwen3Config
 
 def qwen3_config(vocab_size: int, n_layers: int = 6, d_model: int = 128, n_heads: int = 4, n_kv_heads: int = 2,
                  d_ff: int | None = None, max_len: int = 2048, **kw) -> Qwen3Config:
-    """Qwen3-style: RMSNorm, RoPE, SwiGLU, GQA, QK-norm, tied embeddings."""
+    """Qwen3-style: RMSNorm, RoPE, SwiGLU, GQA, QK-norm, tied embeddings (unless tie_word_embeddings=False)."""
+    kw.setdefault("tie_word_embeddings", True)
     return Qwen3Config(vocab_size=vocab_size, hidden_size=d_model, intermediate_size=d_ff or 3 * d_model,
                        num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
-                       head_dim=d_model // n_heads, max_position_embeddings=max_len, tie_word_embeddings=True,
+                       head_dim=d_model // n_heads, max_position_embeddings=max_len,
                        pad_token_id=0, bos_token_id=None, eos_token_id=None, **kw)
 
 
 def gpt2_config(vocab_size: int, n_layers: int = 2, d_model: int = 64, n_heads: int = 4, max_len: int = 512,
                 **kw) -> GPT2Config:
+    kw.setdefault("tie_word_embeddings", True)
     return GPT2Config(vocab_size=vocab_size, n_embd=d_model, n_layer=n_layers, n_head=n_heads, n_positions=max_len,
-                      tie_word_embeddings=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                       pad_token_id=0, bos_token_id=None, eos_token_id=None, **kw)

@@ -32,10 +32,12 @@ class TrainConfig:
     n_kv_heads: int = 2
     d_ff: int = 256
     max_len: int = 2048
+    tie_embeddings: bool = True
     schedule: str = "60/25/15"  # weights of 1, 2, 3... passes per batch
     lam: float = 1.0  # lambda of the multi-pass loss
     noise: float = 0.02  # uniform state noise U[-sigma, sigma] on the carried state
     prefix_mix: float = 0.5  # probability that a row keeps a random-length unfused prefix
+    skip_values: bool = False  # no loss on the tasks' random value symbols (see models.train.make_batch)
     label_weight: float = 20.0  # loss weight on label tokens (at 5, labels stalled at chance for 1000+ steps)
     depth_scale: bool = False  # scale residual-output init by 1/sqrt(2 L)
     warm_passes: int = 4  # up to this many extra no-grad Jacobi passes before the first fused pass
@@ -43,8 +45,11 @@ class TrainConfig:
     distractors: dict = field(default_factory=lambda: {0: 0.3, 8: 0.3, 32: 0.3, 128: 0.1})
     tasks: tuple = ("completion", "memory", "multi_register")
     batch_tokens: int = 2048
+    packing: bool = True  # rows stream several samples; False: one sample per row, one micro-batch per task
     seq_len: int = 1024  # packed row length (a row streams several samples)
-    curriculum_steps: int = 600  # first steps: 1 pass, N in {0, 8} only, rows of 256 tokens (a standard warm start)
+    curriculum_steps: int = 600  # first steps: 1 pass, N <= curriculum_max_n, short rows (a standard warm start)
+    curriculum_max_n: int = 8
+    curriculum_seq_len: int = 256
     lr: float = 2e-3
     weight_decay: float = 0.01
     warmup: int = 100
@@ -65,6 +70,15 @@ class TrainConfig:
         if self.noise < 0 or not 0 <= self.prefix_mix <= 1 or self.lr <= 0:
             raise UserError("noise must be >= 0, prefix_mix in [0, 1], lr > 0")
         self.distractors = {int(k): float(v) for k, v in self.distractors.items()}
+        if not self.distractors or any(k < 0 or v < 0 for k, v in self.distractors.items()) \
+                or sum(self.distractors.values()) <= 0:
+            raise UserError("distractors must map N >= 0 to non-negative weights with a positive sum")
+        from tasks import TASKS
+        bad = [t for t in self.tasks if t not in TASKS]
+        if bad or not self.tasks:
+            raise UserError(f"unknown task(s) {', '.join(bad) or '(none)'}; valid tasks: {', '.join(TASKS)}")
+        if self.seq_len <= 0 or self.curriculum_seq_len <= 0 or self.curriculum_steps < 0:
+            raise UserError("seq_len and curriculum_seq_len must be positive, curriculum_steps >= 0")
 
     @property
     def max_passes(self) -> int:
@@ -125,6 +139,9 @@ def load_model(name_or_path: str):
         model = FullBandwidthLM.from_pretrained(p)
     else:
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a per-shard bar is noise for the small models loaded here
         try:
             lm = AutoModelForCausalLM.from_pretrained(str(p))
         except (OSError, ValueError) as e:

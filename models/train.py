@@ -43,6 +43,15 @@ class Batch(NamedTuple):
     fuse_from: torch.Tensor  # [batch] first column that may be fused (prefix mixin)
     desc: str
     label_pos: torch.Tensor  # [batch, pos] bool: the token at this column is a label word
+    skip_pos: torch.Tensor | None = None  # [batch, pos] bool: a random task value, not a loss target
+
+
+def value_token_ids(tok) -> list[int]:
+    """Ids of the task's random value symbols (digits, register names): uniformly random by construction."""
+    from tasks.samples import REGISTERS
+
+    vocab = tok.get_vocab()
+    return sorted(vocab[t] for t in [*map(str, range(10)), *REGISTERS] if t in vocab)
 
 
 def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1) -> Batch:
@@ -55,8 +64,8 @@ def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1) 
     rng = np.random.default_rng([cfg.seed, step, rank])
     distractors, seq_len = cfg.distractors, cfg.seq_len
     if step < cfg.curriculum_steps:
-        distractors = {n: w for n, w in distractors.items() if n <= 8} or distractors
-        seq_len = min(seq_len, 256)
+        distractors = {n: w for n, w in distractors.items() if n <= cfg.curriculum_max_n} or distractors
+        seq_len = min(seq_len, cfg.curriculum_seq_len)
     ns = sorted(distractors)
     p_n = np.array([distractors[k] for k in ns]) / sum(distractors.values())
     newline = tok("\n", add_special_tokens=False)["input_ids"]
@@ -76,18 +85,77 @@ def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1) 
         ids[r] = torch.as_tensor(stream[:seq_len])
         label_pos[r, [p for p in labels if p < seq_len]] = True
     mask = torch.ones_like(ids)
+    skip_pos = None
+    if cfg.skip_values:
+        # With tied embeddings, uniformly random targets drive the embeddings of exactly the symbols the tasks
+        # must tell apart towards one vector (measured: digit embeddings at cosine 0.99 after 750 steps, and
+        # every label at chance); they carry no learnable signal, so they are not targets. Labels stay.
+        skip_pos = torch.isin(ids, torch.tensor(value_token_ids(tok))) & ~label_pos
     k = int(rng.choice(len(cfg.probs), p=np.array(cfg.probs))) + 1
     if step < cfg.curriculum_steps:
         k = 1  # feedback passes only once the standard pass has learned the tasks (as the paper's warm start)
     warm = int(rng.integers(1, cfg.warm_passes + 1)) if (k > 1 and cfg.warm_passes and rng.random() < cfg.warm_prob) else 0
     # Prefix mixin: a random-length prefix per row keeps plain embeddings (prompt prefilled normally).
     prefix = np.where(rng.random(rows) < cfg.prefix_mix, (rng.random(rows) * seq_len).astype(int), 0)
-    return Batch(ids, mask, k, warm, torch.as_tensor(prefix), f"packed/k={k}", label_pos)
+    return Batch(ids, mask, k, warm, torch.as_tensor(prefix), f"packed/k={k}", label_pos, skip_pos)
+
+
+def make_batches(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1) -> list[Batch]:
+    """The micro-batches of one optimizer step, a pure function of (seed, step, rank).
+
+    packing=True: one packed batch (`make_batch`). packing=False: one micro-batch per task, each of
+    ~batch_tokens/len(tasks) tokens, ONE sample per row (the prompt's own context only, as at evaluation) and
+    one N (and writes) per micro-batch, so rows have equal length: no padding, fast causal attention. In
+    packed rows the label position also attends to every earlier sample in the row (same symbols, other
+    values): measured here, labels then stayed at chance for 1000+ steps.
+    """
+    if cfg.packing:
+        return [make_batch(cfg, tok, step, rank, world)]
+    rng = np.random.default_rng([cfg.seed, step, rank, 1])
+    distractors = cfg.distractors
+    if step < cfg.curriculum_steps:
+        distractors = {n: w for n, w in distractors.items() if n <= cfg.curriculum_max_n} or distractors
+    ns = sorted(distractors)
+    p_n = np.array([distractors[k] for k in ns]) / sum(distractors.values())
+    k = int(rng.choice(len(cfg.probs), p=np.array(cfg.probs))) + 1
+    if step < cfg.curriculum_steps:
+        k = 1
+    warm = int(rng.integers(1, cfg.warm_passes + 1)) if (k > 1 and cfg.warm_passes and rng.random() < cfg.warm_prob) else 0
+    values = torch.tensor(value_token_ids(tok))
+    pad = tok.pad_token_id or 0
+    out = []
+    for task in cfg.tasks:
+        n = int(rng.choice(ns, p=p_n))
+        writes = int(rng.choice([2, 4, 8])) if task == "multi_register" else None
+        seqs = []
+        while True:
+            sample = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes)[int(rng.integers(2))]
+            seqs.append(tok(sample.full_text, add_special_tokens=False)["input_ids"])
+            if sum(map(len, seqs)) + len(seqs[-1]) > cfg.batch_tokens // len(cfg.tasks):
+                break
+        T = max(map(len, seqs))
+        # Rows are equal-length by construction; right padding (never attended to by real tokens under causal
+        # attention) only guards against a tokenizer that breaks that, and pad targets are skipped.
+        ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+        label_pos = torch.zeros(len(seqs), T, dtype=torch.bool)
+        real = torch.zeros(len(seqs), T, dtype=torch.bool)
+        for r, sq in enumerate(seqs):
+            ids[r, :len(sq)] = torch.as_tensor(sq)
+            label_pos[r, len(sq) - 1] = True
+            real[r, :len(sq)] = True
+        skip_pos = ~real
+        if cfg.skip_values:
+            skip_pos |= torch.isin(ids, values) & ~label_pos
+        prefix = np.where(rng.random(len(seqs)) < cfg.prefix_mix, (rng.random(len(seqs)) * T).astype(int), 0)
+        out.append(Batch(ids, torch.ones_like(ids), k, warm, torch.as_tensor(prefix),
+                         f"{task}/N={n}/k={k}", label_pos, skip_pos))
+    return out
 
 
 # ----- loss --------------------------------------------------------------------------------------------------
-def ntp_loss(logits, ids, mask, label_weight: float, label_pos=None):
-    """Weighted next-token loss; label-word targets get `label_weight` (default: each row's last token)."""
+def ntp_loss(logits, ids, mask, label_weight: float, label_pos=None, skip_pos=None):
+    """Weighted next-token loss; label-word targets get `label_weight` (default: each row's last token);
+    targets at `skip_pos` get weight 0."""
     tgt = ids[:, 1:]
     valid = (mask[:, 1:] * mask[:, :-1]).float()
     w = valid.clone()
@@ -95,12 +163,14 @@ def ntp_loss(logits, ids, mask, label_weight: float, label_pos=None):
         w[:, -1] = w[:, -1] * label_weight
     else:
         w = torch.where(label_pos[:, 1:], w * label_weight, w)
+    if skip_pos is not None:
+        w = w.masked_fill(skip_pos[:, 1:], 0.0)
     nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tgt.reshape(-1), reduction="none")
     return (nll.view_as(w) * w).sum() / w.sum()
 
 
 def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, generator=None, warm: int = 0,
-                   label_pos=None):
+                   label_pos=None, skip_pos=None):
     """Returns (total loss, [per-pass NTP losses]).
 
     `warm` > 0 (recipe option, off in the paper's objective): before pass 2, run that many extra Jacobi passes
@@ -108,7 +178,7 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     that `recurrent-full` and long `fused-n` produce at inference.
     """
     out = model(ids, mask)
-    losses = [ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos)]
+    losses = [ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos, skip_pos)]
     cols = torch.arange(ids.shape[1])[None]
 
     def fused_pass(top):
@@ -128,7 +198,7 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     for _ in range(2, k + 1):
         out = fused_pass(top)
         top = out.top
-        losses.append(ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos))
+        losses.append(ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos, skip_pos))
     total = losses[0] + (cfg.lam / (k - 1)) * sum(losses[1:]) if k > 1 else losses[0]
     return total, losses
 
@@ -141,7 +211,8 @@ def build_model(cfg: TrainConfig, vocab_size: int, base: str | None = None) -> F
         model, _, _ = load_model(base)
         return FullBandwidthLM(model.lm, fusion=True)
     mk = qwen3_config if cfg.arch == "qwen3" else gpt2_config
-    kw = dict(n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.max_len)
+    kw = dict(n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.max_len,
+              tie_word_embeddings=cfg.tie_embeddings)
     if cfg.arch == "qwen3":
         kw.update(n_kv_heads=cfg.n_kv_heads, d_ff=cfg.d_ff)
     model = FullBandwidthLM.from_config(mk(vocab_size, **kw))
@@ -216,6 +287,14 @@ def load_resume(model, opt, cfg, out: Path):
 
 
 # ----- main --------------------------------------------------------------------------------------------------
+def parse_mixture(s: str) -> dict:
+    """'0:0.3,8:0.7' -> {0: 0.3, 8: 0.7}."""
+    try:
+        return {int(k): float(v) for k, v in (part.split(":") for part in s.split(",") if part.strip())}
+    except ValueError:
+        raise UserError(f"bad --distractors {s!r}: use N:weight pairs, e.g. 0:0.3,8:0.3,32:0.3,128:0.1") from None
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -233,11 +312,25 @@ def parse_args(argv):
     p.add_argument("--warm-passes", type=int, help="max extra no-grad Jacobi passes before pass 2 (recipe option)")
     p.add_argument("--warm-prob", type=float, help="probability of warm passes in a multi-pass batch")
     p.add_argument("--depth-scale", action="store_true", help="scale residual-output init by 1/sqrt(2L)")
+    p.add_argument("--untied", action="store_true", help="separate input and output embeddings")
+    p.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
+                   help="pack several samples per row (--no-packing: one sample per row, a micro-batch per task)")
+    p.add_argument("--skip-values", action=argparse.BooleanOptionalAction, default=None,
+                   help="no loss on the random value symbols (digits, register names); labels stay targets")
     p.add_argument("--batch-tokens", type=int, help="approximate tokens per batch per process")
     p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--tasks", help="comma-separated training tasks (default: all three)")
+    p.add_argument("--distractors", help="N mixture as N:weight pairs, e.g. 0:0.3,8:0.3,32:0.3,128:0.1")
+    p.add_argument("--seq-len", type=int, help="packed row length in tokens")
+    p.add_argument("--curriculum-steps", type=int, help="initial 1-pass steps on short samples")
+    p.add_argument("--curriculum-max-n", type=int, help="largest N during the curriculum")
+    p.add_argument("--curriculum-seq-len", type=int, help="packed row length during the curriculum")
     p.add_argument("--seed", type=int, help="data and init seed")
     p.add_argument("--eval-every", type=int, help="steps between evaluations")
     p.add_argument("--save-every", type=int, help="steps between checkpoints")
+    p.add_argument("--stop-at", type=int, help="stop (with a checkpoint) after this step, keeping the learning-rate "
+                                                "schedule of --steps; continue later with --resume, possibly under "
+                                                "another preset (a shared 1-pass phase)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: all)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -248,10 +341,21 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
-                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob")
+                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob",
+                                          "seq_len", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
             if getattr(args, k) is not None}
+    if args.tasks is not None:
+        over["tasks"] = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    if args.distractors is not None:
+        over["distractors"] = parse_mixture(args.distractors)
     if args.depth_scale:
         over["depth_scale"] = True
+    if args.packing is not None:
+        over["packing"] = args.packing
+    if args.untied:
+        over["tie_embeddings"] = False
+    if args.skip_values is not None:
+        over["skip_values"] = args.skip_values
     cfg = replace(cfg, **over)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -276,19 +380,35 @@ def main(argv=None):
     step, log = 0, {"config": cfg.to_dict(), "history": [], "evals": []}
     if args.resume:
         step, log = load_resume(model, opt, cfg, out)
+        if log.get("config") != cfg.to_dict():
+            # Continuing under another recipe (e.g. a 1-pass phase shared by several presets, whose batches
+            # are identical by construction): keep a record of what ran when.
+            log.setdefault("config_changes", []).append({"step": step, "previous": log.get("config")})
+            log["config"] = cfg.to_dict()
     t0 = time.time() - log.get("wall_s", 0.0)
     from tqdm import tqdm
     bar = tqdm(total=cfg.steps, initial=step, disable=args.no_progress or rank != 0, dynamic_ncols=True)
     run_loss: dict[int, float] = {}
     tokens_seen, tick = 0, time.time()
-    while step < cfg.steps:
-        ids, mask, k, warm, fuse_from, n, label_pos = make_batch(cfg, tok, step, rank, world)
+    stop = cfg.steps if args.stop_at is None else args.stop_at
+    if not 0 < stop <= cfg.steps:
+        raise UserError(f"--stop-at must be in 1..{cfg.steps} (the total steps), got {args.stop_at}")
+    while step < stop:
+        micro = make_batches(cfg, tok, step, rank, world)
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 97 + rank)
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
-        loss, parts = multipass_loss(model, ids, mask, k, cfg, fuse_from, gen, warm, label_pos)
         opt.zero_grad(set_to_none=False)
-        loss.backward()
+        loss, parts = 0.0, None
+        for mb in micro:  # gradient accumulation: the step's loss is the mean over its micro-batches
+            l_mb, p_mb = multipass_loss(model, mb.ids, mb.mask, mb.k, cfg, mb.fuse_from, gen, mb.warm, mb.label_pos,
+                                        mb.skip_pos)
+            (l_mb / len(micro)).backward()
+            loss = loss + l_mb.detach() / len(micro)
+            parts = [x.detach() / len(micro) for x in p_mb] if parts is None else \
+                [a + x.detach() / len(micro) for a, x in zip(parts, p_mb)]
+        k, n = micro[0].k, "; ".join(mb.desc for mb in micro)
+        mask = torch.cat([mb.mask.flatten() for mb in micro])
         if world > 1:
             import torch.distributed as dist
             for p in model.parameters():
@@ -314,7 +434,7 @@ def main(argv=None):
                 log["evals"].append({"step": step, "wall_s": round(time.time() - t0, 1), "label_acc": ev})
                 bar.write(f"step {step}: " + "; ".join(
                     f"{t} " + " ".join(f"{m}={a:.2f}" for m, a in r.items()) for t, r in ev.items()))
-            if step % cfg.save_every == 0 or step == cfg.steps:
+            if step % cfg.save_every == 0 or step in (cfg.steps, stop):
                 log["wall_s"] = round(time.time() - t0, 1)
                 save_checkpoint(model, tok, opt, cfg, step, log, out)
     bar.close()

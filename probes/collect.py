@@ -52,11 +52,30 @@ POSITION = -1  # the probed position: the shared final token
 # ----------------------------------------------------------------------------------------------------------
 # which model call of the engine produces each mode's last-position residual
 # ----------------------------------------------------------------------------------------------------------
+RECIRC_PREFIX = "recirc-"
+
+
+def is_recirc(mode) -> bool:
+    """A recirculated 'mode' (probes.run --recirculate): 'recirc-s:d:alpha:convex|residual'."""
+    return str(mode).startswith(RECIRC_PREFIX)
+
+
+def recirc_spec(mode: str, n_layers: int | None = None):
+    from models.recirculation import parse_recirculate
+
+    return parse_recirculate(str(mode)[len(RECIRC_PREFIX):], n_layers)
+
+
+def mode_name(mode) -> str:
+    """Canonical name of a prefill mode or a recirculated mode."""
+    return recirc_spec(mode).name if is_recirc(mode) else parse_mode(mode).name
+
+
 def canonical_modes(modes) -> list[str]:
     """Parse and de-duplicate modes (aliases such as fused-0 / recurrent-0 become 'standard'), keep order."""
     out: list[str] = []
     for m in modes:
-        name = parse_mode(m).name
+        name = mode_name(m)
         if name not in out:
             out.append(name)
     if not out:
@@ -158,25 +177,52 @@ class Collector:
             out.append(cur)
         return out
 
-    @torch.no_grad()
-    def collect_batch(self, ids: torch.Tensor, mask: torch.Tensor, modes) -> dict[str, torch.Tensor]:
-        """One left-padded batch -> {mode: [batch, L+1, d_model]} (canonical mode names)."""
-        modes = canonical_modes(modes)
-        where, n_calls = call_schedule(modes, ids.shape[1])
-        steps = sorted(set(where.values()))
-
-        def run(ids_, mask_):
-            return prefill_many(self.model, ids_, mask_, modes, collect=False)
-
+    def _traced(self, run, ids, mask, steps, n_calls, what):
         counter = _CallCounter(decoder_layers(self.model.lm)[0])
         try:
             got = _trace_batch(self.envoy, self.layers, run, ids, mask, steps)
         finally:
             counter.close()
         if counter.n != n_calls or len(got) != len(steps):
-            raise RuntimeError(f"prefill engine made {counter.n} model calls for modes {modes} on {ids.shape[1]} "
-                               f"columns, the collector expected {n_calls}: update probes.collect.call_schedule")
-        by_step = {s: torch.stack([t.detach().float() for t in g], dim=1) for s, g in zip(steps, got)}
+            raise RuntimeError(f"{what} made {counter.n} model calls on {ids.shape[1]} columns, the collector "
+                               f"expected {n_calls}: update probes.collect")
+        return {s: torch.stack([t.detach().float() for t in g], dim=1) for s, g in zip(steps, got)}
+
+    def _collect_recirc(self, ids, mask, mode) -> torch.Tensor:
+        """Normal-branch residual at the last column under recirculation (models.recirculation, exact
+        sequential engine), read through the same nnsight trace: the engine's last model call computes it."""
+        from models.recirculation import RecirculatedLM
+
+        spec = recirc_spec(mode, self.n_layers)
+        # Recirculation only uses the LM; a fusion module (if any) is left out, never run.
+        rlm = RecirculatedLM(FullBandwidthLM(self.model.lm, fusion=False).eval(), spec)
+        T = ids.shape[1]
+        cols = torch.tensor([T - 1])
+
+        def run(ids_, mask_):
+            return rlm.prefill(ids_, mask_, method="sequential", cols=cols)
+
+        n_calls = 1 if spec.is_identity else T  # identity = the base model's one parallel forward
+        return self._traced(run, ids, mask, [n_calls - 1], n_calls, f"recirculation {spec.name}")[n_calls - 1]
+
+    @torch.no_grad()
+    def collect_batch(self, ids: torch.Tensor, mask: torch.Tensor, modes) -> dict[str, torch.Tensor]:
+        """One left-padded batch -> {mode: [batch, L+1, d_model]} (canonical mode names)."""
+        modes = canonical_modes(modes)
+        out = {m: self._collect_recirc(ids, mask, m) for m in modes if is_recirc(m)}
+        engine = [m for m in modes if not is_recirc(m)]
+        if engine:
+            out.update(self._collect_engine(ids, mask, engine))
+        return {m: out[m] for m in modes}
+
+    def _collect_engine(self, ids: torch.Tensor, mask: torch.Tensor, modes) -> dict[str, torch.Tensor]:
+        where, n_calls = call_schedule(modes, ids.shape[1])
+        steps = sorted(set(where.values()))
+
+        def run(ids_, mask_):
+            return prefill_many(self.model, ids_, mask_, modes, collect=False)
+
+        by_step = self._traced(run, ids, mask, steps, n_calls, f"prefill engine (modes {modes})")
         return {m: by_step[where[m]] for m in modes}
 
     def collect(self, token_ids: list[list[int]], modes, desc: str = "collect") -> dict[str, np.ndarray]:
@@ -230,7 +276,7 @@ def tokenizer_hash(tokenizer) -> str:
 
 def cache_key(weights: str, dataset: str, tokenizer: str, mode: str) -> str:
     blob = json.dumps({"collect_version": COLLECT_VERSION, "weights": weights, "dataset": dataset,
-                       "tokenizer": tokenizer, "mode": parse_mode(mode).name, "position": POSITION},
+                       "tokenizer": tokenizer, "mode": mode_name(mode), "position": POSITION},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 

@@ -62,6 +62,10 @@ def parse_args(argv):
                    help="preset name, full-bandwidth checkpoint dir or HF model dir (default tiny-fbt)")
     p.add_argument("--modes", help="comma-separated prefill modes (standard, recurrent-K, recurrent-full, "
                                    "fused-N); default: the paper's for the task")
+    p.add_argument("--recirculate", action="append", default=[], metavar="S:D:ALPHA[:convex|residual]",
+                   help="also probe the model under training-free recirculation (models.recirculation, exact "
+                        "sequential prefill): depth S mixed into depth D with weight ALPHA; repeatable. Adds a mode "
+                        "named recirc-S:D:ALPHA:MODE beside --modes")
     p.add_argument("--distractors", help="comma-separated distractor counts N (0..256); default per task")
     p.add_argument("--n-pairs", type=int, default=DEFAULT_N_PAIRS, help=f"pairs per N (default {DEFAULT_N_PAIRS})")
     p.add_argument("--seed", type=int, default=0, help="dataset and probe seed (default 0)")
@@ -78,11 +82,12 @@ def parse_args(argv):
 
 
 # ----------------------------------------------------------------------------------------------------------
-def _parse_modes(s, task):
+def _parse_modes(s, task, fusion=True):
     from probes.collect import canonical_modes
 
     if s is None:
-        return list(DEFAULT_MODES[task])
+        # Without a fusion module only standard prefill exists (recurrent modes need a trained fusion).
+        return list(DEFAULT_MODES[task]) if fusion else ["standard"]
     items = [x.strip() for x in s.split(",") if x.strip()]
     if not items:
         raise UserError("--modes is empty")
@@ -202,7 +207,14 @@ def main(argv=None):
     if args.task not in TASKS:
         raise UserError(f"unknown task {args.task!r}; valid tasks: {', '.join(TASKS)}")
     task = args.task
-    modes = _parse_modes(args.modes, task)
+    modes = _parse_modes(args.modes, task)  # validated now; re-derived once the model is known
+    from probes.collect import RECIRC_PREFIX, recirc_spec
+
+    recirc = []
+    for r in args.recirculate:
+        spec = recirc_spec(RECIRC_PREFIX + r)  # syntax and alpha checked before any loading
+        if spec.name not in recirc:
+            recirc.append(spec.name)
     distractors = _parse_distractors(args.distractors, task)
     if not MIN_PAIRS <= args.n_pairs <= MAX_PAIRS:
         raise UserError(f"--n-pairs {args.n_pairs} out of range ({MIN_PAIRS}..{MAX_PAIRS})")
@@ -241,12 +253,16 @@ def main(argv=None):
 
     model, tok, model_name = load_model(args.model)
     model = model.eval().float()
+    modes = _parse_modes(args.modes, task, fusion=model.has_fusion)
     if not model.has_fusion:
         from probes.collect import canonical_modes
         bad = [m for m, c in zip(modes, canonical_modes(modes)) if c != "standard"]
         if bad:
             raise UserError(f"model {model_name!r} has no fusion module: only the standard mode is available "
                             f"(got {', '.join(bad)})")
+    for name in recirc:
+        recirc_spec(name, model.n_layers)  # depth range against this model
+    modes = modes + [m for m in recirc if m not in modes]
     tok = _tokenizer_for(model, tok)
     w_hash = weights_hash(model)
     out = Path(args.out) if args.out else ROOT / "figures" / model_name / task

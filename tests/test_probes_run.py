@@ -87,7 +87,51 @@ def test_multi_register_per_writes(tiny_ckpt, tmp_path):
     assert {r["n_samples"] for r in rows if r["writes"] == 2} == {20}
 
 
+@pytest.fixture(scope="module")
+def plain_hf_dir(tmp_path_factory):
+    """A plain HF Llama-style model dir (no fusion module) with the task tokenizer beside it."""
+    from transformers import AutoModelForCausalLM
+
+    from models.configs import qwen3_config
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_config(qwen3_config(len(tok), n_layers=3, d_model=32, n_heads=2, n_kv_heads=1,
+                                                       initializer_range=0.1))
+    path = tmp_path_factory.mktemp("hf") / "plain"
+    lm.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_recirculate_mode_on_plain_model(plain_hf_dir, tmp_path):
+    """--recirculate adds a recirculated mode; depths 0..d of the normal branch equal standard's (the two
+    streams only differ above the target depth), deeper ones differ, and plain models default to standard."""
+    from probes.run import main
+
+    out = tmp_path / "r"
+    assert main(["--task", "completion", "--model", str(plain_hf_dir), "--out", str(out), "--recirculate",
+                 "3:1:0.5", "--save-activations", "--no-cache", *FAST]) == 0
+    doc = json.loads((out / "probes.json").read_text())
+    assert doc["meta"]["run"]["modes"] == ["standard", "recirc-3:1:0.5:convex"]
+    assert {r["mode"] for r in doc["results"]} == {"standard", "recirc-3:1:0.5:convex"}
+    import numpy as np
+    for n in (0, 8):
+        std = np.load(out / "activations" / f"N{n}_standard.npz")["resid"]
+        rec = np.load(out / "activations" / f"N{n}_recirc-3:1:0.5:convex.npz")["resid"]
+        assert np.abs(std[:, :2] - rec[:, :2]).max() <= 1e-5
+        assert np.abs(std[:, 2:] - rec[:, 2:]).max() > 1e-3
+    r = run_cli("--task", "completion", "--model", plain_hf_dir, "--out", tmp_path / "x", "--recirculate",
+                "4:1:0.5", *FAST)
+    assert r.returncode == 2 and "out of range" in r.stderr and r.stderr.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("args, msg", [
+    (["--task", "completion", "--recirculate", "2:3:0.1"], "deeper than the target"),
+    (["--task", "completion", "--recirculate", "3:1:1.5"], "[0, 1]"),
     (["--task", "nope"], "unknown task"),
     (["--task", "completion", "--modes", "sideways"], "unknown prefill mode"),
     (["--task", "completion", "--model", "no-such-model"], "unknown model"),

@@ -247,3 +247,23 @@ def test_cli_end_to_end_tiny_and_refuses_overwrite(tmp_path):
     assert abs(gaps["blockwise 12 passes"]) < 1e-3  # passes >= block: the exact result
     r2 = _cli(*args)
     assert r2.returncode == 2 and "--overwrite" in r2.stderr
+
+
+@pytest.mark.parametrize("spec", ["3:1:0.3:convex", "2:0:0.5:residual", "3:1:0:residual"])
+def test_nnsight_collection_equals_recirculation_engine(base, spec):
+    """probes.collect reads recirculated residuals through nnsight; they must equal the engine's own record."""
+    from probes.collect import Collector
+
+    seqs = [[3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [20, 21]]
+    mode = "recirc-" + spec
+    got = Collector(base, batch_size=2, progress=False).collect(seqs, ["standard", mode])
+    name = parse_recirculate(spec).name
+    assert set(got) == {"standard", name}
+    for i, s in enumerate(seqs):
+        ids, mask = pad_left([s])
+        ref = recirculated_prefill(base, spec, ids, mask, positions=(-1,)).resid[0, 0]
+        assert torch.allclose(torch.from_numpy(got[name][i]), ref, atol=TOL, rtol=0)
+    if parse_recirculate(spec).is_identity:
+        assert abs(got[name] - got["standard"]).max() <= TOL
+    else:
+        assert abs(got[name] - got["standard"]).max() > 1e-3

@@ -170,6 +170,35 @@ def test_later_pass_losses_reach_pass1_activations(make_tiny_config, k):
     assert model.fusion.up.weight.grad.abs().sum() > 0
 
 
+# ----- unpacked batches ----------------------------------------------------------------------------------------
+def test_unpacked_batches_one_sample_per_row():
+    """packing=False: one micro-batch per task, one whole sample per row (label last), one N per micro-batch,
+    deterministic in (seed, step); random value symbols are skipped as targets, labels never are."""
+    from tasks import build_tokenizer, label_token_ids
+
+    tok = build_tokenizer()
+    cfg = replace(get_preset("smoke"), packing=False, skip_values=True, batch_tokens=600,
+                  distractors={0: 0.5, 8: 0.5})
+    micro = train.make_batches(cfg, tok, 3)
+    again = train.make_batches(cfg, tok, 3)
+    assert [m.desc.split("/")[0] for m in micro] == list(cfg.tasks)
+    assert len({m.k for m in micro}) == 1
+    values = set(train.value_token_ids(tok))
+    nl = tok.convert_tokens_to_ids("\n")
+    for m, m2, task in zip(micro, again, cfg.tasks):
+        assert torch.equal(m.ids, m2.ids) and torch.equal(m.skip_pos, m2.skip_pos)
+        words = label_token_ids(tok, task)
+        assert bool(m.mask.all()) and not bool(m.skip_pos[:, -1].any())
+        assert bool(m.label_pos[:, -1].all()) and int(m.label_pos.sum()) == m.ids.shape[0]
+        assert set(m.ids[:, -1].tolist()) <= set(words)
+        # rows are single samples: the prompt's final token sits right before the label, nowhere else
+        colon = tok.convert_tokens_to_ids(":")
+        assert bool((m.ids[:, -2] == colon).all()) and int((m.ids == colon).sum()) == m.ids.shape[0]
+        assert not bool((m.ids == nl)[:, -2:].any())
+        is_value = torch.isin(m.ids, torch.tensor(sorted(values)))
+        assert torch.equal(m.skip_pos, is_value & ~m.label_pos)
+
+
 # ----- prefix mixin --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("k", [2, 3])
 @torch.no_grad()
@@ -275,6 +304,25 @@ def test_resume_continues_bit_identically(runs):
     assert any(not torch.equal(mid[k], a[k]) for k in a)
     # The history covers several pass counts, so the resumed steps exercise the multi-pass path.
     assert len({h["passes"] for h in log_a["history"]}) > 1
+
+
+def test_shared_one_pass_phase_then_another_preset_is_identical(tmp_path, monkeypatch):
+    """A 1-pass run stopped with --stop-at and resumed under the multi-pass recipe equals that recipe run
+    straight: the curriculum phase is identical for every schedule, so presets can share it exactly."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(train, "quick_eval", _cheap_eval)
+    common = FAST + ["--steps", "4", "--save-every", "2", "--curriculum-steps", "2"]
+    train.main(common + ["--out", str(tmp_path / "straight")])
+    train.main(common + ["--out", str(tmp_path / "shared"), "--schedule", "1", "--stop-at", "2"])
+    assert json.loads((tmp_path / "shared" / "train_log.json").read_text())["history"][-1]["step"] == 2
+    train.main(common + ["--out", str(tmp_path / "shared"), "--resume"])
+    a = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    b = load_file(str(tmp_path / "shared" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    log = json.loads((tmp_path / "shared" / "train_log.json").read_text())
+    assert log["config"]["schedule"] != "1" and log["config_changes"][0]["previous"]["schedule"] == "1"
+    assert log["config_changes"][0]["step"] == 2
 
 
 def test_checkpoint_loads_as_a_model(runs):
