@@ -26,6 +26,20 @@ def eval_table(rows: list[dict], modes: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _layout(tc: dict) -> str:
+    if tc.get("packing", True):
+        head = f"packed rows of {tc.get('seq_len')} tokens streaming samples of all tasks"
+        cur = f"{tc.get('curriculum_seq_len', 256)}-token rows"
+    else:
+        w = tc.get("task_weights")
+        head = "one sample per row, one micro-batch per task per step" + (
+            f" (token shares {', '.join(f'{t} {x:g}' for t, x in zip(tc.get('tasks', []), w))})" if w else "")
+        cur = "same layout"
+    if tc.get("curriculum_steps"):
+        head += f"; first {tc.get('curriculum_steps')} steps 1-pass, N <= {tc.get('curriculum_max_n', 8)}, {cur}"
+    return head
+
+
 def write_card(path: Path, command: str, notes: str = "") -> str:
     cfg = FullBandwidthLM.read_config(path)
     log = json.loads((path / "train_log.json").read_text()) if (path / "train_log.json").is_file() else {}
@@ -53,8 +67,11 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                   f"state noise U[-{tc.get('noise')}, {tc.get('noise')}]; prefix mixin p={tc.get('prefix_mix')}; "
                   f"label-token loss weight {tc.get('label_weight')}; warm no-grad passes "
                   f"{tc.get('warm_passes')} (p={tc.get('warm_prob')}); depth scaling {tc.get('depth_scale')}",
-                  f"- data: tasks {', '.join(tc.get('tasks', []))} (packed rows of {tc.get('seq_len')} tokens streaming samples of all tasks; first {tc.get('curriculum_steps')} steps 1-pass, N <= {tc.get('curriculum_max_n', 8)}, {tc.get('curriculum_seq_len', 256)}-token rows), "
-                  f"N mixture {tc.get('distractors')}, ~{tc.get('batch_tokens')} tokens per batch",
+                  f"- data: tasks {', '.join(tc.get('tasks', []))} ({_layout(tc)}), "
+                  f"N mixture {tc.get('distractors')}, ~{tc.get('batch_tokens')} tokens per step"
+                  + (f"; random value symbols (digits, register names) not loss targets" if tc.get('skip_values') else ""),
+                  f"- warm start: {tc['base']} (fresh fusion and optimizer)" if tc.get("base") else
+                  "- initialization: random (from scratch)",
                   f"- optimizer: AdamW lr {tc.get('lr')} (warm-up {tc.get('warmup')}, cosine to 10%), "
                   f"weight decay {tc.get('weight_decay')}, seed {tc.get('seed')}"]
         if hist:

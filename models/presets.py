@@ -44,6 +44,7 @@ class TrainConfig:
     warm_prob: float = 0.25  # probability of warm passes in a multi-pass batch (exposes near-fixed-point states)
     distractors: dict = field(default_factory=lambda: {0: 0.3, 8: 0.3, 32: 0.3, 128: 0.1})
     tasks: tuple = ("completion", "memory", "multi_register")
+    task_weights: tuple | None = None  # unpacked: share of each step's tokens per task (default equal)
     batch_tokens: int = 2048
     packing: bool = True  # rows stream several samples; False: one sample per row, one micro-batch per task
     seq_len: int = 1024  # packed row length (a row streams several samples)
@@ -57,6 +58,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 250
     save_every: int = 250
+    base: str | None = None  # warm start: preset name or checkpoint dir (fresh fusion, fresh optimizer)
 
     def __post_init__(self):
         self.probs = parse_schedule(self.schedule)
@@ -77,6 +79,10 @@ class TrainConfig:
         bad = [t for t in self.tasks if t not in TASKS]
         if bad or not self.tasks:
             raise UserError(f"unknown task(s) {', '.join(bad) or '(none)'}; valid tasks: {', '.join(TASKS)}")
+        if self.task_weights is not None:
+            self.task_weights = tuple(float(w) for w in self.task_weights)
+            if len(self.task_weights) != len(self.tasks) or min(self.task_weights) <= 0:
+                raise UserError("task_weights needs one positive weight per task")
         if self.seq_len <= 0 or self.curriculum_seq_len <= 0 or self.curriculum_steps < 0:
             raise UserError("seq_len and curriculum_seq_len must be positive, curriculum_steps >= 0")
 
@@ -91,13 +97,22 @@ class TrainConfig:
         return d
 
 
+# Two stages, as the paper (warm start from a standard checkpoint). Stage 1, `tiny-base`: 1-pass training, one
+# sample per row; the first 1500 steps on N = 0 only (many short samples: completion needed ~1e5 samples to
+# leave its plateau in a small probe run), then the full N mixture. Stage 2 continues from tiny-base for the
+# same number of steps: multi-pass (tiny-fbt, tiny-fbt-no3) or 1-pass (tiny-std, the baseline with the same
+# architecture, data and token budget).
+_STAGE = dict(packing=False, skip_values=True, batch_tokens=3000, task_weights=(0.5, 0.15, 0.35))
 PRESETS: dict[str, TrainConfig] = {
-    "tiny-fbt": TrainConfig(),
-    "tiny-std": TrainConfig(schedule="1"),
-    "tiny-fbt-no3": TrainConfig(schedule="75/25"),
+    "tiny-base": TrainConfig(schedule="1", steps=3000, curriculum_steps=1500, curriculum_max_n=0, **_STAGE),
+    "tiny-fbt": TrainConfig(base="tiny-base", steps=1500, curriculum_steps=0, warmup=50, lr=1e-3, **_STAGE),
+    "tiny-std": TrainConfig(base="tiny-base", schedule="1", steps=1500, curriculum_steps=0, warmup=50, lr=1e-3,
+                            **_STAGE),
+    "tiny-fbt-no3": TrainConfig(base="tiny-base", schedule="75/25", steps=1500, curriculum_steps=0, warmup=50,
+                                lr=1e-3, **_STAGE),
 }
 # A few-second recipe for tests and smoke runs.
-PRESETS["smoke"] = replace(PRESETS["tiny-fbt"], n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,
+PRESETS["smoke"] = replace(TrainConfig(), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,
                            steps=4, batch_tokens=256, seq_len=128, curriculum_steps=0, eval_every=2, save_every=2,
                            distractors={0: 0.5, 8: 0.5}, warmup=1)
 

@@ -124,14 +124,16 @@ def make_batches(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1
     values = torch.tensor(value_token_ids(tok))
     pad = tok.pad_token_id or 0
     out = []
-    for task in cfg.tasks:
+    shares = np.array(cfg.task_weights or [1.0] * len(cfg.tasks))
+    shares = shares / shares.sum()
+    for task, share in zip(cfg.tasks, shares):
         n = int(rng.choice(ns, p=p_n))
         writes = int(rng.choice([2, 4, 8])) if task == "multi_register" else None
         seqs = []
         while True:
             sample = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes)[int(rng.integers(2))]
             seqs.append(tok(sample.full_text, add_special_tokens=False)["input_ids"])
-            if sum(map(len, seqs)) + len(seqs[-1]) > cfg.batch_tokens // len(cfg.tasks):
+            if sum(map(len, seqs)) + len(seqs[-1]) > cfg.batch_tokens * share:
                 break
         T = max(map(len, seqs))
         # Rows are equal-length by construction; right padding (never attended to by real tokens under causal
@@ -365,16 +367,22 @@ def main(argv=None):
         import torch.distributed as dist
         dist.init_process_group("gloo")
     out = Path(args.out) if args.out else checkpoint_dir(args.preset)
-    if not args.resume and (out / "model.safetensors").exists() and not args.overwrite:
-        raise UserError(f"{out} already holds a checkpoint; use --resume to continue or --overwrite to replace it")
+    if not args.resume and (out / "model.safetensors").exists():
+        if not args.overwrite:
+            raise UserError(f"{out} already holds a checkpoint; use --resume to continue or --overwrite to replace it")
+        if rank == 0:  # files that describe the old model must not survive beside the new one
+            for stale in (STATE_FILE, LOG_FILE, "eval.json", "MODEL_CARD.md"):
+                (out / stale).unlink(missing_ok=True)
 
     tok = build_tokenizer()
     if args.base:
+        cfg = replace(cfg, base=args.base)
+    if cfg.base:
         from models.presets import load_model
-        _, tok, _ = load_model(args.base)
+        _, tok, _ = load_model(cfg.base)
         if tok is None:
-            raise UserError(f"--base {args.base}: no tokenizer found beside the model")
-    model = build_model(cfg, len(tok), args.base)
+            raise UserError(f"--base {cfg.base}: no tokenizer found beside the model")
+    model = build_model(cfg, len(tok), cfg.base)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     step, log = 0, {"config": cfg.to_dict(), "history": [], "evals": []}

@@ -197,6 +197,10 @@ def test_unpacked_batches_one_sample_per_row():
         assert not bool((m.ids == nl)[:, -2:].any())
         is_value = torch.isin(m.ids, torch.tensor(sorted(values)))
         assert torch.equal(m.skip_pos, is_value & ~m.label_pos)
+    # task_weights set each task's share of the step's tokens
+    cfg_w = replace(cfg, task_weights=(0.7, 0.15, 0.15), distractors={0: 1.0})
+    sizes = [m.ids.numel() for m in train.make_batches(cfg_w, tok, 3)]
+    assert sizes[0] > 3 * sizes[1] and sum(sizes) <= cfg_w.batch_tokens + max(sizes)
 
 
 # ----- prefix mixin --------------------------------------------------------------------------------------------
