@@ -135,8 +135,8 @@ def main(argv=None):
                    help=f"decoding (std, soft, fused) and prefill modes; fused-1..K sweeps k (default {DEFAULT_MODES})")
     p.add_argument("--n-pairs", type=int, default=50, help="pairs per task and N (default 50 = 100 samples)")
     p.add_argument("--batch-size", type=int, default=64, help="samples per forward batch")
-    p.add_argument("--out", help="JSON output path (default <model dir>/eval.json for a checkpoint dir, "
-                                 "figures/<model>/eval.json otherwise)")
+    p.add_argument("--out", help="JSON output path (default figures/<model name>/eval.json; the shipped cards "
+                                 "keep a copy beside the checkpoint)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
