@@ -16,10 +16,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The headline: memory is decodable at depth 0 after one recurrent step, yet the fed state is not used.
+# The headline: completion is decodable at depth 0 after one recurrent step, yet the fed state is not used.
 demo: $(STAMP)
-	$(BIN)/python -m probes.run --task memory --overwrite
-	$(BIN)/python -m interventions.run --task memory --n-pairs 60 --control-model none --overwrite
+	$(BIN)/python -m probes.run --task completion --overwrite
+	$(BIN)/python -m interventions.run --task completion --n-pairs 60 --control-model none --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
