@@ -6,6 +6,6 @@ for b in "collect" "train --threads 1" "prefill --threads 1 --clock cpu" "interv
   set -- $b
   echo "=== $b"
   timeout 900 $PY benchmarks/$1.py ${@:2} > "${OUT:-.}/bench_$1.log" 2>&1
-  tail -n 1 runs/bench_$1.log
+  tail -n 1 "${OUT:-.}/bench_$1.log"
 done
 echo BENCH DONE
