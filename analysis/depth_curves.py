@@ -130,7 +130,7 @@ def depth_curve_figure(doc_or_path, title: str | None = None):
                                "%{customdata[5]} groups<extra></extra>"),
             ), row=1, col=col)
         fig.add_hline(y=0.5, line=dict(color="#555", dash="dash", width=1), row=1, col=col)
-        fig.update_xaxes(title_text="depth (0 = input of block 0)", range=[-0.3, max_depth + 0.3], dtick=1,
+        fig.update_xaxes(title_text="depth (0 = input of block 0)", range=[-0.3, max_depth + 0.3], dtick=1 if max_depth <= 12 else 5,
                          row=1, col=col)
     fig.update_yaxes(title_text="held-out probe accuracy", range=[0.3, 1.03], row=1, col=1)
     fig.add_annotation(text="chance", x=max_depth, y=0.5, xref="x", yref="y", showarrow=False, yshift=-10,
