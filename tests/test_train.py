@@ -440,3 +440,17 @@ def test_torchrun_two_processes_on_cpu(tmp_path):
     log = json.loads((out / "train_log.json").read_text())
     assert [h["step"] for h in log["history"]] == [1, 2]
     assert torch.load(out / "trainer_state.pt", weights_only=False)["step"] == 2
+
+
+def test_untied_model_round_trips(tmp_path):
+    """--untied: separate output embedding, kept distinct through save_pretrained / from_pretrained."""
+    from models.full_bandwidth import FullBandwidthLM
+
+    cfg = replace(get_preset("smoke"), tie_embeddings=False)
+    model = train.build_model(cfg, 39)
+    emb, head = model.lm.get_input_embeddings().weight, model.lm.get_output_embeddings().weight
+    assert emb.data_ptr() != head.data_ptr() and not torch.equal(emb, head)
+    model.save_pretrained(tmp_path / "u")
+    again = FullBandwidthLM.from_pretrained(tmp_path / "u")
+    assert torch.equal(again.lm.get_output_embeddings().weight, head)
+    assert torch.equal(again.lm.get_input_embeddings().weight, emb)
