@@ -11,6 +11,8 @@ from pathlib import Path
 from common.errors import UserError, cli_entry
 from models.full_bandwidth import FullBandwidthLM
 
+DEFAULT_EVAL_MODES = "std,soft,fused,recurrent-full,fused-1..30"
+
 
 def eval_table(rows: list[dict], modes: list[str]) -> str:
     keys = list(dict.fromkeys((r["task"], r["n_distractors"]) for r in rows))
@@ -82,7 +84,11 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
         modes = [m for m in dict.fromkeys(r["mode"] for r in ev["results"])
                  if not (m.startswith("fused-") and m != "fused-1")]
         lines += ["", "## Label accuracy", "",
-                  f"`python -m models.evaluate --model {path}` (n = {2 * ev['meta']['n_pairs']} samples per cell, "
+                  f"`python -m models.evaluate --model {path} --n-pairs {ev['meta']['n_pairs']}"
+                  + (f" --modes {ev['meta']['modes']}" if ev['meta'].get('modes') and ev['meta']['modes'] != DEFAULT_EVAL_MODES else "")
+                  + (f" --distractors {','.join(map(str, sorted({r['n_distractors'] for r in ev['results']})))}"
+                     if sorted({r['n_distractors'] for r in ev['results']}) != [0, 8, 32, 128, 256] else "")
+                  + f"` (n = {2 * ev['meta']['n_pairs']} samples per cell, "
                   f"eval seed {ev['meta']['seed']}, greedy full-vocabulary argmax at the final prompt token; "
                   f"std = standard, soft = recurrent-1, fused = fused-1):", "", eval_table(ev["results"], modes)]
     if notes:
