@@ -10,8 +10,7 @@ from pathlib import Path
 
 from common.errors import UserError, cli_entry
 from models.full_bandwidth import FullBandwidthLM
-
-DEFAULT_EVAL_MODES = "std,soft,fused,recurrent-full,fused-1..30"
+from models.evaluate import DEFAULT_MODES as DEFAULT_EVAL_MODES
 
 
 def eval_table(rows: list[dict], modes: list[str]) -> str:

@@ -54,6 +54,31 @@ def value_token_ids(tok) -> list[int]:
     return sorted(vocab[t] for t in [*map(str, range(10)), *REGISTERS] if t in vocab)
 
 
+def _n_mixture(cfg: TrainConfig, step: int) -> tuple[list[int], np.ndarray]:
+    """(N values, probabilities) for this step: the curriculum keeps only N <= curriculum_max_n."""
+    distractors = cfg.distractors
+    if step < cfg.curriculum_steps:
+        distractors = {n: w for n, w in distractors.items() if n <= cfg.curriculum_max_n} or distractors
+    ns = sorted(distractors)
+    return ns, np.array([distractors[k] for k in ns]) / sum(distractors.values())
+
+
+def _passes(cfg: TrainConfig, step: int, rng) -> tuple[int, int]:
+    """(K passes, warm no-grad passes) drawn for this step; 1 pass during the curriculum."""
+    k = int(rng.choice(len(cfg.probs), p=np.array(cfg.probs))) + 1
+    if step < cfg.curriculum_steps:
+        k = 1  # feedback passes only once the standard pass has learned the tasks (as the paper's warm start)
+    warm = int(rng.integers(1, cfg.warm_passes + 1)) if (k > 1 and cfg.warm_passes and rng.random() < cfg.warm_prob) else 0
+    return k, warm
+
+
+def _value_targets(ids: torch.Tensor, label_pos: torch.Tensor, tok) -> torch.Tensor:
+    # With tied embeddings, uniformly random targets drive the embeddings of exactly the symbols the tasks
+    # must tell apart towards one vector (measured: digit embeddings at cosine 0.99 after 750 steps, and
+    # every label at chance); they carry no learnable signal, so they are not targets. Labels stay.
+    return torch.isin(ids, torch.tensor(value_token_ids(tok))) & ~label_pos
+
+
 def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1) -> Batch:
     """Deterministic packed batch for (seed, step, rank).
 
@@ -62,12 +87,8 @@ def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1) 
     path). One task per batch instead stalled learning on a plateau: see the model card.
     """
     rng = np.random.default_rng([cfg.seed, step, rank])
-    distractors, seq_len = cfg.distractors, cfg.seq_len
-    if step < cfg.curriculum_steps:
-        distractors = {n: w for n, w in distractors.items() if n <= cfg.curriculum_max_n} or distractors
-        seq_len = min(seq_len, cfg.curriculum_seq_len)
-    ns = sorted(distractors)
-    p_n = np.array([distractors[k] for k in ns]) / sum(distractors.values())
+    ns, p_n = _n_mixture(cfg, step)
+    seq_len = min(cfg.seq_len, cfg.curriculum_seq_len) if step < cfg.curriculum_steps else cfg.seq_len
     newline = tok("\n", add_special_tokens=False)["input_ids"]
     rows = max(1, cfg.batch_tokens // seq_len)
     ids = torch.empty(rows, seq_len, dtype=torch.long)
@@ -85,16 +106,8 @@ def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1) 
         ids[r] = torch.as_tensor(stream[:seq_len])
         label_pos[r, [p for p in labels if p < seq_len]] = True
     mask = torch.ones_like(ids)
-    skip_pos = None
-    if cfg.skip_values:
-        # With tied embeddings, uniformly random targets drive the embeddings of exactly the symbols the tasks
-        # must tell apart towards one vector (measured: digit embeddings at cosine 0.99 after 750 steps, and
-        # every label at chance); they carry no learnable signal, so they are not targets. Labels stay.
-        skip_pos = torch.isin(ids, torch.tensor(value_token_ids(tok))) & ~label_pos
-    k = int(rng.choice(len(cfg.probs), p=np.array(cfg.probs))) + 1
-    if step < cfg.curriculum_steps:
-        k = 1  # feedback passes only once the standard pass has learned the tasks (as the paper's warm start)
-    warm = int(rng.integers(1, cfg.warm_passes + 1)) if (k > 1 and cfg.warm_passes and rng.random() < cfg.warm_prob) else 0
+    skip_pos = _value_targets(ids, label_pos, tok) if cfg.skip_values else None
+    k, warm = _passes(cfg, step, rng)
     # Prefix mixin: a random-length prefix per row keeps plain embeddings (prompt prefilled normally).
     prefix = np.where(rng.random(rows) < cfg.prefix_mix, (rng.random(rows) * seq_len).astype(int), 0)
     return Batch(ids, mask, k, warm, torch.as_tensor(prefix), f"packed/k={k}", label_pos, skip_pos)
@@ -112,16 +125,8 @@ def make_batches(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1
     if cfg.packing:
         return [make_batch(cfg, tok, step, rank, world)]
     rng = np.random.default_rng([cfg.seed, step, rank, 1])
-    distractors = cfg.distractors
-    if step < cfg.curriculum_steps:
-        distractors = {n: w for n, w in distractors.items() if n <= cfg.curriculum_max_n} or distractors
-    ns = sorted(distractors)
-    p_n = np.array([distractors[k] for k in ns]) / sum(distractors.values())
-    k = int(rng.choice(len(cfg.probs), p=np.array(cfg.probs))) + 1
-    if step < cfg.curriculum_steps:
-        k = 1
-    warm = int(rng.integers(1, cfg.warm_passes + 1)) if (k > 1 and cfg.warm_passes and rng.random() < cfg.warm_prob) else 0
-    values = torch.tensor(value_token_ids(tok))
+    ns, p_n = _n_mixture(cfg, step)
+    k, warm = _passes(cfg, step, rng)
     pad = tok.pad_token_id or 0
     out = []
     shares = np.array(cfg.task_weights or [1.0] * len(cfg.tasks))
@@ -147,7 +152,7 @@ def make_batches(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1
             real[r, :len(sq)] = True
         skip_pos = ~real
         if cfg.skip_values:
-            skip_pos |= torch.isin(ids, values) & ~label_pos
+            skip_pos |= _value_targets(ids, label_pos, tok)
         prefix = np.where(rng.random(len(seqs)) < cfg.prefix_mix, (rng.random(len(seqs)) * T).astype(int), 0)
         out.append(Batch(ids, torch.ones_like(ids), k, warm, torch.as_tensor(prefix),
                          f"{task}/N={n}/k={k}", label_pos, skip_pos))
