@@ -123,7 +123,11 @@ def load(name: str):
 
     model, tok, mname = load_model(name)
     if model.has_fusion:
-        raise UserError(f"{name} has a fusion module: recirculation is for off-the-shelf models")
+        # Recirculation never fuses: it runs the plain (standard-prefill) path, so a checkpoint's fusion module
+        # is simply unused. For a 1-pass-trained checkpoint (tiny-base) that IS the model it was trained as.
+        from models.full_bandwidth import FullBandwidthLM
+        print(f"note: {mname} has a fusion module; recirculation runs its plain path and never uses it", flush=True)
+        model = FullBandwidthLM(model.lm, fusion=False).eval()
     if tok is None:
         raise UserError(f"{name} has no tokenizer (tokenizer.json) next to it")
     return model, tok, mname
@@ -288,6 +292,13 @@ def parse_args(argv=None):
     p.add_argument("--cost-block", type=int, default=0, help="block size for blockwise in (e); 0 = whole chunk")
     p.add_argument("--ramp", type=int, default=0, help="early-token ramp length for every recirculated run")
     p.add_argument("--mediation", action="store_true", help="run the mediation experiment (f) as well")
+    p.add_argument("--mediation-only", action="store_true",
+                   help="run only (f), without the text experiments (for models trained on the tasks, e.g. "
+                        "tiny-base, which solve them; results go to figures/<model>/mediation-<task>)")
+    p.add_argument("--mediation-spec", metavar="S:D:ALPHA[:MODE]",
+                   help="recirculation of (f); default: the text-tuned best, or with --mediation-only the pair and "
+                        "mode (--pairs x convex/residual, at --alpha) whose full recirculation moves the label logit "
+                        "difference most on the TRAINING groups")
     p.add_argument("--mediation-task", default="memory", help="synthetic task of (f)")
     p.add_argument("--mediation-pairs", type=int, default=16, help="sample pairs of (f) (half the groups held out)")
     p.add_argument("--mediation-distractors", type=int, default=8, help="distractor lines per prompt in (f)")
@@ -330,6 +341,30 @@ def main(argv=None):
     pairs = pairs or default_pairs(L)
     for s, d in pairs:
         RecircSpec(s, d, a.alpha).validate(L)
+    med_spec = None
+    if a.mediation_spec:
+        from models.recirculation import parse_recirculate
+        med_spec = parse_recirculate(a.mediation_spec, L)
+    if a.mediation_only:
+        out = Path(a.out) if a.out else ROOT / "figures" / mname / f"mediation-{a.mediation_task}"
+        if (out / "results.json").exists() and not a.overwrite:
+            raise UserError(f"{out} already holds results: pass --overwrite to replace them")
+        t_start = time.perf_counter()
+        # Tuned over pairs x modes at the one --alpha: tuning alpha by effect size would just pick the most
+        # destructive dose (alpha = 1 convex replaces z_d outright).
+        cands = [med_spec] if med_spec else [RecircSpec(s, d, a.alpha, mode, ramp=a.ramp) for s, d in pairs
+                                             for mode in ("convex", "residual")]
+        res = {"model": mname, "n_layers": L, "d_model": model.d_model,
+               "mediation": mediation(model, tok, cands, a.mediation_task, a.mediation_pairs,
+                                      a.mediation_distractors, a.batch, a.seed)}
+        res["seconds_total"] = time.perf_counter() - t_start
+        res["command"] = "python -m analysis.recirculation " + " ".join(argv if argv is not None else
+                                                                         __import__("sys").argv[1:])
+        out.mkdir(parents=True, exist_ok=True)
+        _mediation_figure(res["mediation"], out)
+        (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+        print(f"wrote {out}/results.json and mediation.html ({res['seconds_total']:.0f}s)")
+        return res
     out = Path(a.out) if a.out else ROOT / "figures" / mname / "recirculation"
     if (out / "results.json").exists() and not a.overwrite:
         raise UserError(f"{out} already holds results: pass --overwrite to replace them")
@@ -446,7 +481,7 @@ def main(argv=None):
               flush=True)
     res["cost"] = {"config": best_spec.name, "block": block or a.seq_len, "rows": cost}
     if a.mediation:
-        res["mediation"] = mediation(model, tok, best_spec, a.mediation_task, a.mediation_pairs,
+        res["mediation"] = mediation(model, tok, [med_spec or best_spec], a.mediation_task, a.mediation_pairs,
                                      a.mediation_distractors, a.batch, a.seed)
     res["seconds_total"] = time.perf_counter() - t_start
     res["command"] = "python -m analysis.recirculation " + " ".join(argv if argv is not None else
@@ -460,8 +495,12 @@ def main(argv=None):
     return res
 
 
-def mediation(model, tok, spec, task: str, n_pairs: int, n_distractors: int, batch: int, seed: int) -> dict:
-    """(f): recirculate the task-state subspace vs its complement vs a random subspace of equal rank."""
+def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, batch: int, seed: int) -> dict:
+    """(f): recirculate the task-state subspace vs its complement vs a random subspace of equal rank.
+
+    With several candidate `specs`, the one whose full recirculation changes the label logit difference most
+    (mean |change|) on the TRAINING groups is used; every reported number is on the held-out groups.
+    """
     import dataclasses
 
     import numpy as np
@@ -501,7 +540,17 @@ def mediation(model, tok, spec, task: str, n_pairs: int, n_distractors: int, bat
 
     train_rows = np.where(~te)[0].tolist()
     test_rows = np.where(te)[0].tolist()
-    _, resid_tr = run(None, train_rows)
+    base_tr, resid_tr = run(None, train_rows)
+    tuning = []
+    if len(specs) > 1:
+        for sp in specs:
+            ld_tr, _ = run(sp, train_rows)
+            tuning.append({"config": sp.name, "train_mean_abs_ld_change": float(np.abs(ld_tr - base_tr).mean())})
+            print(f"[f] tune {sp.name:28s} train mean |LD change| {tuning[-1]['train_mean_abs_ld_change']:.4f}",
+                  flush=True)
+        spec = specs[int(np.argmax([t["train_mean_abs_ld_change"] for t in tuning]))]
+    else:
+        spec = specs[0]
     X = resid_tr[:, spec.source].double().numpy()
     probe = LinearProbe().fit(X, y[~te], groups[~te])
     u = torch.tensor(np.asarray(probe.direction), dtype=torch.float32)[None]
@@ -514,7 +563,7 @@ def mediation(model, tok, spec, task: str, n_pairs: int, n_distractors: int, bat
     ysign = np.where(y[te] == 1, 1.0, -1.0)
     out = {"task": task, "n_pairs": n_pairs, "n_distractors": n_distractors, "rank": 1,
            "probe_depth": spec.source, "n_test": int(te.sum()), "n_train": int((~te).sum()),
-           "probe_train_accuracy": probe.score(X, y[~te]), "config": spec.name, "conditions": {}}
+           "probe_train_accuracy": probe.score(X, y[~te]), "config": spec.name, "tuning": tuning, "conditions": {}}
     base_ld = None
     for name, sp in conds.items():
         ld, resid_te = run(sp, test_rows)
@@ -529,6 +578,21 @@ def mediation(model, tok, spec, task: str, n_pairs: int, n_distractors: int, bat
         print(f"[f] {name:16s} LD {ld_true.mean():+.3f} (change {d.mean():+.4f}) acc {(ld_true > 0).mean():.3f}",
               flush=True)
     return out
+
+
+def _mediation_figure(med: dict, out: Path) -> None:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    c = med["conditions"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("change in LD vs base (held-out)", "accuracy"))
+    fig.add_trace(go.Bar(x=list(c), y=[v["mean_ld_change"] for v in c.values()], showlegend=False,
+                         error_y={"type": "data", "array": [1.96 * v["ld_change_se"] for v in c.values()]}),
+                  row=1, col=1)
+    fig.add_trace(go.Bar(x=list(c), y=[v["accuracy"] for v in c.values()], showlegend=False), row=1, col=2)
+    fig.update_layout(title=f"Mediation on {med['task']} ({med['config']}; rank-{med['rank']} probe subspace "
+                            f"at depth {med['probe_depth']})")
+    _html(fig, out / "mediation.html")
 
 
 def write_figures(res: dict, out: Path) -> None:
@@ -591,15 +655,7 @@ def write_figures(res: dict, out: Path) -> None:
 
     med = res.get("mediation")
     if isinstance(med, dict):
-        c = med["conditions"]
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("change in LD vs base (held-out)", "accuracy"))
-        fig.add_trace(go.Bar(x=list(c), y=[v["mean_ld_change"] for v in c.values()], showlegend=False,
-                             error_y={"type": "data", "array": [1.96 * v["ld_change_se"] for v in c.values()]}),
-                      row=1, col=1)
-        fig.add_trace(go.Bar(x=list(c), y=[v["accuracy"] for v in c.values()], showlegend=False), row=1, col=2)
-        fig.update_layout(title=f"Mediation on {med['task']} ({med['config']}; rank-{med['rank']} probe subspace "
-                                f"at depth {med['probe_depth']})")
-        _html(fig, out / "mediation.html")
+        _mediation_figure(med, out)
 
     rows = res["cost"]["rows"]
     fig = make_subplots(rows=1, cols=3, subplot_titles=("tokens/s", "peak RSS increase (MB)",

@@ -44,6 +44,7 @@ class TrainConfig:
     warm_prob: float = 0.25  # probability of warm passes in a multi-pass batch (exposes near-fixed-point states)
     distractors: dict = field(default_factory=lambda: {0: 0.3, 8: 0.3, 32: 0.3, 128: 0.1})
     tasks: tuple = ("completion", "memory", "multi_register")
+    reads: int = 0  # multi_register training samples carry this many answered queries (unpacked batches only)
     task_weights: tuple | None = None  # unpacked: share of each step's tokens per task (default equal)
     batch_tokens: int = 2048
     packing: bool = True  # rows stream several samples; False: one sample per row, one micro-batch per task
@@ -83,6 +84,8 @@ class TrainConfig:
             self.task_weights = tuple(float(w) for w in self.task_weights)
             if len(self.task_weights) != len(self.tasks) or min(self.task_weights) <= 0:
                 raise UserError("task_weights needs one positive weight per task")
+        if self.reads < 0 or (self.reads and self.packing):
+            raise UserError("reads must be >= 0 and needs unpacked batches (--no-packing)")
         if self.seq_len <= 0 or self.curriculum_seq_len <= 0 or self.curriculum_steps < 0:
             raise UserError("seq_len and curriculum_seq_len must be positive, curriculum_steps >= 0")
 

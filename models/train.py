@@ -79,6 +79,15 @@ def _value_targets(ids: torch.Tensor, label_pos: torch.Tensor, tok) -> torch.Ten
     return torch.isin(ids, torch.tensor(value_token_ids(tok))) & ~label_pos
 
 
+def _answer_pos(ids: torch.Tensor, tok) -> torch.Tensor:
+    """[batch, pos] bool: tokens right after "value :", i.e. the answers of multi_register queries (the final
+    one and the training-only reads inside the history)."""
+    v, c = (tok.convert_tokens_to_ids(t) for t in ("value", ":"))
+    out = torch.zeros_like(ids, dtype=torch.bool)
+    out[:, 2:] = (ids[:, :-2] == v) & (ids[:, 1:-1] == c)
+    return out
+
+
 def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1) -> Batch:
     """Deterministic packed batch for (seed, step, rank).
 
@@ -134,9 +143,11 @@ def make_batches(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1
     for task, share in zip(cfg.tasks, shares):
         n = int(rng.choice(ns, p=p_n))
         writes = int(rng.choice([2, 4, 8])) if task == "multi_register" else None
+        reads = cfg.reads if task == "multi_register" else 0
         seqs = []
         while True:
-            sample = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes)[int(rng.integers(2))]
+            sample = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes,
+                                  reads=reads)[int(rng.integers(2))]
             seqs.append(tok(sample.full_text, add_special_tokens=False)["input_ids"])
             if sum(map(len, seqs)) + len(seqs[-1]) > cfg.batch_tokens * share:
                 break
@@ -150,6 +161,8 @@ def make_batches(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1
             ids[r, :len(sq)] = torch.as_tensor(sq)
             label_pos[r, len(sq) - 1] = True
             real[r, :len(sq)] = True
+        if reads:
+            label_pos |= _answer_pos(ids, tok)
         skip_pos = ~real
         if cfg.skip_values:
             skip_pos |= _value_targets(ids, label_pos, tok)
@@ -328,6 +341,8 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--tasks", help="comma-separated training tasks (default: all three)")
     p.add_argument("--distractors", help="N mixture as N:weight pairs, e.g. 0:0.3,8:0.3,32:0.3,128:0.1")
+    p.add_argument("--reads", type=int, help="answered queries inserted into each multi_register training sample "
+                                             "(dense supervision of the latest-write lookup; unpacked only)")
     p.add_argument("--seq-len", type=int, help="packed row length in tokens")
     p.add_argument("--curriculum-steps", type=int, help="initial 1-pass steps on short samples")
     p.add_argument("--curriculum-max-n", type=int, help="largest N during the curriculum")
@@ -349,10 +364,14 @@ def main(argv=None):
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
                                           "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob",
-                                          "seq_len", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
+                                          "seq_len", "reads", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
             if getattr(args, k) is not None}
     if args.tasks is not None:
         over["tasks"] = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+        if cfg.task_weights is not None and len(over["tasks"]) != len(cfg.tasks):
+            # The preset's token shares are per task of ITS task list; keep a share only where the task stays.
+            share = dict(zip(cfg.tasks, cfg.task_weights))
+            over["task_weights"] = tuple(share.get(t, 1.0 / len(cfg.tasks)) for t in over["tasks"])
     if args.distractors is not None:
         over["distractors"] = parse_mixture(args.distractors)
     if args.depth_scale:

@@ -113,6 +113,20 @@ class _BinaryLogReg:
         self.classes_ = np.unique(y)
         if len(self.classes_) != 2:
             raise UserError(f"binary logistic regression needs 2 classes (got {len(self.classes_)})")
+        n, d = X.shape
+        if d > n:
+            # Wide problem (e.g. 576-d states, ~100 samples): the penalty only touches w, so the optimum lies in
+            # the row space of X (any component orthogonal to it adds penalty and changes no prediction). With
+            # X = U S V^T, w = V c and X w = (U S) c: the same objective in rank(X) <= n coordinates, solved
+            # exactly, then mapped back. Newton then solves [n, n] instead of [d, d] systems.
+            U, S, Vt = np.linalg.svd(X, full_matrices=False)
+            r = int((S > S[0] * max(n, d) * np.finfo(np.float64).eps).sum()) if len(S) and S[0] > 0 else 0
+            self._fit(U[:, :r] * S[:r], y)
+            self.coef_ = self.coef_ @ Vt[:r]
+            return self
+        return self._fit(X, y)
+
+    def _fit(self, X, y):
         t = np.where(y == self.classes_[1], 1.0, -1.0)
         n, d = X.shape
         Xb = np.hstack([X, np.ones((n, 1))])

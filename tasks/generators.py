@@ -64,7 +64,8 @@ def _memory(n_pairs: int, n: int, rng: random.Random) -> list[Sample]:
     return out
 
 
-def _multi_register(n_pairs: int, n: int, rng: random.Random, writes: int | None) -> list[Sample]:
+def _multi_register(n_pairs: int, n: int, rng: random.Random, writes: int | None, reads: int = 0,
+                    read_rng: random.Random | None = None) -> list[Sample]:
     # Group = the update history (incl. nop placement); in practice each pair is its own group.
     groups = _GroupIds()
     out = []
@@ -89,10 +90,37 @@ def _multi_register(n_pairs: int, n: int, rng: random.Random, writes: int | None
                 history.append(f"{reg} = {v}")
         q0 = rng.choice([reg for reg in REGISTERS if latest[reg] == 0])
         q1 = rng.choice([reg for reg in REGISTERS if latest[reg] == 1])
+        if reads:
+            history = _with_reads(history, reads, read_rng)
         gid = groups(tuple(history))
         for label, q in ((0, q0), (1, q1)):
             lines = [*history, f"get {q}", "value" + FINAL_TOKEN]
             out.append(Sample("multi_register", "\n".join(lines), label, pair_id, gid, n, writes=w))
+    return out
+
+
+def _with_reads(history: list[str], reads: int, rng: random.Random) -> list[str]:
+    """Training augmentation: `reads` answered queries ("get X", "value: v") of registers written so far.
+
+    Each read is the final query's own format with its answer, so one sample teaches the latest-write
+    lookup many times (early reads, with few writes behind them, are the easy cases). Evaluation data never
+    has reads; reads come from their own random stream, so the plain history, query and label are the same
+    as without reads.
+    """
+    slots = sorted(rng.choices(range(1, len(history) + 1), k=reads))
+    out, latest, j = [], {}, 0
+    for pos in range(len(history) + 1):
+        while j < len(slots) and slots[j] == pos:
+            if latest:
+                reg = rng.choice(sorted(latest))
+                out += [f"get {reg}", f"value{FINAL_TOKEN} {latest[reg]}"]
+            j += 1
+        if pos < len(history):
+            line = history[pos]
+            out.append(line)
+            if line != "nop":
+                reg, v = line.split(" = ")
+                latest[reg] = int(v)
     return out
 
 
@@ -101,7 +129,7 @@ def _is_int(x) -> bool:
 
 
 def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
-                 writes: int | None = None) -> list[Sample]:
+                 writes: int | None = None, reads: int = 0) -> list[Sample]:
     """Return ``2 * n_pairs`` samples of ``task`` with ``n_distractors`` distractor lines each.
 
     Pair members are adjacent (label 0 then label 1). For multi_register, ``writes`` fixes the number of
@@ -120,12 +148,14 @@ def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
             raise UserError(f"writes only applies to task 'multi_register', not {task!r}")
         if not _is_int(writes) or writes not in WRITES_CHOICES:
             raise UserError(f"writes must be one of {', '.join(map(str, WRITES_CHOICES))}, got {writes!r}")
+    if reads and (task != "multi_register" or not _is_int(reads) or reads < 0):
+        raise UserError(f"reads must be a non-negative integer and only applies to task 'multi_register'")
     rng = random.Random(seed)
     if task == "completion":
         return _completion(n_pairs, n_distractors, rng)
     if task == "memory":
         return _memory(n_pairs, n_distractors, rng)
-    return _multi_register(n_pairs, n_distractors, rng, writes)
+    return _multi_register(n_pairs, n_distractors, rng, writes, reads, random.Random(seed * 1_000_003 + 7))
 
 
 def dataset_fingerprint(samples) -> str:

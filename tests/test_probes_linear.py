@@ -143,3 +143,27 @@ def test_control_unbiased_on_task_groups():
     ctrl = [grouped_cv_score(X, y, groups, ProbeConfig(n_boot=50, Cs=(1.0,), random_state=k)).control_accuracy
             for k in range(4)]
     assert abs(np.mean(ctrl) - 0.5) < 0.06
+
+
+def test_wide_problem_solved_in_the_row_space_matches_the_full_newton_and_sklearn():
+    # d > n (a 576-d model with ~100 probe samples): the fit runs in rank(X) coordinates; the optimum must be
+    # the same one the full d-dimensional Newton solve and sklearn find.
+    from sklearn.linear_model import LogisticRegression
+
+    from probes.linear import _BinaryLogReg
+
+    rng = np.random.default_rng(3)
+    n, d = 40, 120
+    X = rng.normal(size=(n, d))
+    y = (X[:, 0] + 0.5 * rng.normal(size=n) > 0).astype(int)
+    X = (X - X.mean(0)) / X.std(0)
+    for C in (0.01, 1.0):
+        wide = _BinaryLogReg(C).fit(X, y)
+        full = _BinaryLogReg(C)
+        full.classes_ = np.unique(y)
+        full._fit(X, y)
+        ref = LogisticRegression(C=C, tol=1e-12, max_iter=100000).fit(X, y)
+        assert wide.coef_.shape == (1, d)
+        assert np.allclose(wide.coef_, full.coef_, atol=1e-10)
+        assert np.allclose(wide.intercept_, full.intercept_, atol=1e-10)
+        assert np.allclose(wide.coef_, ref.coef_, atol=1e-4)

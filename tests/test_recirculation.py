@@ -267,3 +267,32 @@ def test_nnsight_collection_equals_recirculation_engine(base, spec):
         assert abs(got[name] - got["standard"]).max() <= TOL
     else:
         assert abs(got[name] - got["standard"]).max() > 1e-3
+
+
+def test_mediation_only_on_a_task_model(tmp_path):
+    """--mediation-only on a checkpoint with the task tokenizer (and a fusion module, which recirculation
+    ignores): alpha = 0 residual changes nothing in any condition; without a spec the pair x mode with the
+    largest TRAINING-group effect is picked."""
+    import json
+
+    from models.configs import qwen3_config
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=3, d_model=32, n_heads=2, n_kv_heads=1),
+                                seed=0).save_pretrained(tmp_path / "m", tokenizer=tok)
+    common = ["--model", str(tmp_path / "m"), "--mediation-only", "--mediation-task", "completion",
+              "--mediation-pairs", "12", "--mediation-distractors", "0"]
+    r = _cli(*common, "--mediation-spec", "3:1:0:residual", "--out", str(tmp_path / "zero"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    med = json.loads((tmp_path / "zero" / "results.json").read_text())["mediation"]
+    assert set(med["conditions"]) == {"base", "full", "task_subspace", "complement", "random_subspace"}
+    # the base runs the parallel forward, the conditions the cached sequential engine: equal up to float rounding
+    assert all(abs(c["mean_ld_change"]) < 1e-6 for c in med["conditions"].values())
+    assert (tmp_path / "zero" / "mediation.html").is_file()
+    r = _cli(*common, "--pairs", "3:1,2:1", "--alpha", "0.5", "--out", str(tmp_path / "tuned"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    med = json.loads((tmp_path / "tuned" / "results.json").read_text())["mediation"]
+    assert len(med["tuning"]) == 4
+    best = max(med["tuning"], key=lambda t: t["train_mean_abs_ld_change"])
+    assert med["config"] == best["config"] and abs(med["conditions"]["full"]["mean_ld_change"]) > 1e-4

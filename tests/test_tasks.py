@@ -146,3 +146,27 @@ def test_user_errors(kwargs, match):
     with pytest.raises(UserError, match=match) as info:
         make_dataset(**kwargs)
     assert "\n" not in str(info.value)
+
+
+def test_multi_register_reads_answer_the_latest_write_and_leave_plain_samples_alone():
+    plain = make_dataset("multi_register", 6, 4, seed=3)
+    assert make_dataset("multi_register", 6, 4, seed=3, reads=0) == plain
+    for s, p in zip(make_dataset("multi_register", 6, 4, seed=3, reads=5), plain):
+        lines = s.full_text.split("\n")
+        latest, n_reads = {}, 0
+        for i, ln in enumerate(lines):
+            if ln.startswith("get "):
+                reg = ln.split()[1]
+                assert reg in latest  # only registers written so far are read
+                assert lines[i + 1] == f"value: {latest[reg]}"
+                n_reads += 1
+            elif " = " in ln:
+                reg, val = ln.split(" = ")
+                latest[reg] = int(val)
+        assert n_reads == 5 + 1  # the reads plus the final query
+        # the history without the reads is the plain sample's history; query and label unchanged
+        assert s.label == p.label and s.text.split("\n")[-2:] == p.text.split("\n")[-2:]
+        kept = [ln for j, ln in enumerate(lines[:-2]) if not ln.startswith(("get ", "value"))]
+        assert kept == p.text.split("\n")[:-2]
+    with pytest.raises(UserError, match="reads"):
+        make_dataset("memory", 2, 0, reads=2)

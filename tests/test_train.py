@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import models.train as train
+from common.errors import UserError
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
 from models.presets import get_preset
 
@@ -454,3 +455,23 @@ def test_untied_model_round_trips(tmp_path):
     again = FullBandwidthLM.from_pretrained(tmp_path / "u")
     assert torch.equal(again.lm.get_output_embeddings().weight, head)
     assert torch.equal(again.lm.get_input_embeddings().weight, emb)
+
+
+def test_reads_make_every_answer_a_weighted_label_target():
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = replace(get_preset("smoke"), packing=False, skip_values=True, batch_tokens=900, tasks=("multi_register",),
+                  reads=4, distractors={0: 1.0})
+    (mb,) = train.make_batches(cfg, tok, 2)
+    v, c = tok.convert_tokens_to_ids("value"), tok.convert_tokens_to_ids(":")
+    after = torch.zeros_like(mb.label_pos)
+    after[:, 2:] = (mb.ids[:, :-2] == v) & (mb.ids[:, 1:-1] == c)
+    assert torch.equal(mb.label_pos, after)
+    per_row = mb.label_pos.sum(1)
+    assert bool((per_row >= 2).all()) and bool((per_row <= 5).all())  # the final answer + up to 4 reads
+    assert not bool((mb.skip_pos & mb.label_pos).any())  # answers are digits, yet never skipped
+    digits = {tok.convert_tokens_to_ids(d) for d in "01"}
+    assert set(mb.ids[mb.label_pos].tolist()) <= digits
+    with pytest.raises(UserError, match="reads"):
+        replace(get_preset("smoke"), reads=2)  # the smoke preset packs rows
