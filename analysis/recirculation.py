@@ -18,6 +18,8 @@ Experiments (figures + one results.json under --out, default figures/<model>/rec
                     task-state direction; recirculation is then applied fully, only within that subspace, only in
                     its orthogonal complement, or only within a random subspace of equal rank; reported: label
                     logit difference LD = logit(true) - logit(other) and accuracy on the HELD-OUT groups.
+                    --mediation-only runs (f) alone, e.g. on the 1-pass-trained tiny-base, which (unlike
+                    SmolLM2-135M) solves the tasks; results under figures/<model>/mediation-<task>/.
 
 Perplexity change = 100 * (ppl_recirculated / ppl_base - 1) in percent (negative = better); the base is the same
 model's ordinary forward on the same chunks. All recirculated runs use the exact sequential engine except the
