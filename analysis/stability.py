@@ -6,7 +6,9 @@
 For each model and task, runs the Jacobi passes of fused-k prefill on held-out samples (prompt + answer)
 and records after every pass k: validation NTP loss, label accuracy at the final prompt position, and the
 mean state change ||h^(k) - h^(k-1)|| over real positions. A map that contracts shows a falling state
-change and a flat loss; a diverging one shows both rising.
+change and a flat loss; a diverging one shows both rising. Also per model: how much the fusion gate depends on
+the token (``gate`` in the JSON), since past the trained pass count only the gate carries a token into its
+own fused input.
 """
 from __future__ import annotations
 
@@ -69,6 +71,21 @@ def figure(results: dict):
     return fig
 
 
+@torch.no_grad()
+def gate_token_dependence(model, tok) -> dict:
+    """How much the fusion gate sigmoid(W_G e_t) depends on the token: the only path by which a token reaches
+    its own fused input (the state sets the signs, the gate can only rescale them).
+
+    `token_std`: std over the vocabulary of each gate unit, averaged over units (0 = the gate ignores the
+    token); `digits_01_abs_diff`: mean |gate("0") - gate("1")| (the memory bit, the multi_register answers).
+    """
+    emb = model.embed(torch.arange(len(tok))[None])[0]  # [vocab, d_model]
+    g = torch.sigmoid(model.fusion.gate(emb))
+    i0, i1 = (tok.convert_tokens_to_ids(t) for t in ("0", "1"))
+    return {"mean": float(g.mean()), "token_std": float(g.std(0).mean()),
+            "digits_01_abs_diff": float((g[i0] - g[i1]).abs().mean())}
+
+
 @cli_entry
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m analysis.stability", description=__doc__,
@@ -90,17 +107,18 @@ def main(argv=None):
         raise UserError(f"{out}/stability.json exists; pass --overwrite or another --out")
     passes = 1000 if a.long else a.passes
     keep = set(range(0, a.passes + 1)) | ({100, 1000} if a.long else set())
-    results, t0 = {}, time.time()
+    results, gates, t0 = {}, {}, time.time()
     models = [m for m in a.models.split(",") if m]
     for name in tqdm(models, desc="models"):
         model, tok, _ = load_model(name)
         if not model.has_fusion:
             raise UserError(f"{name} has no fusion module; stability of feedback is undefined for it")
         results[name] = [r for t in tasks for r in stability_curve(model, tok, t, a.distractors, passes, a.n_pairs, keep)]
+        gates[name] = gate_token_dependence(model, tok)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"meta": {"models": models, "tasks": tasks, "n_distractors": a.distractors, "passes": sorted(keep),
                     "n_pairs": a.n_pairs, "seed": EVAL_SEED, "wall_s": round(time.time() - t0, 1)},
-           "results": results}
+           "results": results, "gate": gates}
     (out / "stability.json.tmp").write_text(json.dumps(doc, indent=1))
     (out / "stability.json.tmp").replace(out / "stability.json")
     figure(results).write_html(out / "stability.html", include_plotlyjs=True)
@@ -112,6 +130,9 @@ def main(argv=None):
                 f"k={k}: dh={rs[k]['state_change']:.2e} loss={rs[k]['val_loss']:.3f} acc={rs[k]['label_accuracy']:.2f}"
                 for k in ks[:4]) + (f" ... k={ks[-1]}: dh={rs[ks[-1]]['state_change']:.2e} "
                                     f"loss={rs[ks[-1]]['val_loss']:.3f} acc={rs[ks[-1]]['label_accuracy']:.2f}"))
+    for name, g in gates.items():
+        print(f"{name:14s} gate sigmoid(W_G e): mean {g['mean']:.3f}, std over tokens {g['token_std']:.4f}, "
+              f"|gate('0') - gate('1')| {g['digits_01_abs_diff']:.4f}")
     print(f"wrote {out}/stability.json and stability.html")
 
 
