@@ -40,6 +40,7 @@ class TrainConfig:
     skip_values: bool = False  # no loss on the tasks' random value symbols (see models.train.make_batch)
     label_weight: float = 20.0  # loss weight on label tokens (at 5, labels stalled at chance for 1000+ steps)
     depth_scale: bool = False  # scale residual-output init by 1/sqrt(2 L)
+    gate_init: str = "default"  # "unit": W_G scaled so sigmoid's input starts at unit std (see models.train.build_model)
     warm_passes: int = 4  # up to this many extra no-grad Jacobi passes before the first fused pass
     warm_prob: float = 0.25  # probability of warm passes in a multi-pass batch (exposes near-fixed-point states)
     distractors: dict = field(default_factory=lambda: {0: 0.3, 8: 0.3, 32: 0.3, 128: 0.1})
@@ -70,6 +71,8 @@ class TrainConfig:
                 raise UserError(f"{name} must be positive")
         if self.warm_passes < 0 or not 0 <= self.warm_prob <= 1:
             raise UserError("warm_passes must be >= 0 and warm_prob in [0, 1]")
+        if self.gate_init not in ("default", "unit"):
+            raise UserError(f"gate_init must be 'default' or 'unit', got {self.gate_init!r}")
         if self.noise < 0 or not 0 <= self.prefix_mix <= 1 or self.lr <= 0:
             raise UserError("noise must be >= 0, prefix_mix in [0, 1], lr > 0")
         self.distractors = {int(k): float(v) for k, v in self.distractors.items()}

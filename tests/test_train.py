@@ -475,3 +475,18 @@ def test_reads_make_every_answer_a_weighted_label_target():
     assert set(mb.ids[mb.label_pos].tolist()) <= digits
     with pytest.raises(UserError, match="reads"):
         replace(get_preset("smoke"), reads=2)  # the smoke preset packs rows
+
+
+def test_unit_gate_init_makes_the_gate_token_dependent():
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    pre = {}
+    for init in ("default", "unit"):
+        model = train.build_model(replace(get_preset("smoke"), gate_init=init), len(tok))
+        emb = model.embed(torch.arange(len(tok))[None])[0]
+        pre[init] = float(model.fusion.gate(emb).detach().std())
+    assert pre["default"] < 0.1  # sigmoid ~0.5 for every token: the token barely reaches its fused input
+    assert 0.7 < pre["unit"] < 1.3
+    with pytest.raises(UserError, match="gate_init"):
+        replace(get_preset("smoke"), gate_init="big")
