@@ -527,18 +527,22 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
         raise UserError("--mediation-pairs too small: need at least 2 groups")
 
     def run(spec_or_none, rows):
-        lds = []
+        # Residuals are only read from the base model (probe fit / probe test accuracy): the recirculated runs,
+        # 2 x pairs x modes of them when tuning, skip collecting them.
+        collect = spec_or_none is None
+        lds, resids = [], []
         for i in range(0, len(rows), batch):
             x, m = pad_left([ids[j] for j in rows[i:i + batch]])
-            if spec_or_none is None:
+            if collect:
                 r = prefill(model, x, m, "standard", collect=True)
+                resids.append(r.resid[:, -1])
             else:
                 r = RecirculatedLM(model, spec_or_none, bypass_identity=False).prefill(
-                    x, m, cols=torch.tensor([x.shape[1] - 1]), collect=True)
+                    x, m, cols=torch.tensor([x.shape[1] - 1]), collect=False)
             lg = r.logits[:, -1]
-            lds.append((lg[:, lab[1]] - lg[:, lab[0]], r.resid[:, -1]))
-        ld = torch.cat([a for a, _ in lds]).numpy()
-        return ld, torch.cat([b for _, b in lds])  # LD(label 1 - label 0), resid [n, L+1, D]
+            lds.append(lg[:, lab[1]] - lg[:, lab[0]])
+        # LD(label 1 - label 0) [n]; base only: resid [n, L+1, D]
+        return torch.cat(lds).numpy(), (torch.cat(resids) if collect else None)
 
     train_rows = np.where(~te)[0].tolist()
     test_rows = np.where(te)[0].tolist()

@@ -57,6 +57,11 @@ def positions_from_mask(attention_mask: torch.Tensor, q_len: int) -> torch.Tenso
     return pos[:, -q_len:]
 
 
+def embedding_rms(lm: PreTrainedModel) -> float:
+    """RMS of the input token embeddings: the scale the blocks were built for."""
+    return float(lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt())
+
+
 class FullBandwidthLM(nn.Module):
     def __init__(self, lm: PreTrainedModel, fusion: bool = True, eps: float = 1e-6):
         super().__init__()
@@ -66,8 +71,7 @@ class FullBandwidthLM(nn.Module):
         if self.fusion is not None:
             # Start the fused input at the scale of the token embeddings the blocks were built for.
             with torch.no_grad():
-                emb_rms = lm.get_input_embeddings().weight.float().pow(2).mean().sqrt()
-                self.fusion.norm.weight.fill_(float(emb_rms))
+                self.fusion.norm.weight.fill_(embedding_rms(lm))
 
     # ----- construction -------------------------------------------------------------------------------
     @classmethod

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from common.errors import UserError, cli_entry
 from models.configs import gpt2_config, qwen3_config
-from models.full_bandwidth import FullBandwidthLM
+from models.full_bandwidth import FullBandwidthLM, embedding_rms
 from models.presets import PRESETS, TrainConfig, checkpoint_dir, get_preset
 from models.prefill import _shift_state, pad_left, prefill_many
 from tasks import build_tokenizer, label_token_ids, make_dataset
@@ -231,8 +231,7 @@ def _init_gate(model: FullBandwidthLM, cfg: TrainConfig) -> FullBandwidthLM:
     # pre-activation at std 1 instead.
     if cfg.gate_init == "unit" and model.fusion is not None:
         with torch.no_grad():
-            emb_rms = float(model.lm.get_input_embeddings().weight.float().pow(2).mean().sqrt())
-            model.fusion.gate.weight.normal_(0.0, 1.0 / (emb_rms * model.d_model ** 0.5))
+            model.fusion.gate.weight.normal_(0.0, 1.0 / (embedding_rms(model.lm) * model.d_model ** 0.5))
     return model
 
 
