@@ -57,6 +57,10 @@ class TrainConfig:
     weight_decay: float = 0.01
     warmup: int = 100
     steps: int = 4000
+    # Ends of earlier legs of a resumed run: before lr_legs[i] the cosine decays toward lr_legs[i], as if the run
+    # had been started with --steps lr_legs[i] and then resumed with a larger --steps (which re-spreads the cosine
+    # over the new total). Reproduces such a chain of resumed runs in one run.
+    lr_legs: tuple = ()
     seed: int = 0
     eval_every: int = 250
     save_every: int = 250
@@ -71,6 +75,12 @@ class TrainConfig:
                 raise UserError(f"{name} must be positive")
         if self.warm_passes < 0 or not 0 <= self.warm_prob <= 1:
             raise UserError("warm_passes must be >= 0 and warm_prob in [0, 1]")
+        self.lr_legs = tuple(self.lr_legs)
+        ends = (*self.lr_legs, self.steps)
+        if any(not isinstance(e, int) or e <= self.warmup for e in self.lr_legs) or \
+                any(a >= b for a, b in zip(ends, ends[1:])):
+            raise UserError(f"lr_legs must be increasing steps after the warm-up ({self.warmup}) and before "
+                            f"steps ({self.steps}), got {list(self.lr_legs)}")
         if self.gate_init not in ("default", "unit"):
             raise UserError(f"gate_init must be 'default' or 'unit', got {self.gate_init!r}")
         if self.noise < 0 or not 0 <= self.prefix_mix <= 1 or self.lr <= 0:
@@ -100,22 +110,31 @@ class TrainConfig:
         d = asdict(self)
         d["distractors"] = {str(k): v for k, v in self.distractors.items()}
         d["tasks"] = list(self.tasks)
+        if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged
+            d.pop("lr_legs")
+        else:
+            d["lr_legs"] = list(self.lr_legs)
         return d
 
 
 # Two stages, as the paper (warm start from a standard checkpoint). Stage 1, `tiny-base`: 1-pass training, one
 # sample per row; the first 1500 steps on N = 0 only (many short samples: completion needed ~1e5 samples to
-# leave its plateau in a small probe run), then the full N mixture. Stage 2 continues from tiny-base for the
-# same number of steps: multi-pass (tiny-fbt, tiny-fbt-no3) or 1-pass (tiny-std, the baseline with the same
-# architecture, data and token budget).
+# leave its plateau in a small probe run), then the full N mixture. Stage 2 continues from tiny-base: multi-pass
+# (tiny-fbt, tiny-fbt-no3) or 1-pass (tiny-std, the baseline with tiny-fbt's architecture, data and token
+# budget). Stable feedback past the trained pass count needed a token-aware gate (gate_init "unit": with
+# nn.Linear's default init sigmoid(W_G e) sat at ~0.5 for every token), many warm no-grad passes (16, p = 0.5)
+# and 8000 steps whose last leg runs at a low learning rate; tiny-fbt was trained as five resumed legs, which
+# lr_legs reproduces in one run (docs/recipe.md). tiny-fbt-no3 is the 4000-step single-cosine run of the same
+# recipe without 3-pass batches (its 60/25/15 twin of that length is in docs/recipe.md).
 _STAGE = dict(packing=False, skip_values=True, batch_tokens=3000, task_weights=(0.5, 0.15, 0.35))
+_FEEDBACK = dict(base="tiny-base", curriculum_steps=0, warmup=50, lr=1e-3, gate_init="unit", warm_passes=16,
+                 warm_prob=0.5, **_STAGE)
 PRESETS: dict[str, TrainConfig] = {
     "tiny-base": TrainConfig(schedule="1", steps=3000, curriculum_steps=1500, curriculum_max_n=0, **_STAGE),
-    "tiny-fbt": TrainConfig(base="tiny-base", steps=1500, curriculum_steps=0, warmup=50, lr=1e-3, **_STAGE),
-    "tiny-std": TrainConfig(base="tiny-base", schedule="1", steps=1500, curriculum_steps=0, warmup=50, lr=1e-3,
+    "tiny-fbt": TrainConfig(steps=8000, lr_legs=(1500, 3000, 5000, 6500), **_FEEDBACK),
+    "tiny-std": TrainConfig(base="tiny-base", schedule="1", steps=8000, curriculum_steps=0, warmup=50, lr=1e-3,
                             **_STAGE),
-    "tiny-fbt-no3": TrainConfig(base="tiny-base", schedule="75/25", steps=1500, curriculum_steps=0, warmup=50,
-                                lr=1e-3, **_STAGE),
+    "tiny-fbt-no3": TrainConfig(schedule="75/25", steps=4000, **_FEEDBACK),
 }
 # A few-second recipe for tests and smoke runs.
 PRESETS["smoke"] = replace(TrainConfig(), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,

@@ -258,7 +258,8 @@ def build_model(cfg: TrainConfig, vocab_size: int, base: str | None = None) -> F
 def lr_at(cfg: TrainConfig, step: int) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    end = next((e for e in cfg.lr_legs if step < e), cfg.steps)  # the leg this step belongs to
+    t = (step - cfg.warmup) / max(1, end - cfg.warmup)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
@@ -342,6 +343,9 @@ def parse_args(argv):
     p.add_argument("--prefix-mix", type=float, help="probability of an unfused prefix per row")
     p.add_argument("--gate-init", choices=["default", "unit"],
                    help="init of the fusion gate W_G: nn.Linear's default, or scaled to unit pre-activation std")
+    p.add_argument("--lr-legs", help="comma-separated ends of earlier legs, e.g. 1500,3000: the cosine decays "
+                   "toward each in turn, as a run resumed with a larger --steps at each ('' = one cosine; "
+                   "default: the preset's, minus legs that do not end before --steps)")
     p.add_argument("--warm-passes", type=int, help="max extra no-grad Jacobi passes before pass 2 (recipe option)")
     p.add_argument("--warm-prob", type=float, help="probability of warm passes in a multi-pass batch")
     p.add_argument("--depth-scale", action="store_true", help="scale residual-output init by 1/sqrt(2L)")
@@ -387,6 +391,13 @@ def main(argv=None):
             over["task_weights"] = tuple(share.get(t, 1.0 / len(cfg.tasks)) for t in over["tasks"])
     if args.distractors is not None:
         over["distractors"] = parse_mixture(args.distractors)
+    if args.lr_legs is not None:
+        try:
+            over["lr_legs"] = tuple(int(x) for x in args.lr_legs.split(",") if x.strip())
+        except ValueError:
+            raise UserError(f"--lr-legs must be comma-separated integers, got {args.lr_legs!r}") from None
+    elif "steps" in over:  # a shorter run of a legged preset keeps the legs that end before it (one leg of the chain)
+        over["lr_legs"] = tuple(e for e in cfg.lr_legs if e < over["steps"])
     if args.depth_scale:
         over["depth_scale"] = True
     if args.packing is not None:

@@ -311,6 +311,36 @@ def test_resume_continues_bit_identically(runs):
     assert len({h["passes"] for h in log_a["history"]}) > 1
 
 
+def test_lr_legs_follow_the_cosine_of_each_leg():
+    cfg = replace(get_preset("smoke"), steps=40, warmup=5, lr_legs=(10, 25))
+    for end, steps in ((10, range(0, 10)), (25, range(10, 25)), (40, range(25, 40))):
+        leg = replace(cfg, steps=end, lr_legs=())
+        assert all(train.lr_at(cfg, s) == train.lr_at(leg, s) for s in steps)
+    # Each new leg jumps back up to where the longer cosine stands, then decays to the floor at its end.
+    assert train.lr_at(cfg, 10) > train.lr_at(cfg, 9) and train.lr_at(cfg, 25) > train.lr_at(cfg, 24)
+    assert train.lr_at(cfg, 39) == pytest.approx(0.1 * cfg.lr, rel=0.05)  # one step short of the floor
+
+
+def test_lr_legs_run_equals_the_chain_of_resumed_runs(tmp_path, monkeypatch):
+    """One run with --lr-legs 3 is bit-identical to a 3-step run resumed with --steps 6 (how tiny-fbt was made)."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(train, "quick_eval", _cheap_eval)
+    one, chain = tmp_path / "one", tmp_path / "chain"
+    train.main(FAST + ["--out", str(one), "--steps", "6", "--lr-legs", "3"])
+    train.main(FAST + ["--out", str(chain), "--steps", "3"])
+    train.main(FAST + ["--out", str(chain), "--steps", "6", "--resume"])
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(chain / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    log_a = json.loads((one / "train_log.json").read_text())
+    log_b = json.loads((chain / "train_log.json").read_text())
+    assert log_a["history"] == log_b["history"] and len(log_a["history"]) == 6
+    assert log_a["config"]["lr_legs"] == [3] and "lr_legs" not in log_b["config"]
+    # A shorter run of a legged recipe keeps only the legs that end before it: exactly the chain's first leg.
+    assert train.lr_at(replace(get_preset("tiny-fbt"), steps=1500, lr_legs=()), 700) == \
+        train.lr_at(get_preset("tiny-fbt"), 700)
+
+
 def test_shared_one_pass_phase_then_another_preset_is_identical(tmp_path, monkeypatch):
     """A 1-pass run stopped with --stop-at and resumed under the multi-pass recipe equals that recipe run
     straight: the curriculum phase is identical for every schedule, so presets can share it exactly."""
@@ -352,6 +382,9 @@ def _expect_error(argv, capsys, match):
     (["--schedule", ""], "bad schedule ''"),
     (["--schedule=-1/2"], "bad schedule '-1/2'"),
     (["--schedule", "0/0"], "bad schedule '0/0'"),
+    (["--lr-legs", "3,2"], "lr_legs must be increasing"),
+    (["--steps", "4", "--lr-legs", "4"], "lr_legs must be increasing"),
+    (["--lr-legs", "two"], "--lr-legs must be comma-separated integers"),
 ])
 def test_bad_recipe_is_a_one_line_error_and_overwrites_nothing(runs, tmp_path, capsys, argv, match):
     out = tmp_path / "ckpt"
