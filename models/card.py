@@ -41,6 +41,13 @@ def _layout(tc: dict) -> str:
     return head
 
 
+def _legs(log: dict) -> str:
+    """How the cosine was spread: lr_legs in one run, or the --steps of each resumed leg of a chain."""
+    legs = log.get("config", {}).get("lr_legs") or \
+        [c["step"] for c in log.get("config_changes", []) if c["previous"].get("steps") == c["step"]]
+    return f", re-spread at steps {', '.join(map(str, legs))} (legs)" if legs else ""
+
+
 def write_card(path: Path, command: str, notes: str = "") -> str:
     cfg = FullBandwidthLM.read_config(path)
     log = json.loads((path / "train_log.json").read_text()) if (path / "train_log.json").is_file() else {}
@@ -75,7 +82,7 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                   + (f"; {tc['reads']} answered reads per multi_register sample" if tc.get('reads') else ""),
                   f"- warm start: {tc['base']} (fresh fusion and optimizer)" if tc.get("base") else
                   "- initialization: random (from scratch)",
-                  f"- optimizer: AdamW lr {tc.get('lr')} (warm-up {tc.get('warmup')}, cosine to 10%), "
+                  f"- optimizer: AdamW lr {tc.get('lr')} (warm-up {tc.get('warmup')}, cosine to 10%{_legs(log)}), "
                   f"weight decay {tc.get('weight_decay')}, seed {tc.get('seed')}"]
         if hist:
             last = hist[-50:]

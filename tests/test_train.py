@@ -336,6 +336,9 @@ def test_lr_legs_run_equals_the_chain_of_resumed_runs(tmp_path, monkeypatch):
     log_b = json.loads((chain / "train_log.json").read_text())
     assert log_a["history"] == log_b["history"] and len(log_a["history"]) == 6
     assert log_a["config"]["lr_legs"] == [3] and "lr_legs" not in log_b["config"]
+    from models.card import write_card
+    for run in (one, chain):  # the card names the legs either way
+        assert "re-spread at steps 3 (legs)" in write_card(run, "cmd")
     # A shorter run of a legged recipe keeps only the legs that end before it: exactly the chain's first leg.
     assert train.lr_at(replace(get_preset("tiny-fbt"), steps=1500, lr_legs=()), 700) == \
         train.lr_at(get_preset("tiny-fbt"), 700)
