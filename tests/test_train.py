@@ -339,9 +339,14 @@ def test_lr_legs_run_equals_the_chain_of_resumed_runs(tmp_path, monkeypatch):
     from models.card import write_card
     for run in (one, chain):  # the card names the legs either way
         assert "re-spread at steps 3 (legs)" in write_card(run, "cmd")
-    # A shorter run of a legged recipe keeps only the legs that end before it: exactly the chain's first leg.
-    assert train.lr_at(replace(get_preset("tiny-fbt"), steps=1500, lr_legs=()), 700) == \
-        train.lr_at(get_preset("tiny-fbt"), 700)
+    # A --steps override of a legged preset keeps only the legs that end before it, so the chain's legs can be
+    # run from the preset as they were (without the filter, --steps 2 under legs (2,) would be an error).
+    legged = replace(get_preset("smoke"), lr_legs=(2,))
+    monkeypatch.setattr(train, "get_preset", lambda name: replace(legged))
+    for steps, want in ((2, None), (3, [2])):
+        train.main(FAST + ["--out", str(tmp_path / f"legged{steps}"), "--steps", str(steps)])
+        cfg = json.loads((tmp_path / f"legged{steps}" / "train_log.json").read_text())["config"]
+        assert cfg.get("lr_legs") == want and cfg["steps"] == steps
 
 
 def test_shared_one_pass_phase_then_another_preset_is_identical(tmp_path, monkeypatch):
