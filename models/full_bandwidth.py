@@ -100,6 +100,12 @@ class FullBandwidthLM(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.lm.get_input_embeddings()(input_ids)  # [batch, pos, d_model]
 
+    def token_gate(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """sigmoid(W_G e_t) for these tokens: [batch, q, d_model] (pass it as forward's `gate` to reuse it)."""
+        if self.fusion is None:
+            raise UserError("this model has no fusion module: only standard (unfused) prefill is possible")
+        return self.fusion.token_gate(self.embed(input_ids))
+
     # ----- forward ------------------------------------------------------------------------------------
     def forward(
         self,
@@ -110,12 +116,13 @@ class FullBandwidthLM(nn.Module):
         cache=None,
         use_cache: bool = False,
         position_ids: torch.Tensor | None = None,
+        gate: torch.Tensor | None = None,  # [batch, q, d_model]: token_gate(input_ids), precomputed (see Fusion)
     ) -> LMOutput:
         x = self.embed(input_ids)
         if state is not None:
             if self.fusion is None:
                 raise UserError("this model has no fusion module: only standard (unfused) prefill is possible")
-            fused = self.fusion(state.to(x.dtype), x)
+            fused = self.fusion(state.to(x.dtype), x, gate)
             x = fused if fuse_mask is None else torch.where(fuse_mask[..., None], fused, x)
         if attention_mask is None:
             attention_mask = torch.ones(input_ids.shape[0], input_ids.shape[1], dtype=torch.long,

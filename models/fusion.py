@@ -32,6 +32,13 @@ class Fusion(nn.Module):
         self.gate = nn.Linear(d_model, d_model, bias=False)  # W_G: token gate
         self.norm = RMSNorm(d_model, eps)
 
-    def forward(self, state: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
-        # state, embed: [batch, pos, d_model] -> [batch, pos, d_model]
-        return self.norm(self.up(state) * torch.sigmoid(self.gate(embed)))
+    def token_gate(self, embed: torch.Tensor) -> torch.Tensor:
+        """sigmoid(W_G e_t): [batch, pos, d_model]. Depends on the tokens only, so the same in every Jacobi pass."""
+        return torch.sigmoid(self.gate(embed))
+
+    def forward(self, state: torch.Tensor, embed: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        # state, embed: [batch, pos, d_model] -> [batch, pos, d_model]. `gate`: token_gate(embed), when the caller
+        # already has it (the multi-pass trainer computes it once per batch, not once per pass).
+        if gate is None:
+            gate = self.token_gate(embed)
+        return self.norm(self.up(state) * gate)

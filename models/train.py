@@ -200,6 +200,8 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     out = model(ids, mask)
     losses = [ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos, skip_pos)]
     cols = torch.arange(ids.shape[1])[None]
+    # sigmoid(W_G e) depends on the tokens only: computed once per batch, its gradient summed over the passes.
+    gate = model.token_gate(ids) if k > 1 else None
 
     def fused_pass(top):
         state, fuse = _shift_state(top, mask)
@@ -208,7 +210,7 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
         if cfg.noise > 0:
             noise = torch.rand(state.shape, generator=generator, dtype=state.dtype) * 2 - 1
             state = state + cfg.noise * noise
-        return model(ids, mask, state=state, fuse_mask=fuse)
+        return model(ids, mask, state=state, fuse_mask=fuse, gate=gate)
 
     top = out.top
     if k > 1 and warm > 0:

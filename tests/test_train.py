@@ -147,6 +147,9 @@ class _Recorder(torch.nn.Module):
         super().__init__()
         self.model, self.tops = model, []
 
+    def token_gate(self, ids):
+        return self.model.token_gate(ids)
+
     def forward(self, *a, **kw):
         out = self.model(*a, **kw)
         out.top.retain_grad()
@@ -169,6 +172,24 @@ def test_later_pass_losses_reach_pass1_activations(make_tiny_config, k):
         assert torch.count_nonzero(g[:, -1]) == 0
     # The fusion weights are trained by the later-pass loss.
     assert model.fusion.up.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_multipass_gradients_match_the_reference(make_tiny_config, k):
+    # The trainer computes sigmoid(W_G e) once per batch and reuses it in every pass; the reference recomputes it
+    # per position and pass. Every parameter's gradient (W_G's summed over the passes included) must agree.
+    model = FullBandwidthLM.from_config(make_tiny_config("qwen3"), seed=0).train()
+    ids, mask = _batch()
+    cfg = _cfg()
+    grads = []
+    for fn in (train.multipass_loss, _ref_multipass):
+        model.zero_grad()
+        fn(model, ids, mask, k, cfg)[0].backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and "fusion.gate.weight" in grads[0]
+    for n in grads[0]:
+        assert torch.allclose(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-6), n
+    assert grads[0]["fusion.gate.weight"].abs().sum() > 0
 
 
 # ----- unpacked batches ----------------------------------------------------------------------------------------
