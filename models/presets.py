@@ -22,6 +22,10 @@ def parse_schedule(s: str) -> tuple[float, ...]:
     return tuple(p / total for p in parts)
 
 
+# (registers, writes per register) of the multi_register curriculum, easiest first; the task is 8 x {2, 4, 8}.
+REGISTER_LEVELS = ((2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 2), (8, 4), (8, 8))
+
+
 @dataclass
 class TrainConfig:
     """A training recipe. Validates itself on construction."""
@@ -46,6 +50,10 @@ class TrainConfig:
     distractors: dict = field(default_factory=lambda: {0: 0.3, 8: 0.3, 32: 0.3, 128: 0.1})
     tasks: tuple = ("completion", "memory", "multi_register")
     reads: int = 0  # multi_register training samples carry this many answered queries (unpacked batches only)
+    # multi_register curriculum: over the first `register_curriculum` steps its training samples step through
+    # REGISTER_LEVELS (registers x writes: plain key-value lookups first, then latest-write with ever more
+    # overwrites), 30% of them drawn from an earlier level; afterwards the task itself. 0 = off.
+    register_curriculum: int = 0
     task_weights: tuple | None = None  # unpacked: share of each step's tokens per task (default equal)
     batch_tokens: int = 2048
     packing: bool = True  # rows stream several samples; False: one sample per row, one micro-batch per task
@@ -99,6 +107,8 @@ class TrainConfig:
                 raise UserError("task_weights needs one positive weight per task")
         if self.reads < 0 or (self.reads and self.packing):
             raise UserError("reads must be >= 0 and needs unpacked batches (--no-packing)")
+        if self.register_curriculum < 0:
+            raise UserError("register_curriculum must be >= 0 (steps)")
         if self.seq_len <= 0 or self.curriculum_seq_len <= 0 or self.curriculum_steps < 0:
             raise UserError("seq_len and curriculum_seq_len must be positive, curriculum_steps >= 0")
 
@@ -110,6 +120,8 @@ class TrainConfig:
         d = asdict(self)
         d["distractors"] = {str(k): v for k, v in self.distractors.items()}
         d["tasks"] = list(self.tasks)
+        if not self.register_curriculum:  # as lr_legs: the configs of runs without it stay unchanged
+            d.pop("register_curriculum")
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged
             d.pop("lr_legs")
         else:

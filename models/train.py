@@ -26,9 +26,10 @@ import torch.nn.functional as F
 from common.errors import UserError, cli_entry
 from models.configs import gpt2_config, qwen3_config
 from models.full_bandwidth import FullBandwidthLM, embedding_rms
-from models.presets import PRESETS, TrainConfig, checkpoint_dir, get_preset
+from models.presets import PRESETS, REGISTER_LEVELS, TrainConfig, checkpoint_dir, get_preset
 from models.prefill import _shift_state, pad_left, prefill_many
 from tasks import build_tokenizer, label_token_ids, make_dataset
+from tasks.samples import REGISTERS
 
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.json"
@@ -61,6 +62,17 @@ def _n_mixture(cfg: TrainConfig, step: int) -> tuple[list[int], np.ndarray]:
         distractors = {n: w for n, w in distractors.items() if n <= cfg.curriculum_max_n} or distractors
     ns = sorted(distractors)
     return ns, np.array([distractors[k] for k in ns]) / sum(distractors.values())
+
+
+def _register_level(cfg: TrainConfig, step: int, rng) -> tuple[int, int | None]:
+    """(registers, writes) of a multi_register training sample at this step: the task's own (8, one of 2/4/8)
+    after the curriculum; during it the level for this point of the ramp, or with p = 0.3 an earlier one."""
+    if step >= cfg.register_curriculum:
+        return len(REGISTERS), int(rng.choice([2, 4, 8]))
+    level = step * len(REGISTER_LEVELS) // cfg.register_curriculum
+    if level and rng.random() < 0.3:
+        level = int(rng.integers(level))
+    return REGISTER_LEVELS[level]
 
 
 def _passes(cfg: TrainConfig, step: int, rng) -> tuple[int, int]:
@@ -107,8 +119,9 @@ def make_batch(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1) 
         while len(stream) < seq_len:
             task = str(rng.choice(list(cfg.tasks)))
             n = int(rng.choice(ns, p=p_n))
-            writes = int(rng.choice([2, 4, 8])) if task == "multi_register" else None
-            sample = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes)[int(rng.integers(2))]
+            registers, writes = _register_level(cfg, step, rng) if task == "multi_register" else (len(REGISTERS), None)
+            sample = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes,
+                                  registers=registers)[int(rng.integers(2))]
             toks = tok(sample.full_text, add_special_tokens=False)["input_ids"]
             labels.append(len(stream) + len(toks) - 1)
             stream += toks + newline
@@ -142,12 +155,12 @@ def make_batches(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1
     shares = shares / shares.sum()
     for task, share in zip(cfg.tasks, shares):
         n = int(rng.choice(ns, p=p_n))
-        writes = int(rng.choice([2, 4, 8])) if task == "multi_register" else None
+        registers, writes = _register_level(cfg, step, rng) if task == "multi_register" else (len(REGISTERS), None)
         reads = cfg.reads if task == "multi_register" else 0
         seqs = []
         while True:
-            sample = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes,
-                                  reads=reads)[int(rng.integers(2))]
+            sample = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes, reads=reads,
+                                  registers=registers)[int(rng.integers(2))]
             seqs.append(tok(sample.full_text, add_special_tokens=False)["input_ids"])
             if sum(map(len, seqs)) + len(seqs[-1]) > cfg.batch_tokens * share:
                 break
@@ -362,6 +375,8 @@ def parse_args(argv):
     p.add_argument("--distractors", help="N mixture as N:weight pairs, e.g. 0:0.3,8:0.3,32:0.3,128:0.1")
     p.add_argument("--reads", type=int, help="answered queries inserted into each multi_register training sample "
                                              "(dense supervision of the latest-write lookup; unpacked only)")
+    p.add_argument("--register-curriculum", type=int, help="steps over which multi_register training samples ramp "
+                   "from 2-register one-write lookups to the task (8 registers, 2/4/8 writes); 0 = off")
     p.add_argument("--seq-len", type=int, help="packed row length in tokens")
     p.add_argument("--curriculum-steps", type=int, help="initial 1-pass steps on short samples")
     p.add_argument("--curriculum-max-n", type=int, help="largest N during the curriculum")
@@ -383,7 +398,7 @@ def main(argv=None):
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
                                           "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob",
-                                          "seq_len", "reads", "gate_init", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
+                                          "seq_len", "reads", "gate_init", "register_curriculum", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
             if getattr(args, k) is not None}
     if args.tasks is not None:
         over["tasks"] = tuple(t.strip() for t in args.tasks.split(",") if t.strip())

@@ -15,6 +15,9 @@ from common.errors import UserError
 
 from .samples import FINAL_TOKEN, REGISTERS, TASKS, WRITES_CHOICES, Sample
 
+# Writes per register a training curriculum may also use: 1 = each register written once (no recency needed).
+CURRICULUM_WRITES = (1, *WRITES_CHOICES)
+
 # Bump when the text format changes so cached artefacts keyed by the fingerprint are invalidated.
 FORMAT_VERSION = 1
 
@@ -65,14 +68,17 @@ def _memory(n_pairs: int, n: int, rng: random.Random) -> list[Sample]:
 
 
 def _multi_register(n_pairs: int, n: int, rng: random.Random, writes: int | None, reads: int = 0,
-                    read_rng: random.Random | None = None) -> list[Sample]:
+                    read_rng: random.Random | None = None, registers: int = len(REGISTERS)) -> list[Sample]:
     # Group = the update history (incl. nop placement); in practice each pair is its own group.
     groups = _GroupIds()
     out = []
     for pair_id in range(n_pairs):
         w = writes if writes is not None else WRITES_CHOICES[pair_id % len(WRITES_CHOICES)]
+        # Fewer registers (training curriculum only): a random subset of the names, drawn only then, so the
+        # 8-register datasets stay byte-identical.
+        names = REGISTERS if registers == len(REGISTERS) else sorted(rng.sample(REGISTERS, registers))
         while True:
-            order = [reg for reg in REGISTERS for _ in range(w)]
+            order = [reg for reg in names for _ in range(w)]
             rng.shuffle(order)
             values = [rng.randrange(2) for _ in order]
             latest = {reg: v for reg, v in zip(order, values)}
@@ -88,8 +94,8 @@ def _multi_register(n_pairs: int, n: int, rng: random.Random, writes: int | None
             else:
                 reg, v = next(it)
                 history.append(f"{reg} = {v}")
-        q0 = rng.choice([reg for reg in REGISTERS if latest[reg] == 0])
-        q1 = rng.choice([reg for reg in REGISTERS if latest[reg] == 1])
+        q0 = rng.choice([reg for reg in names if latest[reg] == 0])
+        q1 = rng.choice([reg for reg in names if latest[reg] == 1])
         if reads:
             history = _with_reads(history, reads, read_rng)
         gid = groups(tuple(history))
@@ -129,11 +135,13 @@ def _is_int(x) -> bool:
 
 
 def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
-                 writes: int | None = None, reads: int = 0) -> list[Sample]:
+                 writes: int | None = None, reads: int = 0, registers: int = len(REGISTERS)) -> list[Sample]:
     """Return ``2 * n_pairs`` samples of ``task`` with ``n_distractors`` distractor lines each.
 
     Pair members are adjacent (label 0 then label 1). For multi_register, ``writes`` fixes the number of
-    writes per register; ``None`` cycles 2, 4, 8 over the pair index so all three appear.
+    writes per register; ``None`` cycles 2, 4, 8 over the pair index so all three appear. Training
+    curriculum only (the task itself is 8 registers, 2/4/8 writes): ``registers`` < 8 uses a random subset
+    of the register names, and ``writes`` may also be 1 (a plain key-value lookup).
     """
     if task not in TASKS:
         raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
@@ -146,8 +154,13 @@ def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
     if writes is not None:
         if task != "multi_register":
             raise UserError(f"writes only applies to task 'multi_register', not {task!r}")
-        if not _is_int(writes) or writes not in WRITES_CHOICES:
-            raise UserError(f"writes must be one of {', '.join(map(str, WRITES_CHOICES))}, got {writes!r}")
+        if not _is_int(writes) or writes not in CURRICULUM_WRITES:
+            raise UserError(f"writes must be one of {', '.join(map(str, WRITES_CHOICES))} "
+                            f"(1 for training curricula), got {writes!r}")
+    if registers != len(REGISTERS) and (task != "multi_register" or not _is_int(registers)
+                                        or not 2 <= registers <= len(REGISTERS)):
+        raise UserError(f"registers must be an integer in 2..{len(REGISTERS)} and only applies to task "
+                        f"'multi_register', got {registers!r}")
     if reads and (task != "multi_register" or not _is_int(reads) or reads < 0):
         raise UserError(f"reads must be a non-negative integer and only applies to task 'multi_register'")
     rng = random.Random(seed)
@@ -155,7 +168,8 @@ def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
         return _completion(n_pairs, n_distractors, rng)
     if task == "memory":
         return _memory(n_pairs, n_distractors, rng)
-    return _multi_register(n_pairs, n_distractors, rng, writes, reads, random.Random(seed * 1_000_003 + 7))
+    return _multi_register(n_pairs, n_distractors, rng, writes, reads, random.Random(seed * 1_000_003 + 7),
+                           registers)
 
 
 def dataset_fingerprint(samples) -> str:

@@ -105,6 +105,32 @@ def test_multi_register_semantics_and_groups():
         assert {s.writes for s in make_dataset("multi_register", 3, 0, seed=0, writes=w)} == {w}
 
 
+def test_register_curriculum_samples_are_smaller_instances_of_the_task():
+    for registers, writes in ((2, 1), (4, 2), (8, 1), (3, 8)):
+        ds = make_dataset("multi_register", 5, 3, seed=registers, writes=writes, registers=registers)
+        for s in ds:
+            lines = s.text.split("\n")
+            sets = [ln for ln in lines[:-2] if " = " in ln]
+            latest = {}
+            for ln in sets:
+                reg, v = ln.split(" = ")
+                latest[reg] = int(v)
+            assert len(latest) == registers and len(sets) == registers * writes == len(lines) - 2 - 3
+            assert all(sum(ln.startswith(r + " ") for ln in sets) == writes for r in latest)
+            assert s.label == latest[lines[-2].split()[1]] and s.writes == writes
+        assert [s.label for s in ds] == [0, 1] * 5
+    # different subsets of names appear (not always the first ones)
+    names = {frozenset(ln[0] for ln in s.text.split("\n") if " = " in ln)
+             for s in make_dataset("multi_register", 20, 0, seed=1, writes=1, registers=2)}
+    assert len(names) > 3
+    assert make_dataset("multi_register", 4, 2, seed=5, registers=8) == make_dataset("multi_register", 4, 2, seed=5)
+    for bad in (1, 9, 2.0):
+        with pytest.raises(UserError, match="registers"):
+            make_dataset("multi_register", 2, 0, registers=bad)
+    with pytest.raises(UserError, match="registers"):
+        make_dataset("memory", 2, 0, registers=2)
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_deterministic_and_fingerprint(task):
     a = make_dataset(task, 10, 8, seed=7)
@@ -124,6 +150,8 @@ def test_fingerprint_is_a_known_value():
     # If this changes on purpose (new text format), bump generators.FORMAT_VERSION and update the value.
     fp = dataset_fingerprint(make_dataset("completion", 3, 2, seed=0))
     assert fp == "7b57ad123bb50df22e3898d7f412d9afb47cf39c6ccacd3f34c7915a9f7b947a"
+    fp = dataset_fingerprint(make_dataset("multi_register", 3, 2, seed=0))  # unchanged by the curriculum option
+    assert fp == "aeea61dbfb466b1978b3e22dc41a87246f326c779e1581f0a79b81540c15aeb1"
     # n_tokens is tokenizer-dependent and left out of the fingerprint
     ds = make_dataset("memory", 3, 2, seed=0)
     assert dataset_fingerprint([dataclasses.replace(s, n_tokens=9) for s in ds]) == dataset_fingerprint(ds)

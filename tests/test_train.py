@@ -539,6 +539,47 @@ def test_reads_make_every_answer_a_weighted_label_target():
         replace(get_preset("smoke"), reads=2)  # the smoke preset packs rows
 
 
+@pytest.mark.parametrize("packing", [False, True])
+def test_register_curriculum_ramps_to_the_task(packing):
+    from models.presets import REGISTER_LEVELS
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    names = {tok.convert_tokens_to_ids(r) for r in "ABCDEFGH"}
+    eq = tok.convert_tokens_to_ids("=")
+    cfg = replace(get_preset("smoke"), packing=packing, tasks=("multi_register",), batch_tokens=1024, seq_len=512,
+                  distractors={0: 1.0}, register_curriculum=80)
+
+    get = tok.convert_tokens_to_ids("get")
+
+    def widest(step):  # most distinct registers written in one sample, most writes of one register in one sample
+        regs, writes = 0, 0
+        for b in train.make_batches(cfg, tok, step):
+            for row in b.ids.tolist():
+                start = 0
+                for end in [i for i, t in enumerate(row) if t == get]:  # a packed row streams samples (last one cut)
+                    seg = row[start:end]
+                    keys = [seg[i - 1] for i in range(1, len(seg)) if seg[i] == eq and seg[i - 1] in names]
+                    if keys:
+                        regs = max(regs, len(set(keys)))
+                        writes = max(writes, max(keys.count(k) for k in set(keys)))
+                    start = end
+        return regs, writes
+
+    assert widest(0) == REGISTER_LEVELS[0] == (2, 1)  # first level: two registers, written once
+    late = [widest(s) for s in range(70, 80)]  # last level (8, 8), or 30% an earlier one
+    assert max(late) == (8, 8)
+    after = [widest(s) for s in range(80, 92)]  # the task itself: 8 registers, 2/4/8 writes
+    assert all(r == 8 for r, _ in after) and {w for _, w in after} <= {2, 4, 8}
+    # off (the default): batches are exactly the ones the task-only recipe always drew
+    plain = replace(cfg, register_curriculum=0)
+    assert "register_curriculum" not in plain.to_dict() and cfg.to_dict()["register_curriculum"] == 80
+    assert torch.equal(train.make_batches(plain, tok, 3)[0].ids, train.make_batches(replace(cfg, register_curriculum=3),
+                                                                                       tok, 3)[0].ids)
+    with pytest.raises(UserError, match="register_curriculum"):
+        replace(cfg, register_curriculum=-1)
+
+
 def test_unit_gate_init_makes_the_gate_token_dependent():
     from tasks import build_tokenizer
 
