@@ -73,13 +73,16 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
         lines += [f"- steps: {len(hist)} of {tc.get('steps')}, wall time {log.get('wall_s', 0) / 60:.1f} min on 2 CPU cores",
                   f"- pass schedule (1/2/3... passes): {tc.get('schedule')}; lambda {tc.get('lam')}; "
                   f"state noise U[-{tc.get('noise')}, {tc.get('noise')}]; prefix mixin p={tc.get('prefix_mix')}; "
-                  f"label-token loss weight {tc.get('label_weight')}; warm no-grad passes "
+                  + ("loss on the label tokens only; " if tc.get("targets") == "labels" else
+                     f"label-token loss weight {tc.get('label_weight')}; ") + "warm no-grad passes "
                   f"{tc.get('warm_passes')} (p={tc.get('warm_prob')}); depth scaling {tc.get('depth_scale')}; fusion gate init "
                   f"{tc.get('gate_init', 'default')}",
                   f"- data: tasks {', '.join(tc.get('tasks', []))} ({_layout(tc)}), "
                   f"N mixture {tc.get('distractors')}, ~{tc.get('batch_tokens')} tokens per step"
                   + (f"; random value symbols (digits, register names) not loss targets" if tc.get('skip_values') else "")
-                  + (f"; {tc['reads']} answered reads per multi_register sample" if tc.get('reads') else ""),
+                  + (f"; {tc['reads']} answered reads per multi_register sample" if tc.get('reads') else "")
+                  + (f"; multi_register curriculum over the first {tc['register_curriculum']} steps (2 registers "
+                     f"written once -> the task)" if tc.get('register_curriculum') else ""),
                   f"- warm start: {tc['base']} (fresh fusion and optimizer)" if tc.get("base") else
                   "- initialization: random (from scratch)",
                   f"- optimizer: AdamW lr {tc.get('lr')} (warm-up {tc.get('warmup')}, cosine to 10%{_legs(log)}), "

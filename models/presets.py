@@ -43,6 +43,7 @@ class TrainConfig:
     prefix_mix: float = 0.5  # probability that a row keeps a random-length unfused prefix
     skip_values: bool = False  # no loss on the tasks' random value symbols (see models.train.make_batch)
     label_weight: float = 20.0  # loss weight on label tokens (at 5, labels stalled at chance for 1000+ steps)
+    targets: str = "all"  # "labels": the label tokens are the only loss targets (see docs/recipe.md, multi_register)
     depth_scale: bool = False  # scale residual-output init by 1/sqrt(2 L)
     gate_init: str = "default"  # "unit": W_G scaled so sigmoid's input starts at unit std (see models.train.build_model)
     warm_passes: int = 4  # up to this many extra no-grad Jacobi passes before the first fused pass
@@ -107,6 +108,8 @@ class TrainConfig:
                 raise UserError("task_weights needs one positive weight per task")
         if self.reads < 0 or (self.reads and self.packing):
             raise UserError("reads must be >= 0 and needs unpacked batches (--no-packing)")
+        if self.targets not in ("all", "labels"):
+            raise UserError(f"targets must be 'all' or 'labels', got {self.targets!r}")
         if self.register_curriculum < 0:
             raise UserError("register_curriculum must be >= 0 (steps)")
         if self.seq_len <= 0 or self.curriculum_seq_len <= 0 or self.curriculum_steps < 0:
@@ -120,8 +123,9 @@ class TrainConfig:
         d = asdict(self)
         d["distractors"] = {str(k): v for k, v in self.distractors.items()}
         d["tasks"] = list(self.tasks)
-        if not self.register_curriculum:  # as lr_legs: the configs of runs without it stay unchanged
-            d.pop("register_curriculum")
+        for name, off in (("register_curriculum", 0), ("targets", "all")):
+            if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
+                d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged
             d.pop("lr_legs")
         else:

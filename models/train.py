@@ -186,16 +186,18 @@ def make_batches(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1
 
 
 # ----- loss --------------------------------------------------------------------------------------------------
-def ntp_loss(logits, ids, mask, label_weight: float, label_pos=None, skip_pos=None):
+def ntp_loss(logits, ids, mask, label_weight: float, label_pos=None, skip_pos=None, labels_only: bool = False):
     """Weighted next-token loss; label-word targets get `label_weight` (default: each row's last token);
-    targets at `skip_pos` get weight 0."""
+    targets at `skip_pos` get weight 0; `labels_only`: the label targets alone (each weight 1)."""
     tgt = ids[:, 1:]
     valid = (mask[:, 1:] * mask[:, :-1]).float()
     w = valid.clone()
+    is_label = torch.zeros_like(w, dtype=torch.bool)
     if label_pos is None:
-        w[:, -1] = w[:, -1] * label_weight
+        is_label[:, -1] = True
     else:
-        w = torch.where(label_pos[:, 1:], w * label_weight, w)
+        is_label = label_pos[:, 1:]
+    w = w * is_label if labels_only else torch.where(is_label, w * label_weight, w)
     if skip_pos is not None:
         w = w.masked_fill(skip_pos[:, 1:], 0.0)
     nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tgt.reshape(-1), reduction="none")
@@ -211,7 +213,7 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     that `recurrent-full` and long `fused-n` produce at inference.
     """
     out = model(ids, mask)
-    losses = [ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos, skip_pos)]
+    losses = [ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos, skip_pos, cfg.targets == "labels")]
     cols = torch.arange(ids.shape[1])[None]
     # sigmoid(W_G e) depends on the tokens only: computed once per batch, its gradient summed over the passes.
     gate = model.token_gate(ids) if k > 1 else None
@@ -233,7 +235,7 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     for _ in range(2, k + 1):
         out = fused_pass(top)
         top = out.top
-        losses.append(ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos, skip_pos))
+        losses.append(ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos, skip_pos, cfg.targets == "labels"))
     total = losses[0] + (cfg.lam / (k - 1)) * sum(losses[1:]) if k > 1 else losses[0]
     return total, losses
 
@@ -355,6 +357,8 @@ def parse_args(argv):
     p.add_argument("--noise", type=float, help="uniform state noise sigma (default 0.02)")
     p.add_argument("--lam", type=float, help="lambda, weight of the later passes")
     p.add_argument("--label-weight", type=float, help="loss weight of the label token")
+    p.add_argument("--targets", choices=["all", "labels"], help="loss targets: every token (labels weighted by "
+                   "--label-weight) or the label tokens alone")
     p.add_argument("--prefix-mix", type=float, help="probability of an unfused prefix per row")
     p.add_argument("--gate-init", choices=["default", "unit"],
                    help="init of the fusion gate W_G: nn.Linear's default, or scaled to unit pre-activation std")
@@ -398,7 +402,7 @@ def main(argv=None):
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
                                           "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob",
-                                          "seq_len", "reads", "gate_init", "register_curriculum", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
+                                          "seq_len", "reads", "gate_init", "register_curriculum", "targets", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
             if getattr(args, k) is not None}
     if args.tasks is not None:
         over["tasks"] = tuple(t.strip() for t in args.tasks.split(",") if t.strip())

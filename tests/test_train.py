@@ -139,6 +139,24 @@ def test_ntp_loss_weights_the_label_token():
         assert _close(train.ntp_loss(logits, ids, mask, lw), _ref_ntp(logits, ids, mask, lw))
 
 
+def test_labels_only_loss_is_the_label_cross_entropy():
+    g = torch.Generator().manual_seed(0)
+    ids, mask = _batch()
+    logits = torch.randn(*ids.shape, 50, generator=g)
+    label_pos = torch.zeros_like(ids, dtype=torch.bool)
+    label_pos[:, -1] = True
+    label_pos[0, 5] = True  # a second answer inside a row (as the training-only reads)
+    lp = torch.log_softmax(logits, -1)
+    want = -torch.stack([lp[0, 4, ids[0, 5]], *[lp[b, -2, ids[b, -1]] for b in range(ids.shape[0])]]).mean()
+    for lw in (1.0, 20.0):  # label_weight plays no part
+        got = train.ntp_loss(logits, ids, mask, lw, label_pos, labels_only=True)
+        assert _close(got, want), (got, want)
+    assert not _close(train.ntp_loss(logits, ids, mask, 20.0, label_pos), want)
+    assert "targets" not in _cfg().to_dict() and _cfg(targets="labels").to_dict()["targets"] == "labels"
+    with pytest.raises(UserError, match="targets"):
+        _cfg(targets="some")
+
+
 # ----- gradients -----------------------------------------------------------------------------------------------
 class _Recorder(torch.nn.Module):
     """Passes calls through and keeps every pass's top state with retain_grad()."""
