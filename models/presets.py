@@ -51,9 +51,9 @@ class TrainConfig:
     distractors: dict = field(default_factory=lambda: {0: 0.3, 8: 0.3, 32: 0.3, 128: 0.1})
     tasks: tuple = ("completion", "memory", "multi_register")
     reads: int = 0  # multi_register training samples carry this many answered queries (unpacked batches only)
-    # multi_register curriculum: over the first `register_curriculum` steps its training samples step through
-    # REGISTER_LEVELS (registers x writes: plain key-value lookups first, then latest-write with ever more
-    # overwrites), 30% of them drawn from an earlier level; afterwards the task itself. 0 = off.
+    # multi_register curriculum: over the first `register_curriculum` steps its training samples come from the
+    # first levels of REGISTER_LEVELS (registers x writes: plain key-value lookups first, then latest-write with
+    # ever more overwrites), one more level unlocked every register_curriculum / 8 steps; then the task. 0 = off.
     register_curriculum: int = 0
     task_weights: tuple | None = None  # unpacked: share of each step's tokens per task (default equal)
     batch_tokens: int = 2048

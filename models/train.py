@@ -66,13 +66,13 @@ def _n_mixture(cfg: TrainConfig, step: int) -> tuple[list[int], np.ndarray]:
 
 def _register_level(cfg: TrainConfig, step: int, rng) -> tuple[int, int | None]:
     """(registers, writes) of a multi_register training sample at this step: the task's own (8, one of 2/4/8)
-    after the curriculum; during it the level for this point of the ramp, or with p = 0.3 an earlier one."""
+    after the curriculum; during it a level drawn uniformly from the first ones, one more level every
+    register_curriculum / len(REGISTER_LEVELS) steps. The plain lookups stay in the mix until the end: with the
+    other tasks in the batch the lookup circuit formed later than a fixed ramp moved on (docs/recipe.md)."""
     if step >= cfg.register_curriculum:
         return len(REGISTERS), int(rng.choice([2, 4, 8]))
-    level = step * len(REGISTER_LEVELS) // cfg.register_curriculum
-    if level and rng.random() < 0.3:
-        level = int(rng.integers(level))
-    return REGISTER_LEVELS[level]
+    top = step * len(REGISTER_LEVELS) // cfg.register_curriculum
+    return REGISTER_LEVELS[int(rng.integers(top + 1))]
 
 
 def _passes(cfg: TrainConfig, step: int, rng) -> tuple[int, int]:

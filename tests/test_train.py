@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import numpy as np
 import torch
 
 import models.train as train
@@ -585,10 +586,13 @@ def test_register_curriculum_ramps_to_the_task(packing):
         return regs, writes
 
     assert widest(0) == REGISTER_LEVELS[0] == (2, 1)  # first level: two registers, written once
-    late = [widest(s) for s in range(70, 80)]  # last level (8, 8), or 30% an earlier one
-    assert max(late) == (8, 8)
     after = [widest(s) for s in range(80, 92)]  # the task itself: 8 registers, 2/4/8 writes
     assert all(r == 8 for r, _ in after) and {w for _, w in after} <= {2, 4, 8}
+    # during the ramp: levels drawn uniformly from the unlocked ones, the plain lookup among them to the end
+    rng = np.random.default_rng(0)
+    for step, unlocked in ((0, 1), (9, 1), (10, 2), (45, 5), (79, 8)):
+        drawn = {train._register_level(cfg, step, rng) for _ in range(400)}
+        assert drawn == set(REGISTER_LEVELS[:unlocked]), step
     # off (the default): batches are exactly the ones the task-only recipe always drew
     plain = replace(cfg, register_curriculum=0)
     assert "register_curriculum" not in plain.to_dict() and cfg.to_dict()["register_curriculum"] == 80
