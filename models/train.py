@@ -29,7 +29,7 @@ from models.full_bandwidth import FullBandwidthLM, embedding_rms
 from models.presets import PRESETS, REGISTER_LEVELS, TrainConfig, checkpoint_dir, get_preset
 from models.prefill import _shift_state, pad_left, prefill_many
 from tasks import build_tokenizer, label_token_ids, make_dataset
-from tasks.samples import REGISTERS
+from tasks.samples import REGISTERS, WRITES_CHOICES
 
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.json"
@@ -49,7 +49,7 @@ class Batch(NamedTuple):
 
 def value_token_ids(tok) -> list[int]:
     """Ids of the task's random value symbols (digits, register names): uniformly random by construction."""
-    from tasks.samples import REGISTERS
+    from tasks.samples import REGISTERS, WRITES_CHOICES
 
     vocab = tok.get_vocab()
     return sorted(vocab[t] for t in [*map(str, range(10)), *REGISTERS] if t in vocab)
@@ -70,7 +70,7 @@ def _register_level(cfg: TrainConfig, step: int, rng) -> tuple[int, int | None]:
     register_curriculum / len(REGISTER_LEVELS) steps. The plain lookups stay in the mix until the end: with the
     other tasks in the batch the lookup circuit formed later than a fixed ramp moved on (docs/recipe.md)."""
     if step >= cfg.register_curriculum:
-        return len(REGISTERS), int(rng.choice([2, 4, 8]))
+        return len(REGISTERS), int(rng.choice(list(WRITES_CHOICES)))
     top = step * len(REGISTER_LEVELS) // cfg.register_curriculum
     return REGISTER_LEVELS[int(rng.integers(top + 1))]
 
@@ -212,8 +212,11 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     without gradient starting from pass 1's states, so pass 2 sees states closer to the recurrent fixed point
     that `recurrent-full` and long `fused-n` produce at inference.
     """
+    def loss_of(logits):
+        return ntp_loss(logits, ids, mask, cfg.label_weight, label_pos, skip_pos, cfg.targets == "labels")
+
     out = model(ids, mask)
-    losses = [ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos, skip_pos, cfg.targets == "labels")]
+    losses = [loss_of(out.logits)]
     cols = torch.arange(ids.shape[1])[None]
     # sigmoid(W_G e) depends on the tokens only: computed once per batch, its gradient summed over the passes.
     gate = model.token_gate(ids) if k > 1 else None
@@ -235,7 +238,7 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     for _ in range(2, k + 1):
         out = fused_pass(top)
         top = out.top
-        losses.append(ntp_loss(out.logits, ids, mask, cfg.label_weight, label_pos, skip_pos, cfg.targets == "labels"))
+        losses.append(loss_of(out.logits))
     total = losses[0] + (cfg.lam / (k - 1)) * sum(losses[1:]) if k > 1 else losses[0]
     return total, losses
 

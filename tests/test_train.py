@@ -568,7 +568,6 @@ def test_register_curriculum_ramps_to_the_task(packing):
     eq = tok.convert_tokens_to_ids("=")
     cfg = replace(get_preset("smoke"), packing=packing, tasks=("multi_register",), batch_tokens=1024, seq_len=512,
                   distractors={0: 1.0}, register_curriculum=80)
-
     get = tok.convert_tokens_to_ids("get")
 
     def widest(step):  # most distinct registers written in one sample, most writes of one register in one sample
@@ -593,7 +592,8 @@ def test_register_curriculum_ramps_to_the_task(packing):
     for step, unlocked in ((0, 1), (9, 1), (10, 2), (45, 5), (79, 8)):
         drawn = {train._register_level(cfg, step, rng) for _ in range(400)}
         assert drawn == set(REGISTER_LEVELS[:unlocked]), step
-    # off (the default): batches are exactly the ones the task-only recipe always drew
+    # past its end the curriculum leaves no trace: the batches are exactly those of a run without it (off is the
+    # default and omitted from the logged config)
     plain = replace(cfg, register_curriculum=0)
     assert "register_curriculum" not in plain.to_dict() and cfg.to_dict()["register_curriculum"] == 80
     assert torch.equal(train.make_batches(plain, tok, 3)[0].ids, train.make_batches(replace(cfg, register_curriculum=3),
