@@ -211,6 +211,30 @@ def fused_trajectory(model: FullBandwidthLM, input_ids: torch.Tensor, attention_
     return FusedTrajectory(torch.stack(logits), torch.stack(change), torch.stack(norm))
 
 
+@torch.no_grad()
+def fixed_point_top(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    fuse_mask: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Top states [batch, pos, d_model] at the fixed point of the Jacobi passes for this fuse mask.
+
+    Position t's input is fused (where fuse_mask[:, t]) with the top state of position t-1 *of the same run*:
+    the limit of fused-n, reached exactly at n = T, computed here in T cached one-token steps instead of T
+    full passes. With every position after the first fused, this is what recurrent-full computes.
+    """
+    T = input_ids.shape[1]
+    cols = fuse_mask.any(0).nonzero()
+    t0 = int(cols[0]) if len(cols) else T  # columns before the first fused one are the standard pass
+    cache = DynamicCache(config=model.config)
+    std = model(input_ids[:, :max(t0, 1)], attention_mask[:, :max(t0, 1)], cache=cache, use_cache=True)
+    top = torch.empty(*input_ids.shape, std.top.shape[-1], dtype=std.top.dtype)
+    top[:, :max(t0, 1)] = std.top
+    for t in range(max(t0, 1), T):
+        g = gate[:, t:t + 1] if gate is not None else None
+        out = model(input_ids[:, t:t + 1], attention_mask[:, :t + 1], state=top[:, t - 1:t],
+                    fuse_mask=fuse_mask[:, t:t + 1], cache=cache, use_cache=True, gate=g)
+        top[:, t] = out.top[:, 0]
+    return top
+
+
 def _recurrent(model, ids, mask, k, cols, rec):
     """Standard prefill with cache, crop the last k columns, recompute them sequentially with feedback.
 

@@ -48,6 +48,9 @@ class TrainConfig:
     gate_init: str = "default"  # "unit": W_G scaled so sigmoid's input starts at unit std (see models.train.build_model)
     warm_passes: int = 4  # up to this many extra no-grad Jacobi passes before the first fused pass
     warm_prob: float = 0.25  # probability of warm passes in a multi-pass batch (exposes near-fixed-point states)
+    # probability that a multi-pass batch starts its fused passes from the exact fixed point of the feedback map
+    # (the recurrent-full states, no gradient) instead of pass 1 or warm passes; 0 = off (see docs/recipe.md)
+    fixed_point_prob: float = 0.0
     distractors: dict = field(default_factory=lambda: {0: 0.3, 8: 0.3, 32: 0.3, 128: 0.1})
     tasks: tuple = ("completion", "memory", "multi_register")
     reads: int = 0  # multi_register training samples carry this many answered queries (unpacked batches only)
@@ -84,6 +87,8 @@ class TrainConfig:
                 raise UserError(f"{name} must be positive")
         if self.warm_passes < 0 or not 0 <= self.warm_prob <= 1:
             raise UserError("warm_passes must be >= 0 and warm_prob in [0, 1]")
+        if not 0 <= self.fixed_point_prob <= 1:
+            raise UserError(f"fixed_point_prob must be in [0, 1], got {self.fixed_point_prob}")
         self.lr_legs = tuple(self.lr_legs)
         ends = (*self.lr_legs, self.steps)
         if any(not isinstance(e, int) or e <= self.warmup for e in self.lr_legs) or \
@@ -123,7 +128,7 @@ class TrainConfig:
         d = asdict(self)
         d["distractors"] = {str(k): v for k, v in self.distractors.items()}
         d["tasks"] = list(self.tasks)
-        for name, off in (("register_curriculum", 0), ("targets", "all")):
+        for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged

@@ -27,10 +27,11 @@ from common.errors import UserError, cli_entry
 from models.configs import gpt2_config, qwen3_config
 from models.full_bandwidth import FullBandwidthLM, embedding_rms
 from models.presets import PRESETS, REGISTER_LEVELS, TrainConfig, checkpoint_dir, get_preset
-from models.prefill import _shift_state, pad_left, prefill_many
+from models.prefill import _shift_state, fixed_point_top, pad_left, prefill_many
 from tasks import build_tokenizer, label_token_ids, make_dataset
 from tasks.samples import REGISTERS, WRITES_CHOICES
 
+FIXED_POINT = -1  # Batch.warm value: pass 2 fuses the fixed-point states (models.prefill.fixed_point_top)
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.json"
 
@@ -40,7 +41,7 @@ class Batch(NamedTuple):
     ids: torch.Tensor  # [batch, pos]
     mask: torch.Tensor  # [batch, pos]
     k: int  # passes
-    warm: int  # extra no-grad passes before pass 2
+    warm: int  # extra no-grad passes before pass 2; FIXED_POINT: start pass 2 from the exact fixed point
     fuse_from: torch.Tensor  # [batch] first column that may be fused (prefix mixin)
     desc: str
     label_pos: torch.Tensor  # [batch, pos] bool: the token at this column is a label word
@@ -81,6 +82,9 @@ def _passes(cfg: TrainConfig, step: int, rng) -> tuple[int, int]:
     if step < cfg.curriculum_steps:
         k = 1  # feedback passes only once the standard pass has learned the tasks (as the paper's warm start)
     warm = int(rng.integers(1, cfg.warm_passes + 1)) if (k > 1 and cfg.warm_passes and rng.random() < cfg.warm_prob) else 0
+    # Drawn only when the option is on, so the batches of recipes without it are unchanged.
+    if k > 1 and cfg.fixed_point_prob > 0 and rng.random() < cfg.fixed_point_prob:
+        warm = FIXED_POINT
     return k, warm
 
 
@@ -210,7 +214,9 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
 
     `warm` > 0 (recipe option, off in the paper's objective): before pass 2, run that many extra Jacobi passes
     without gradient starting from pass 1's states, so pass 2 sees states closer to the recurrent fixed point
-    that `recurrent-full` and long `fused-n` produce at inference.
+    that `recurrent-full` and long `fused-n` produce at inference. `warm` = FIXED_POINT: pass 2 starts from that
+    fixed point itself (no gradient through it: pass 2's loss trains one step of the map at its fixed point,
+    as a deep-equilibrium model's one-step gradient), computed for this batch's fuse mask without noise.
     """
     def loss_of(logits):
         return ntp_loss(logits, ids, mask, cfg.label_weight, label_pos, skip_pos, cfg.targets == "labels")
@@ -231,7 +237,12 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
         return model(ids, mask, state=state, fuse_mask=fuse, gate=gate)
 
     top = out.top
-    if k > 1 and warm > 0:
+    if k > 1 and warm == FIXED_POINT:
+        fuse = _shift_state(top, mask)[1]
+        if fuse_from is not None:
+            fuse = fuse & (cols >= fuse_from[:, None])
+        top = fixed_point_top(model, ids, mask, fuse, gate.detach())
+    elif k > 1 and warm > 0:
         with torch.no_grad():
             for _ in range(warm):
                 top = fused_pass(top).top
@@ -370,6 +381,9 @@ def parse_args(argv):
                    "default: the preset's, minus legs that do not end before --steps)")
     p.add_argument("--warm-passes", type=int, help="max extra no-grad Jacobi passes before pass 2 (recipe option)")
     p.add_argument("--warm-prob", type=float, help="probability of warm passes in a multi-pass batch")
+    p.add_argument("--fixed-point-prob", type=float,
+                   help="probability that a multi-pass batch starts its fused passes from the exact fixed point of "
+                        "the feedback map (the recurrent-full states; no gradient through it); default 0 = off")
     p.add_argument("--depth-scale", action="store_true", help="scale residual-output init by 1/sqrt(2L)")
     p.add_argument("--untied", action="store_true", help="separate input and output embeddings")
     p.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
@@ -404,7 +418,7 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
-                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob",
+                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob", "fixed_point_prob",
                                           "seq_len", "reads", "gate_init", "register_curriculum", "targets", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
             if getattr(args, k) is not None}
     if args.tasks is not None:

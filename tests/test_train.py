@@ -132,6 +132,53 @@ def test_multipass_loss_with_prefix_and_noise_is_reproduced(make_tiny_config):
     assert not _close(quiet, total) and not _close(other, total)  # the noise is really applied
 
 
+def _ref_fixed_point(model, ids, mask, fuse_from):
+    """The recurrence written out: position t's input fuses the top state of t-1 from this same run."""
+    rows, width = ids.shape
+    e = model.lm.get_input_embeddings()(ids)
+    x, top = e.clone(), torch.zeros(rows, width, model.d_model)
+    for t in range(width):
+        for b in range(rows):
+            if t > 0 and mask[b, t - 1] and mask[b, t] and t >= int(fuse_from[b]):
+                x[b, t] = _ref_fuse(model, top[b, t - 1], e[b, t])
+        top[:, t] = _ref_forward(model, x[:, :t + 1], mask[:, :t + 1])[0][:, t]
+    return top
+
+
+@torch.no_grad()
+def test_fixed_point_start_matches_the_written_out_recurrence(tiny_model):
+    from models.prefill import _shift_state, fixed_point_top
+    ids, mask = _batch(seed=2)
+    fuse_from = torch.tensor([3, 7, 9])
+    real = mask.bool()
+    ref = _ref_fixed_point(tiny_model, ids, mask, fuse_from)
+    fuse = _shift_state(torch.zeros(*ids.shape, 1), mask)[1] & (torch.arange(ids.shape[1])[None] >= fuse_from[:, None])
+    got = fixed_point_top(tiny_model, ids, mask, fuse)
+    # float32 rounding compounds along the recurrence (12 steps here: up to ~6e-6), hence a looser atol
+    assert torch.allclose(got[real], ref[real], rtol=1e-4, atol=1e-5)
+    # It is the limit of the Jacobi passes (exact after T of them), and not already reached after a few.
+    cfg = _cfg()
+    T = ids.shape[1]
+    ends = {}
+    for warm in (2, T, train.FIXED_POINT):
+        ends[warm] = train.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, warm=warm)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(ends[T][1], ends[train.FIXED_POINT][1]))
+    assert not _close(ends[2][1][1], ends[train.FIXED_POINT][1][1])
+    assert _close(ends[2][1][0], ends[train.FIXED_POINT][1][0])  # pass 1 does not depend on the start
+
+
+def test_fixed_point_batches_are_drawn_only_when_asked():
+    rng_draws = lambda cfg: [train._passes(cfg, s, np.random.default_rng(s)) for s in range(200)]
+    base = _cfg(warm_passes=3, warm_prob=0.5, curriculum_steps=0)
+    off, on = rng_draws(base), rng_draws(replace(base, fixed_point_prob=0.5))
+    assert [k for k, _ in off] == [k for k, _ in on]  # the same pass counts
+    fp = [w == train.FIXED_POINT for k, w in on if k > 1]
+    assert 0.3 < np.mean(fp) < 0.7 and not any(w == train.FIXED_POINT for _, w in off)
+    assert all(w == train.FIXED_POINT or w == w0 for (_, w), (_, w0) in zip(on, off))
+    with pytest.raises(UserError, match="fixed_point_prob"):
+        replace(base, fixed_point_prob=1.5)
+
+
 def test_ntp_loss_weights_the_label_token():
     g = torch.Generator().manual_seed(0)
     ids, mask = _batch()
