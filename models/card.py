@@ -75,7 +75,9 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                   f"state noise U[-{tc.get('noise')}, {tc.get('noise')}]; prefix mixin p={tc.get('prefix_mix')}; "
                   + ("loss on the label tokens only; " if tc.get("targets") == "labels" else
                      f"label-token loss weight {tc.get('label_weight')}; ") + "warm no-grad passes "
-                  f"{tc.get('warm_passes')} (p={tc.get('warm_prob')}); depth scaling {tc.get('depth_scale')}; fusion gate init "
+                  f"{tc.get('warm_passes')} (p={tc.get('warm_prob')})"
+                  + (f"; passes from the exact fixed point p={tc['fixed_point_prob']}" if tc.get("fixed_point_prob") else "")
+                  + f"; depth scaling {tc.get('depth_scale')}; fusion gate init "
                   f"{tc.get('gate_init', 'default')}",
                   f"- data: tasks {', '.join(tc.get('tasks', []))} ({_layout(tc)}), "
                   f"N mixture {tc.get('distractors')}, ~{tc.get('batch_tokens')} tokens per step"
