@@ -225,7 +225,7 @@ def fixed_point_top(model: FullBandwidthLM, input_ids: torch.Tensor, attention_m
     t0 = int(cols[0]) if len(cols) else T  # columns before the first fused one are the standard pass
     cache = DynamicCache(config=model.config)
     std = model(input_ids[:, :max(t0, 1)], attention_mask[:, :max(t0, 1)], cache=cache, use_cache=True)
-    top = torch.empty(*input_ids.shape, std.top.shape[-1], dtype=std.top.dtype)
+    top = std.top.new_empty(*input_ids.shape, std.top.shape[-1])  # [batch, pos, d_model]
     top[:, :max(t0, 1)] = std.top
     for t in range(max(t0, 1), T):
         g = gate[:, t:t + 1] if gate is not None else None

@@ -227,10 +227,12 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     # sigmoid(W_G e) depends on the tokens only: computed once per batch, its gradient summed over the passes.
     gate = model.token_gate(ids) if k > 1 else None
 
-    def fused_pass(top):
+    def shifted(top):  # the carried state and where it is fused (prefix mixin: not before fuse_from)
         state, fuse = _shift_state(top, mask)
-        if fuse_from is not None:
-            fuse = fuse & (cols >= fuse_from[:, None])
+        return state, fuse if fuse_from is None else fuse & (cols >= fuse_from[:, None])
+
+    def fused_pass(top):
+        state, fuse = shifted(top)
         if cfg.noise > 0:
             noise = torch.rand(state.shape, generator=generator, dtype=state.dtype) * 2 - 1
             state = state + cfg.noise * noise
@@ -238,10 +240,7 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
 
     top = out.top
     if k > 1 and warm == FIXED_POINT:
-        fuse = _shift_state(top, mask)[1]
-        if fuse_from is not None:
-            fuse = fuse & (cols >= fuse_from[:, None])
-        top = fixed_point_top(model, ids, mask, fuse, gate.detach())
+        top = fixed_point_top(model, ids, mask, shifted(top)[1], gate.detach())
     elif k > 1 and warm > 0:
         with torch.no_grad():
             for _ in range(warm):
