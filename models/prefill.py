@@ -217,28 +217,21 @@ def fixed_point_top(model: FullBandwidthLM, input_ids: torch.Tensor, attention_m
     """Top states [batch, pos, d_model] at the fixed point of the Jacobi passes for this fuse mask.
 
     Position t's input is fused (where fuse_mask[:, t]) with the top state of position t-1 *of the same run*:
-    the limit of fused-n, reached exactly at n = T, computed here in T cached one-token steps instead of T
-    full passes. With every position after the first fused, this is what recurrent-full computes.
+    the limit of fused-n, reached exactly at n = T, computed by the recurrent engine in cached one-token steps
+    from the first fused column on. With every position after the first fused, this is recurrent-full.
     """
     T = input_ids.shape[1]
-    cols = fuse_mask.any(0).nonzero()
-    t0 = int(cols[0]) if len(cols) else T  # columns before the first fused one are the standard pass
-    cache = DynamicCache(config=model.config)
-    std = model(input_ids[:, :max(t0, 1)], attention_mask[:, :max(t0, 1)], cache=cache, use_cache=True)
-    top = std.top.new_empty(*input_ids.shape, std.top.shape[-1])  # [batch, pos, d_model]
-    top[:, :max(t0, 1)] = std.top
-    for t in range(max(t0, 1), T):
-        g = gate[:, t:t + 1] if gate is not None else None
-        out = model(input_ids[:, t:t + 1], attention_mask[:, :t + 1], state=top[:, t - 1:t],
-                    fuse_mask=fuse_mask[:, t:t + 1], cache=cache, use_cache=True, gate=g)
-        top[:, t] = out.top[:, 0]
-    return top
+    fused_cols = fuse_mask.any(0).nonzero()
+    k = T - int(fused_cols[0]) if len(fused_cols) else 0  # columns before the first fused one: standard pass
+    return _recurrent(model, input_ids, attention_mask, k, torch.arange(T), None, fuse_mask, gate)[3]
 
 
-def _recurrent(model, ids, mask, k, cols, rec):
+def _recurrent(model, ids, mask, k, cols, rec, fuse_mask=None, gate=None):
     """Standard prefill with cache, crop the last k columns, recompute them sequentially with feedback.
 
-    Returns (standard_out, logits [B, T_or_cols, V], top, resid) for columns `cols`.
+    `fuse_mask` [B, T] (default: every real position after a real one) says where the recomputed columns are
+    fused; `gate`: the model's token_gate(ids), when the caller has it.
+    Returns (standard_out, standard_resid, logits [B, cols, V], top, resid) for columns `cols`.
     """
     T = ids.shape[1]
     k = T - 1 if k is None else min(k, T - 1)
@@ -255,12 +248,12 @@ def _recurrent(model, ids, mask, k, cols, rec):
     prev = std.top[:, T - k - 1]  # [batch, d_model]
     col_pos = {int(c): j for j, c in enumerate(cols.tolist())}
     for t in range(T - k, T):
-        fuse = (mask[:, t - 1].bool() & mask[:, t].bool())[:, None]  # [batch, 1]
+        fuse = (mask[:, t - 1].bool() & mask[:, t].bool())[:, None] if fuse_mask is None else fuse_mask[:, t:t + 1]
         j = col_pos.get(t)
         if rec is not None:
             rec.cols = torch.tensor([0]) if j is not None else None
         out = model(ids[:, t:t + 1], mask[:, :t + 1], state=prev[:, None], fuse_mask=fuse, cache=cache,
-                    use_cache=True)
+                    use_cache=True, gate=None if gate is None else gate[:, t:t + 1])
         prev = out.top[:, 0]
         if j is not None:
             logits[:, j], top[:, j] = out.logits[:, 0], out.top[:, 0]

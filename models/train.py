@@ -50,8 +50,6 @@ class Batch(NamedTuple):
 
 def value_token_ids(tok) -> list[int]:
     """Ids of the task's random value symbols (digits, register names): uniformly random by construction."""
-    from tasks.samples import REGISTERS, WRITES_CHOICES
-
     vocab = tok.get_vocab()
     return sorted(vocab[t] for t in [*map(str, range(10)), *REGISTERS] if t in vocab)
 
