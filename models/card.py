@@ -77,6 +77,7 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                      f"label-token loss weight {tc.get('label_weight')}; ") + "warm no-grad passes "
                   f"{tc.get('warm_passes')} (p={tc.get('warm_prob')})"
                   + (f"; passes from the exact fixed point p={tc['fixed_point_prob']}" if tc.get("fixed_point_prob") else "")
+                  + (f"; state-consistency loss weight {tc['consistency']}" if tc.get("consistency") else "")
                   + f"; depth scaling {tc.get('depth_scale')}; fusion gate init "
                   f"{tc.get('gate_init', 'default')}",
                   f"- data: tasks {', '.join(tc.get('tasks', []))} ({_layout(tc)}), "

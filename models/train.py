@@ -207,14 +207,18 @@ def ntp_loss(logits, ids, mask, label_weight: float, label_pos=None, skip_pos=No
 
 
 def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, generator=None, warm: int = 0,
-                   label_pos=None, skip_pos=None):
-    """Returns (total loss, [per-pass NTP losses]).
+                   label_pos=None, skip_pos=None, extras: dict | None = None):
+    """Returns (total loss, [per-pass NTP losses]); `extras`, if given, receives the per-pass consistency terms.
 
     `warm` > 0 (recipe option, off in the paper's objective): before pass 2, run that many extra Jacobi passes
     without gradient starting from pass 1's states, so pass 2 sees states closer to the recurrent fixed point
     that `recurrent-full` and long `fused-n` produce at inference. `warm` = FIXED_POINT: pass 2 starts from that
     fixed point itself (no gradient through it: pass 2's loss trains one step of the map at its fixed point,
     as a deep-equilibrium model's one-step gradient), computed for this batch's fuse mask without noise.
+    `cfg.consistency` > 0 (recipe option): adds consistency/(K-1) * sum_k C_k, C_k = mean over fused positions of
+    ||top_k - sg(top_1)||^2 / ||sg(top_1)||^2, pulling every fused pass toward the standard pass's states at
+    every position (the label NTP alone lets a fused pass relay what pass 1 computed instead of reading its token
+    through the gate, a shortcut that is gone at the fixed point; docs/recipe.md).
     """
     def loss_of(logits):
         return ntp_loss(logits, ids, mask, cfg.label_weight, label_pos, skip_pos, cfg.targets == "labels")
@@ -237,6 +241,9 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
         return model(ids, mask, state=state, fuse_mask=fuse, gate=gate)
 
     top = out.top
+    target = top.detach()  # [batch, pos, d_model] the standard pass's states (consistency target)
+    fuse_mask = shifted(top)[1] if k > 1 else None
+    cons = []
     if k > 1 and warm == FIXED_POINT:
         top = fixed_point_top(model, ids, mask, shifted(top)[1], gate.detach())
     elif k > 1 and warm > 0:
@@ -247,7 +254,14 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
         out = fused_pass(top)
         top = out.top
         losses.append(loss_of(out.logits))
+        if cfg.consistency > 0:
+            rel = (top - target).pow(2).sum(-1) / target.pow(2).sum(-1).clamp_min(1e-12)  # [batch, pos]
+            cons.append((rel * fuse_mask).sum() / fuse_mask.sum().clamp_min(1))
     total = losses[0] + (cfg.lam / (k - 1)) * sum(losses[1:]) if k > 1 else losses[0]
+    if cons:
+        total = total + (cfg.consistency / (k - 1)) * sum(cons)
+    if extras is not None:
+        extras["consistency"] = cons
     return total, losses
 
 
@@ -381,6 +395,9 @@ def parse_args(argv):
     p.add_argument("--fixed-point-prob", type=float,
                    help="probability that a multi-pass batch starts its fused passes from the exact fixed point of "
                         "the feedback map (the recurrent-full states; no gradient through it); default 0 = off")
+    p.add_argument("--consistency", type=float,
+                   help="weight of the state-consistency loss: each fused pass's top state is pulled toward the "
+                        "standard pass's (detached) at every fused position, relative squared error; default 0 = off")
     p.add_argument("--depth-scale", action="store_true", help="scale residual-output init by 1/sqrt(2L)")
     p.add_argument("--untied", action="store_true", help="separate input and output embeddings")
     p.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
@@ -415,7 +432,7 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
-                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob", "fixed_point_prob",
+                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob", "fixed_point_prob", "consistency",
                                           "seq_len", "reads", "gate_init", "register_curriculum", "targets", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
             if getattr(args, k) is not None}
     if args.tasks is not None:
@@ -490,10 +507,13 @@ def main(argv=None):
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
         opt.zero_grad(set_to_none=False)
-        loss, parts = 0.0, None
+        loss, parts, cons_sum = 0.0, None, {}
         for mb in micro:  # gradient accumulation: the step's loss is the mean over its micro-batches
+            ex: dict = {}
             l_mb, p_mb = multipass_loss(model, mb.ids, mb.mask, mb.k, cfg, mb.fuse_from, gen, mb.warm, mb.label_pos,
-                                        mb.skip_pos)
+                                        mb.skip_pos, extras=ex)
+            for j, c in enumerate(ex.get("consistency", [])):
+                cons_sum[j] = cons_sum.get(j, 0.0) + c.item() / len(micro)
             (l_mb / len(micro)).backward()
             loss = loss + l_mb.detach() / len(micro)
             parts = [x.detach() / len(micro) for x in p_mb] if parts is None else \
@@ -515,7 +535,9 @@ def main(argv=None):
         run_loss[k] = 0.9 * run_loss.get(k, lv) + 0.1 * lv
         if rank == 0:
             log["history"].append({"step": step, "passes": k, "batch": n, "loss": round(lv, 5),
-                                   "pass_losses": [round(x.item(), 5) for x in parts]})
+                                   "pass_losses": [round(x.item(), 5) for x in parts],
+                                   **({"consistency": [round(cons_sum[j], 5) for j in sorted(cons_sum)]}
+                                      if cons_sum else {})})
             el = time.time() - tick
             bar.set_postfix({**{f"loss{kk}": f"{v:.3f}" for kk, v in sorted(run_loss.items())},
                              "tok/s": f"{tokens_seen / max(el, 1e-9):.0f}"})

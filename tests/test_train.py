@@ -76,19 +76,26 @@ def _ref_multipass(model, ids, mask, k, cfg, fuse_from=None, generator=None):
     e = model.lm.get_input_embeddings()(ids)
     top, logits = _ref_forward(model, e, mask)  # pass 1: plain teacher forcing
     losses = [_ref_ntp(logits, ids, mask, cfg.label_weight)]
+    target, cons = top.detach(), []  # consistency: fused passes pulled toward pass 1's states, no gradient into them
     for _ in range(2, k + 1):
         noise = None
         if cfg.noise > 0:  # U[-sigma, sigma] on the carried state, one draw of the whole grid per pass
             noise = (torch.rand(top.shape, generator=generator, dtype=top.dtype) * 2 - 1) * cfg.noise
         x = e.clone()
+        fused = []
         for b in range(rows):
             for t in range(1, width):
                 if mask[b, t - 1] and mask[b, t] and (fuse_from is None or t >= int(fuse_from[b])):
                     h = top[b, t - 1] if noise is None else top[b, t - 1] + noise[b, t]
                     x[b, t] = _ref_fuse(model, h, e[b, t])
+                    fused.append((b, t))
         top, logits = _ref_forward(model, x, mask)
         losses.append(_ref_ntp(logits, ids, mask, cfg.label_weight))
+        cons.append(sum(((top[b, t] - target[b, t]).pow(2).sum() / target[b, t].pow(2).sum()) for b, t in fused)
+                    / len(fused))
     total = losses[0] + cfg.lam / (k - 1) * sum(losses[1:]) if k > 1 else losses[0]
+    if k > 1 and cfg.consistency > 0:
+        total = total + cfg.consistency / (k - 1) * sum(cons)
     return total, losses
 
 
@@ -130,6 +137,34 @@ def test_multipass_loss_with_prefix_and_noise_is_reproduced(make_tiny_config):
     quiet, _ = train.multipass_loss(tiny_model, ids, mask, 3, _cfg(), fuse_from)
     other, _ = train.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, torch.Generator().manual_seed(8))
     assert not _close(quiet, total) and not _close(other, total)  # the noise is really applied
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_consistency_loss_matches_the_reference_and_keeps_pass1_as_target(make_tiny_config, k):
+    # Relative squared distance of each fused pass's top state to pass 1's, over the fused positions (prefix and
+    # padding excluded), weighted consistency / (K - 1); pass 1's states are a target, not trained by it.
+    model = FullBandwidthLM.from_config(make_tiny_config("qwen3"), seed=0).train()
+    ids, mask = _batch(seed=3)
+    fuse_from = torch.tensor([4, 6, 8])
+    cfg = _cfg(consistency=2.5)
+    grads, totals = [], []
+    for fn in (train.multipass_loss, _ref_multipass):
+        model.zero_grad()
+        total = fn(model, ids, mask, k, cfg, fuse_from)[0]
+        total.backward()
+        totals.append(total.detach())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert _close(totals[0], totals[1])
+    for n in grads[0]:
+        assert torch.allclose(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-6), n
+    ex: dict = {}
+    with torch.no_grad():
+        off = train.multipass_loss(model, ids, mask, k, _cfg(), fuse_from)[0]
+        on, parts = train.multipass_loss(model, ids, mask, k, cfg, fuse_from, extras=ex)
+    assert len(ex["consistency"]) == k - 1 and all(c > 0 for c in ex["consistency"])  # not vacuous
+    assert _close(on - off, cfg.consistency / (k - 1) * sum(ex["consistency"]))
+    with pytest.raises(UserError, match="consistency"):
+        _cfg(consistency=-1.0)
 
 
 def _ref_fixed_point(model, ids, mask, fuse_from):
