@@ -218,7 +218,8 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     `cfg.consistency` > 0 (recipe option): adds consistency/(K-1) * sum_k C_k, C_k = mean over fused positions of
     ||top_k - sg(top_1)||^2 / ||sg(top_1)||^2, pulling every fused pass toward the standard pass's states at
     every position (the label NTP alone lets a fused pass relay what pass 1 computed instead of reading its token
-    through the gate, a shortcut that is gone at the fixed point; docs/recipe.md).
+    through the gate, a shortcut that is gone at the fixed point; docs/recipe.md). `cfg.consistency_window` = W > 0
+    adds to C_k the same mean over the fused positions among the W before each label target alone.
     """
     def loss_of(logits):
         return ntp_loss(logits, ids, mask, cfg.label_weight, label_pos, skip_pos, cfg.targets == "labels")
@@ -244,6 +245,15 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     target = top.detach()  # [batch, pos, d_model] the standard pass's states (consistency target)
     fuse_mask = shifted(top)[1] if k > 1 else None
     cons = []
+    if k > 1 and cfg.consistency > 0 and cfg.consistency_window > 0:
+        # [batch, pos] the columns whose states predict a label target or sit up to window - 1 before one
+        if label_pos is None:  # as ntp_loss: each row's last token is its label
+            label_pos = torch.zeros_like(mask, dtype=torch.bool)
+            label_pos[:, -1] = True
+        lab, window = label_pos, torch.zeros_like(label_pos)
+        for j in range(1, cfg.consistency_window + 1):
+            window[:, :-j] |= lab[:, j:]
+        window &= fuse_mask
     if k > 1 and warm == FIXED_POINT:
         top = fixed_point_top(model, ids, mask, shifted(top)[1], gate.detach())
     elif k > 1 and warm > 0:
@@ -256,7 +266,10 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
         losses.append(loss_of(out.logits))
         if cfg.consistency > 0:
             rel = (top - target).pow(2).sum(-1) / target.pow(2).sum(-1).clamp_min(1e-12)  # [batch, pos]
-            cons.append((rel * fuse_mask).sum() / fuse_mask.sum().clamp_min(1))
+            c = (rel * fuse_mask).sum() / fuse_mask.sum().clamp_min(1)
+            if cfg.consistency_window > 0:
+                c = c + (rel * window).sum() / window.sum().clamp_min(1)
+            cons.append(c)
     total = losses[0] + (cfg.lam / (k - 1)) * sum(losses[1:]) if k > 1 else losses[0]
     if cons:
         total = total + (cfg.consistency / (k - 1)) * sum(cons)
@@ -398,6 +411,9 @@ def parse_args(argv):
     p.add_argument("--consistency", type=float,
                    help="weight of the state-consistency loss: each fused pass's top state is pulled toward the "
                         "standard pass's (detached) at every fused position, relative squared error; default 0 = off")
+    p.add_argument("--consistency-window", type=int,
+                   help="add the consistency term again over the last W positions before each label target alone "
+                        "(where a standard pass holds the answer); default 0 = off")
     p.add_argument("--depth-scale", action="store_true", help="scale residual-output init by 1/sqrt(2L)")
     p.add_argument("--untied", action="store_true", help="separate input and output embeddings")
     p.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
@@ -432,7 +448,7 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
-                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob", "fixed_point_prob", "consistency",
+                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob", "fixed_point_prob", "consistency", "consistency_window",
                                           "seq_len", "reads", "gate_init", "register_curriculum", "targets", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
             if getattr(args, k) is not None}
     if args.tasks is not None:

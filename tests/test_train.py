@@ -91,8 +91,9 @@ def _ref_multipass(model, ids, mask, k, cfg, fuse_from=None, generator=None):
                     fused.append((b, t))
         top, logits = _ref_forward(model, x, mask)
         losses.append(_ref_ntp(logits, ids, mask, cfg.label_weight))
-        cons.append(sum(((top[b, t] - target[b, t]).pow(2).sum() / target[b, t].pow(2).sum()) for b, t in fused)
-                    / len(fused))
+        rel = {(b, t): (top[b, t] - target[b, t]).pow(2).sum() / target[b, t].pow(2).sum() for b, t in fused}
+        near = [bt for bt in fused if width - 1 - cfg.consistency_window <= bt[1] < width - 1]  # before the label
+        cons.append(sum(rel.values()) / len(rel) + (sum(rel[bt] for bt in near) / len(near) if near else 0.0))
     total = losses[0] + cfg.lam / (k - 1) * sum(losses[1:]) if k > 1 else losses[0]
     if k > 1 and cfg.consistency > 0:
         total = total + cfg.consistency / (k - 1) * sum(cons)
@@ -139,14 +140,14 @@ def test_multipass_loss_with_prefix_and_noise_is_reproduced(make_tiny_config):
     assert not _close(quiet, total) and not _close(other, total)  # the noise is really applied
 
 
-@pytest.mark.parametrize("k", [2, 3])
-def test_consistency_loss_matches_the_reference_and_keeps_pass1_as_target(make_tiny_config, k):
+@pytest.mark.parametrize("k, window", [(2, 0), (3, 0), (3, 3)])
+def test_consistency_loss_matches_the_reference_and_keeps_pass1_as_target(make_tiny_config, k, window):
     # Relative squared distance of each fused pass's top state to pass 1's, over the fused positions (prefix and
     # padding excluded), weighted consistency / (K - 1); pass 1's states are a target, not trained by it.
     model = FullBandwidthLM.from_config(make_tiny_config("qwen3"), seed=0).train()
     ids, mask = _batch(seed=3)
     fuse_from = torch.tensor([4, 6, 8])
-    cfg = _cfg(consistency=2.5)
+    cfg = _cfg(consistency=2.5, consistency_window=window)
     grads, totals = [], []
     for fn in (train.multipass_loss, _ref_multipass):
         model.zero_grad()
@@ -163,8 +164,13 @@ def test_consistency_loss_matches_the_reference_and_keeps_pass1_as_target(make_t
         on, parts = train.multipass_loss(model, ids, mask, k, cfg, fuse_from, extras=ex)
     assert len(ex["consistency"]) == k - 1 and all(c > 0 for c in ex["consistency"])  # not vacuous
     assert _close(on - off, cfg.consistency / (k - 1) * sum(ex["consistency"]))
+    if window:  # the window term is really there
+        plain = train.multipass_loss(model, ids, mask, k, _cfg(consistency=2.5), fuse_from)[0]
+        assert on - plain > 1e-4
     with pytest.raises(UserError, match="consistency"):
         _cfg(consistency=-1.0)
+    with pytest.raises(UserError, match="consistency_window"):
+        _cfg(consistency_window=-1)
 
 
 def _ref_fixed_point(model, ids, mask, fuse_from):
