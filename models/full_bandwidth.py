@@ -39,6 +39,7 @@ class LMOutput:
     logits: torch.Tensor  # [batch, pos, vocab]
     top: torch.Tensor  # [batch, pos, d_model] post-final-norm state: what the LM head reads and what is fed back
     cache: object | None = None
+    hidden: tuple | None = None  # with hidden_states=True: block 0's input and every block's output ([-1] = top)
 
 
 def decoder_layers(lm: PreTrainedModel) -> nn.ModuleList:
@@ -117,6 +118,7 @@ class FullBandwidthLM(nn.Module):
         use_cache: bool = False,
         position_ids: torch.Tensor | None = None,
         gate: torch.Tensor | None = None,  # [batch, q, d_model]: token_gate(input_ids), precomputed (see Fusion)
+        hidden_states: bool = False,  # also return the residual stream after every block (LMOutput.hidden)
     ) -> LMOutput:
         x = self.embed(input_ids)
         if state is not None:
@@ -138,12 +140,14 @@ class FullBandwidthLM(nn.Module):
             self.lm.config._attn_implementation = "eager"
         try:
             out = self.lm.base_model(inputs_embeds=x, attention_mask=attention_mask if padded else None,
-                                     position_ids=position_ids, cache=cache, use_cache=use_cache)
+                                     position_ids=position_ids, cache=cache, use_cache=use_cache,
+                                     **({"output_hidden_states": True} if hidden_states else {}))
         finally:
             self.lm.config._attn_implementation = impl
         top = out.last_hidden_state
         logits = self.lm.get_output_embeddings()(top)
-        return LMOutput(logits=logits, top=top, cache=out.cache if use_cache else None)
+        return LMOutput(logits=logits, top=top, cache=out.cache if use_cache else None,
+                        hidden=tuple(out.hidden_states) if hidden_states else None)
 
     # ----- persistence --------------------------------------------------------------------------------
     def fusion_settings(self) -> dict:

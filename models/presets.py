@@ -57,6 +57,7 @@ class TrainConfig:
     # ... plus the same term over the last `consistency_window` positions before each label target alone, where a
     # standard pass holds the looked-up answer (1 position in ~100-300 of the plain mean); 0 = off
     consistency_window: int = 0
+    consistency_layers: str = "top"  # "all": the consistency term is the mean over every block's output, not the top
     distractors: dict = field(default_factory=lambda: {0: 0.3, 8: 0.3, 32: 0.3, 128: 0.1})
     tasks: tuple = ("completion", "memory", "multi_register")
     reads: int = 0  # multi_register training samples carry this many answered queries (unpacked batches only)
@@ -97,6 +98,8 @@ class TrainConfig:
             raise UserError(f"fixed_point_prob must be in [0, 1], got {self.fixed_point_prob}")
         if self.consistency < 0:
             raise UserError(f"consistency must be >= 0, got {self.consistency}")
+        if self.consistency_layers not in ("top", "all"):
+            raise UserError(f"consistency_layers must be 'top' or 'all', got {self.consistency_layers!r}")
         if self.consistency_window < 0:
             raise UserError(f"consistency_window must be >= 0, got {self.consistency_window}")
         self.lr_legs = tuple(self.lr_legs)
@@ -139,7 +142,8 @@ class TrainConfig:
         d["distractors"] = {str(k): v for k, v in self.distractors.items()}
         d["tasks"] = list(self.tasks)
         for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0),
-                          ("consistency", 0.0), ("consistency_window", 0)):
+                          ("consistency", 0.0), ("consistency_window", 0),
+                          ("consistency_layers", "top")):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged

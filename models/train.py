@@ -224,7 +224,8 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     def loss_of(logits):
         return ntp_loss(logits, ids, mask, cfg.label_weight, label_pos, skip_pos, cfg.targets == "labels")
 
-    out = model(ids, mask)
+    deep = k > 1 and cfg.consistency > 0 and cfg.consistency_layers == "all"
+    out = model(ids, mask, hidden_states=deep)
     losses = [loss_of(out.logits)]
     cols = torch.arange(ids.shape[1])[None]
     # sigmoid(W_G e) depends on the tokens only: computed once per batch, its gradient summed over the passes.
@@ -239,10 +240,13 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
         if cfg.noise > 0:
             noise = torch.rand(state.shape, generator=generator, dtype=state.dtype) * 2 - 1
             state = state + cfg.noise * noise
-        return model(ids, mask, state=state, fuse_mask=fuse, gate=gate)
+        return model(ids, mask, state=state, fuse_mask=fuse, gate=gate, hidden_states=deep)
 
     top = out.top
-    target = top.detach()  # [batch, pos, d_model] the standard pass's states (consistency target)
+    def states(o):  # the states compared by the consistency term: the top, or every block's output
+        return o.hidden[1:] if deep else (o.top,)
+
+    target = [h.detach() for h in states(out)]  # [batch, pos, d_model] each: the standard pass's (no gradient)
     fuse_mask = shifted(top)[1] if k > 1 else None
     cons = []
     if k > 1 and cfg.consistency > 0 and cfg.consistency_window > 0:
@@ -265,7 +269,8 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
         top = out.top
         losses.append(loss_of(out.logits))
         if cfg.consistency > 0:
-            rel = (top - target).pow(2).sum(-1) / target.pow(2).sum(-1).clamp_min(1e-12)  # [batch, pos]
+            rel = sum((h - t).pow(2).sum(-1) / t.pow(2).sum(-1).clamp_min(1e-12)
+                      for h, t in zip(states(out), target)) / len(target)  # [batch, pos]
             c = (rel * fuse_mask).sum() / fuse_mask.sum().clamp_min(1)
             if cfg.consistency_window > 0:
                 c = c + (rel * window).sum() / window.sum().clamp_min(1)
@@ -414,6 +419,9 @@ def parse_args(argv):
     p.add_argument("--consistency-window", type=int,
                    help="add the consistency term again over the last W positions before each label target alone "
                         "(where a standard pass holds the answer); default 0 = off")
+    p.add_argument("--consistency-layers", choices=["top", "all"],
+                   help="states the consistency term compares: the top state (default) or every block's output "
+                        "(mean of the per-block relative errors)")
     p.add_argument("--depth-scale", action="store_true", help="scale residual-output init by 1/sqrt(2L)")
     p.add_argument("--untied", action="store_true", help="separate input and output embeddings")
     p.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
@@ -448,7 +456,7 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
-                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob", "fixed_point_prob", "consistency", "consistency_window",
+                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob", "fixed_point_prob", "consistency", "consistency_window", "consistency_layers",
                                           "seq_len", "reads", "gate_init", "register_curriculum", "targets", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
             if getattr(args, k) is not None}
     if args.tasks is not None:
