@@ -79,7 +79,10 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                   + (f"; passes from the exact fixed point p={tc['fixed_point_prob']}" if tc.get("fixed_point_prob") else "")
                   + (f"; state-consistency loss weight {tc['consistency']}" if tc.get("consistency") else "")
                   + f"; depth scaling {tc.get('depth_scale')}; fusion gate init "
-                  f"{tc.get('gate_init', 'default')}",
+                  f"{tc.get('gate_init', 'default')}"
+                  + (f" (pre-activation std {tc['gate_std']})" if tc.get("gate_std") else "")
+                  + (f"; state-consistency window {tc['consistency_window']}, {tc.get('consistency_layers', 'top')}"
+                     " states" if tc.get("consistency_window") or tc.get("consistency_layers") else ""),
                   f"- data: tasks {', '.join(tc.get('tasks', []))} ({_layout(tc)}), "
                   f"N mixture {tc.get('distractors')}, ~{tc.get('batch_tokens')} tokens per step"
                   + (f"; random value symbols (digits, register names) not loss targets" if tc.get('skip_values') else "")

@@ -45,7 +45,8 @@ class TrainConfig:
     label_weight: float = 20.0  # loss weight on label tokens (at 5, labels stalled at chance for 1000+ steps)
     targets: str = "all"  # "labels": the label tokens are the only loss targets (see docs/recipe.md, multi_register)
     depth_scale: bool = False  # scale residual-output init by 1/sqrt(2 L)
-    gate_init: str = "default"  # "unit": W_G scaled so sigmoid's input starts at unit std (see models.train.build_model)
+    gate_init: str = "default"  # "unit": W_G scaled so sigmoid's input starts at std gate_std (models.train.build_model)
+    gate_std: float = 1.0  # with gate_init "unit": the std of sigmoid's input at init (3: a stronger token code)
     warm_passes: int = 4  # up to this many extra no-grad Jacobi passes before the first fused pass
     warm_prob: float = 0.25  # probability of warm passes in a multi-pass batch (exposes near-fixed-point states)
     # probability that a multi-pass batch starts its fused passes from the exact fixed point of the feedback map
@@ -110,6 +111,8 @@ class TrainConfig:
                             f"steps ({self.steps}), got {list(self.lr_legs)}")
         if self.gate_init not in ("default", "unit"):
             raise UserError(f"gate_init must be 'default' or 'unit', got {self.gate_init!r}")
+        if self.gate_std <= 0:
+            raise UserError(f"gate_std must be > 0, got {self.gate_std}")
         if self.noise < 0 or not 0 <= self.prefix_mix <= 1 or self.lr <= 0:
             raise UserError("noise must be >= 0, prefix_mix in [0, 1], lr > 0")
         self.distractors = {int(k): float(v) for k, v in self.distractors.items()}
@@ -143,7 +146,7 @@ class TrainConfig:
         d["tasks"] = list(self.tasks)
         for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0),
                           ("consistency", 0.0), ("consistency_window", 0),
-                          ("consistency_layers", "top")):
+                          ("consistency_layers", "top"), ("gate_std", 1.0)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged

@@ -291,7 +291,7 @@ def _init_gate(model: FullBandwidthLM, cfg: TrainConfig) -> FullBandwidthLM:
     # pre-activation at std 1 instead.
     if cfg.gate_init == "unit" and model.fusion is not None:
         with torch.no_grad():
-            model.fusion.gate.weight.normal_(0.0, 1.0 / (embedding_rms(model.lm) * model.d_model ** 0.5))
+            model.fusion.gate.weight.normal_(0.0, cfg.gate_std / (embedding_rms(model.lm) * model.d_model ** 0.5))
     return model
 
 
@@ -405,6 +405,9 @@ def parse_args(argv):
     p.add_argument("--prefix-mix", type=float, help="probability of an unfused prefix per row")
     p.add_argument("--gate-init", choices=["default", "unit"],
                    help="init of the fusion gate W_G: nn.Linear's default, or scaled to unit pre-activation std")
+    p.add_argument("--gate-std", type=float,
+                   help="with --gate-init unit: std of the gate's pre-activation at init (default 1; larger = a "
+                        "stronger token code in the fused input)")
     p.add_argument("--lr-legs", help="comma-separated ends of earlier legs, e.g. 1500,3000: the cosine decays "
                    "toward each in turn, as a run resumed with a larger --steps at each ('' = one cosine; "
                    "default: the preset's, minus legs that do not end before --steps)")
@@ -457,7 +460,7 @@ def main(argv=None):
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
                                           "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob", "fixed_point_prob", "consistency", "consistency_window", "consistency_layers",
-                                          "seq_len", "reads", "gate_init", "register_curriculum", "targets", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
+                                          "seq_len", "reads", "gate_init", "gate_std", "register_curriculum", "targets", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
             if getattr(args, k) is not None}
     if args.tasks is not None:
         over["tasks"] = tuple(t.strip() for t in args.tasks.split(",") if t.strip())

@@ -719,5 +719,9 @@ def test_unit_gate_init_makes_the_gate_token_dependent():
         pre[init] = float(model.fusion.gate(emb).detach().std())
     assert pre["default"] < 0.1  # sigmoid ~0.5 for every token: the token barely reaches its fused input
     assert 0.7 < pre["unit"] < 1.3
+    model = train.build_model(replace(get_preset("smoke"), gate_init="unit", gate_std=3.0), len(tok))
+    assert 2.1 < float(model.fusion.gate(model.embed(torch.arange(len(tok))[None])[0]).detach().std()) < 3.9
+    with pytest.raises(UserError, match="gate_std"):
+        replace(get_preset("smoke"), gate_std=0.0)
     with pytest.raises(UserError, match="gate_init"):
         replace(get_preset("smoke"), gate_init="big")
