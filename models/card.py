@@ -81,8 +81,8 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                   + f"; depth scaling {tc.get('depth_scale')}; fusion gate init "
                   f"{tc.get('gate_init', 'default')}"
                   + (f" (pre-activation std {tc['gate_std']})" if tc.get("gate_std") else "")
-                  + (f"; state-consistency window {tc['consistency_window']}, {tc.get('consistency_layers', 'top')}"
-                     " states" if tc.get("consistency_window") or tc.get("consistency_layers") else ""),
+                  + (f"; state-consistency window {tc['consistency_window']}" if tc.get("consistency_window") else "")
+                  + ("; state consistency over every block's output" if tc.get("consistency_layers") == "all" else ""),
                   f"- data: tasks {', '.join(tc.get('tasks', []))} ({_layout(tc)}), "
                   f"N mixture {tc.get('distractors')}, ~{tc.get('batch_tokens')} tokens per step"
                   + (f"; random value symbols (digits, register names) not loss targets" if tc.get('skip_values') else "")

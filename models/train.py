@@ -235,35 +235,34 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
         state, fuse = _shift_state(top, mask)
         return state, fuse if fuse_from is None else fuse & (cols >= fuse_from[:, None])
 
-    def fused_pass(top):
+    def fused_pass(top, hidden=deep):
         state, fuse = shifted(top)
         if cfg.noise > 0:
             noise = torch.rand(state.shape, generator=generator, dtype=state.dtype) * 2 - 1
             state = state + cfg.noise * noise
-        return model(ids, mask, state=state, fuse_mask=fuse, gate=gate, hidden_states=deep)
+        return model(ids, mask, state=state, fuse_mask=fuse, gate=gate, hidden_states=hidden)
 
-    top = out.top
     def states(o):  # the states compared by the consistency term: the top, or every block's output
         return o.hidden[1:] if deep else (o.top,)
 
-    target = [h.detach() for h in states(out)]  # [batch, pos, d_model] each: the standard pass's (no gradient)
-    fuse_mask = shifted(top)[1] if k > 1 else None
-    cons = []
-    if k > 1 and cfg.consistency > 0 and cfg.consistency_window > 0:
-        # [batch, pos] the columns whose states predict a label target or sit up to window - 1 before one
-        if label_pos is None:  # as ntp_loss: each row's last token is its label
-            label_pos = torch.zeros_like(mask, dtype=torch.bool)
-            label_pos[:, -1] = True
-        lab, window = label_pos, torch.zeros_like(label_pos)
-        for j in range(1, cfg.consistency_window + 1):
-            window[:, :-j] |= lab[:, j:]
-        window &= fuse_mask
+    top, cons = out.top, []
+    if k > 1 and cfg.consistency > 0:
+        target = [h.detach() for h in states(out)]  # [batch, pos, d_model] each: the standard pass's, no gradient
+        fuse_mask = shifted(top)[1]  # [batch, pos]
+        if cfg.consistency_window > 0:  # the columns whose states predict a label target or sit < W before one
+            if label_pos is None:  # as ntp_loss: each row's last token is its label
+                label_pos = torch.zeros_like(mask, dtype=torch.bool)
+                label_pos[:, -1] = True
+            window = torch.zeros_like(label_pos)
+            for j in range(1, cfg.consistency_window + 1):
+                window[:, :-j] |= label_pos[:, j:]
+            window &= fuse_mask
     if k > 1 and warm == FIXED_POINT:
         top = fixed_point_top(model, ids, mask, shifted(top)[1], gate.detach())
     elif k > 1 and warm > 0:
         with torch.no_grad():
             for _ in range(warm):
-                top = fused_pass(top).top
+                top = fused_pass(top, hidden=False).top
     for _ in range(2, k + 1):
         out = fused_pass(top)
         top = out.top
