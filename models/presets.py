@@ -144,6 +144,8 @@ class TrainConfig:
         d = asdict(self)
         d["distractors"] = {str(k): v for k, v in self.distractors.items()}
         d["tasks"] = list(self.tasks)
+        if self.task_weights is not None:  # as JSON reads it back, so a plain --resume compares equal
+            d["task_weights"] = list(self.task_weights)
         for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0),
                           ("consistency", 0.0), ("consistency_window", 0),
                           ("consistency_layers", "top"), ("gate_std", 1.0)):
@@ -157,22 +159,25 @@ class TrainConfig:
 
 
 # Two stages, as the paper (warm start from a standard checkpoint). Stage 1, `tiny-base`: 1-pass training, one
-# sample per row; the first 1500 steps on N = 0 only (many short samples: completion needed ~1e5 samples to
-# leave its plateau in a small probe run), then the full N mixture. Stage 2 continues from tiny-base: multi-pass
-# (tiny-fbt, tiny-fbt-no3) or 1-pass (tiny-std, the baseline with tiny-fbt's architecture, data and token
-# budget). Stable feedback past the trained pass count needed a token-aware gate (gate_init "unit": with
-# nn.Linear's default init sigmoid(W_G e) sat at ~0.5 for every token), many warm no-grad passes (16, p = 0.5)
-# and 8000 steps whose last leg runs at a low learning rate; tiny-fbt was trained as five resumed legs, which
-# lr_legs reproduces in one run (docs/recipe.md). tiny-fbt-no3 is the 4000-step single-cosine run of the same
-# recipe without 3-pass batches (its 60/25/15 twin of that length is in docs/recipe.md).
-_STAGE = dict(packing=False, skip_values=True, batch_tokens=3000, task_weights=(0.5, 0.15, 0.35))
-_FEEDBACK = dict(base="tiny-base", curriculum_steps=0, warmup=50, lr=1e-3, gate_init="unit", warm_passes=16,
-                 warm_prob=0.5, **_STAGE)
+# sample per row, loss on the label tokens only; the first 1500 steps on N = 0 only (many short samples:
+# completion needed ~1e5 samples to leave its plateau in a small probe run), then the full N mixture, with
+# multi_register ramped from a plain lookup over its first 3000 steps (without it the task stayed at chance).
+# Stage 2 continues from tiny-base: multi-pass (tiny-fbt, tiny-fbt-no3) or 1-pass (tiny-std, the baseline with
+# tiny-fbt's architecture, data and token budget). A feedback fixed point that keeps every task's label needed
+# a token-aware gate (gate_init "unit", pre-activation std 3: with nn.Linear's default init sigmoid(W_G e) sat at
+# ~0.5 for every token), warm no-grad passes and fused passes started from the exact fixed point, and a
+# state-consistency loss that pulls every fused pass's block outputs toward the standard pass's (the label loss
+# alone let fused passes relay pass 1's state, a shortcut gone at the fixed point). docs/recipe.md has each step.
+_STAGE = dict(packing=False, skip_values=True, batch_tokens=3000, task_weights=(0.5, 0.15, 0.35), lr=3e-4,
+              targets="labels")
+_FEEDBACK = dict(base="tiny-base", curriculum_steps=0, warmup=50, gate_init="unit", gate_std=3.0, warm_passes=16,
+                 warm_prob=0.5, fixed_point_prob=0.5, consistency=1.0, consistency_window=5,
+                 consistency_layers="all", **_STAGE)
 PRESETS: dict[str, TrainConfig] = {
-    "tiny-base": TrainConfig(schedule="1", steps=3000, curriculum_steps=1500, curriculum_max_n=0, **_STAGE),
-    "tiny-fbt": TrainConfig(steps=8000, lr_legs=(1500, 3000, 5000, 6500), **_FEEDBACK),
-    "tiny-std": TrainConfig(base="tiny-base", schedule="1", steps=8000, curriculum_steps=0, warmup=50, lr=1e-3,
-                            **_STAGE),
+    "tiny-base": TrainConfig(schedule="1", steps=3000, curriculum_steps=1500, curriculum_max_n=0,
+                             register_curriculum=3000, **_STAGE),
+    "tiny-fbt": TrainConfig(steps=4000, **_FEEDBACK),
+    "tiny-std": TrainConfig(base="tiny-base", schedule="1", steps=4000, curriculum_steps=0, warmup=50, **_STAGE),
     "tiny-fbt-no3": TrainConfig(schedule="75/25", steps=4000, **_FEEDBACK),
 }
 # A few-second recipe for tests and smoke runs.

@@ -1,9 +1,10 @@
 #!/bin/bash
-# Reproduces the shipped checkpoints (2 CPU cores): stage 1 (tiny-base, 1-pass, ~23 min), then the three
-# stage-2 continuations side by side (tiny-fbt, 8000 steps with 16 warm passes, is the long pole: ~2-2.5 h
-# sharing the cores), then their evaluations (~25 min each) and model cards.
-# tiny-fbt's checkpoint was made as five resumed legs (--steps 1500, then --resume --steps 3000, 5000, 6500,
-# 8000); its preset's lr_legs give the same learning rates in one run (tests/test_train.py checks the equivalence).
+# Reproduces the shipped checkpoints (2 CPU cores): stage 1 (tiny-base, 1-pass, ~20 min), then the three
+# stage-2 continuations side by side at one thread each (tiny-fbt, 4000 steps with the fixed-point start and
+# the state-consistency loss at every block, is the long pole: ~2 h sharing the cores), then their
+# evaluations (~20 min each for the feedback models) and model cards.
+# The shipped tiny-fbt was trained as this command in three resumed legs (stops at steps 1750 and 2750, the
+# second and third at other thread counts); --resume continues bit-identically at a fixed thread count (tested).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -12,7 +13,9 @@ for p in tiny-fbt tiny-fbt-no3 tiny-std; do
   $PY -m models.train --preset $p --threads 1 --no-progress --overwrite > "checkpoints/$p.train.log" 2>&1 &
 done
 wait
-for p in tiny-base tiny-fbt tiny-fbt-no3 tiny-std; do
+$PY -m models.evaluate --model checkpoints/tiny-base --modes std --n-pairs 25 --overwrite --no-progress
+cp figures/tiny-base/eval.json checkpoints/tiny-base/eval.json
+for p in tiny-fbt tiny-fbt-no3 tiny-std; do
   $PY -m models.evaluate --model checkpoints/$p --n-pairs 25 --overwrite --no-progress
   cp figures/$p/eval.json checkpoints/$p/eval.json
 done

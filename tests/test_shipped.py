@@ -11,7 +11,7 @@ CARD = checkpoint_dir("tiny-fbt") / "eval.json"
 
 
 @pytest.mark.skipif(not CARD.is_file(), reason="tiny-fbt is not shipped in this checkout")
-@pytest.mark.parametrize("task, n", [("memory", 8), ("completion", 8)])
+@pytest.mark.parametrize("task, n", [("memory", 8), ("completion", 8), ("multi_register", 8)])
 def test_tiny_fbt_reproduces_model_card(task, n):
     card = json.loads(CARD.read_text())
     want = {r["mode"]: r for r in card["results"] if r["task"] == task and r["n_distractors"] == n}

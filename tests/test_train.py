@@ -444,6 +444,7 @@ def test_resume_continues_bit_identically(runs):
     log_b = json.loads((runs["split"] / "train_log.json").read_text())
     assert [h["step"] for h in log_b["history"]] == [1, 2, 3, 4]
     assert log_a["history"] == log_b["history"]  # losses per step and per pass, batches, pass counts
+    assert "config_changes" not in log_b, "a plain resume is not a change of recipe"
     sa = torch.load(runs["straight"] / "trainer_state.pt", weights_only=False)
     sb = torch.load(runs["split"] / "trainer_state.pt", weights_only=False)
     assert sa["step"] == sb["step"] == 4
@@ -455,6 +456,14 @@ def test_resume_continues_bit_identically(runs):
     assert any(not torch.equal(mid[k], a[k]) for k in a)
     # The history covers several pass counts, so the resumed steps exercise the multi-pass path.
     assert len({h["passes"] for h in log_a["history"]}) > 1
+
+
+@pytest.mark.parametrize("name", ["tiny-base", "tiny-fbt", "tiny-std", "tiny-fbt-no3", "smoke"])
+def test_logged_config_reads_back_equal(name):
+    """A resume compares the log's config with to_dict(): it must survive JSON, or every resume looks like
+    a change of recipe (the shipped presets' tuple task_weights once did)."""
+    d = get_preset(name).to_dict()
+    assert json.loads(json.dumps(d)) == d
 
 
 def test_lr_legs_follow_the_cosine_of_each_leg():
