@@ -19,3 +19,8 @@ for p in tiny-fbt tiny-fbt-no3 tiny-std; do
   $PY -m models.evaluate --model checkpoints/$p --n-pairs 25 --overwrite --no-progress
   cp figures/$p/eval.json checkpoints/$p/eval.json
 done
+# Model cards (the notes are docs/cards/<name>.md; wall times in the cards are whatever this run measured).
+$PY -m models.card checkpoints/tiny-base --command "python -m models.train --preset tiny-base   # ~20 min on 2 cores" --notes docs/cards/tiny-base.md > /dev/null
+for p in tiny-fbt tiny-fbt-no3 tiny-std; do
+  $PY -m models.card checkpoints/$p --command "python -m models.train --preset tiny-base && python -m models.train --preset $p" --notes docs/cards/$p.md > /dev/null
+done
