@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The headline: completion is decodable at depth 0 after one recurrent step; the fed state moves the margin, never the decision.
+# The headline: completion is decodable at depth 0 after one recurrent step, yet swapping the fed state changes nothing.
 demo: $(STAMP)
 	$(BIN)/python -m probes.run --task completion --overwrite
 	$(BIN)/python -m interventions.run --task completion --n-pairs 60 --control-model none --overwrite
