@@ -1,6 +1,7 @@
 """Named presets: training recipes for the shipped tiny models, and model loading by name or path."""
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -142,10 +143,6 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["distractors"] = {str(k): v for k, v in self.distractors.items()}
-        d["tasks"] = list(self.tasks)
-        if self.task_weights is not None:  # as JSON reads it back, so a plain --resume compares equal
-            d["task_weights"] = list(self.task_weights)
         for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0),
                           ("consistency", 0.0), ("consistency_window", 0),
                           ("consistency_layers", "top"), ("gate_std", 1.0)):
@@ -153,9 +150,9 @@ class TrainConfig:
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged
             d.pop("lr_legs")
-        else:
-            d["lr_legs"] = list(self.lr_legs)
-        return d
+        # Exactly what train_log.json reads back (tuples -> lists, int keys -> str), so a plain --resume
+        # compares equal and records no config change.
+        return json.loads(json.dumps(d))
 
 
 # Two stages, as the paper (warm start from a standard checkpoint). Stage 1, `tiny-base`: 1-pass training, one

@@ -33,7 +33,6 @@ def _runs(m, ids, mask):
     gate = m.token_gate(ids)
     fp_top = fixed_point_top(m, ids, mask, fuse, gate)
 
-    @torch.no_grad()
     def step(top):  # one fused pass from these top states
         return m(ids, mask, state=_shift_state(top, mask)[0], fuse_mask=fuse, gate=gate, hidden_states=True)
     return std, fp_top, step
