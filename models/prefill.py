@@ -211,15 +211,38 @@ def fused_trajectory(model: FullBandwidthLM, input_ids: torch.Tensor, attention_
     return FusedTrajectory(torch.stack(logits), torch.stack(change), torch.stack(norm))
 
 
+JACOBI_MAX_ROWS = 16  # fixed_point_top(tol=...) tries Jacobi passes only for batches with fewer rows
+
+
 @torch.no_grad()
 def fixed_point_top(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    fuse_mask: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+                    fuse_mask: torch.Tensor, gate: torch.Tensor | None = None, tol: float | None = None,
+                    max_jacobi: int = 16, start: torch.Tensor | None = None) -> torch.Tensor:
     """Top states [batch, pos, d_model] at the fixed point of the Jacobi passes for this fuse mask.
 
     Position t's input is fused (where fuse_mask[:, t]) with the top state of position t-1 *of the same run*:
     the limit of fused-n, reached exactly at n = T, computed by the recurrent engine in cached one-token steps
     from the first fused column on. With every position after the first fused, this is recurrent-full.
+
+    `tol` (batches of fewer than JACOBI_MAX_ROWS rows): first run up to `max_jacobi` Jacobi passes from `start` (default: the standard pass's top states) and
+    return as soon as the largest relative state change at any real position, ||h^(k) - h^(k-1)|| / ||h^(k-1)||,
+    is below tol (for a map contracting at rate r that is within tol * r / (1 - r) of the fixed point); if they
+    have not got there, the exact recurrence above. A pass is one parallel forward, a few dozen of the
+    recurrence's one-token steps, so this is cheaper wherever the map contracts (the trained models: 1e-3 in
+    ~10 passes) and costs max_jacobi passes more where it does not.
     """
+    # Many short rows: the recurrence's one-token steps are cheap and a Jacobi pass is not (measured, 2 threads:
+    # 31 x 47 tokens 0.23 s exact vs 0.38 s Jacobi; 3 x 326 tokens 1.00 s vs 0.25 s).
+    if tol is not None and input_ids.shape[0] < JACOBI_MAX_ROWS:
+        real = attention_mask.bool()
+        top = model(input_ids, attention_mask).top if start is None else start
+        for _ in range(max_jacobi):
+            state = _shift_state(top, attention_mask)[0]
+            new = model(input_ids, attention_mask, state=state, fuse_mask=fuse_mask, gate=gate).top
+            change = (new - top).norm(dim=-1) / top.norm(dim=-1).clamp_min(1e-12)  # [batch, pos]
+            top = new
+            if float(change[real].max()) < tol:
+                return top
     T = input_ids.shape[1]
     fused_cols = fuse_mask.any(0).nonzero()
     k = T - int(fused_cols[0]) if len(fused_cols) else 0  # columns before the first fused one: standard pass

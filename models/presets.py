@@ -53,6 +53,10 @@ class TrainConfig:
     # probability that a multi-pass batch starts its fused passes from the exact fixed point of the feedback map
     # (the recurrent-full states, no gradient) instead of pass 1 or warm passes; 0 = off (see docs/recipe.md)
     fixed_point_prob: float = 0.0
+    # > 0: the fixed-point start first tries up to 16 Jacobi passes and keeps them once the largest relative state
+    # change is below this (models.prefill.fixed_point_top; ~2x cheaper where the map contracts); 0 = always the
+    # exact sequential recurrence
+    fixed_point_tol: float = 0.0
     # weight of the state-consistency loss: every fused pass's top state is pulled toward pass 1's (detached) at
     # every position, so the standard states become a fixed point of the feedback map; 0 = off (docs/recipe.md)
     consistency: float = 0.0
@@ -98,6 +102,8 @@ class TrainConfig:
             raise UserError("warm_passes must be >= 0 and warm_prob in [0, 1]")
         if not 0 <= self.fixed_point_prob <= 1:
             raise UserError(f"fixed_point_prob must be in [0, 1], got {self.fixed_point_prob}")
+        if not 0 <= self.fixed_point_tol < 1:
+            raise UserError(f"fixed_point_tol must be in [0, 1), got {self.fixed_point_tol}")
         if self.consistency < 0:
             raise UserError(f"consistency must be >= 0, got {self.consistency}")
         if self.consistency_layers not in ("top", "all"):
@@ -143,7 +149,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0),
+        for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0), ("fixed_point_tol", 0.0),
                           ("consistency", 0.0), ("consistency_window", 0),
                           ("consistency_layers", "top"), ("gate_std", 1.0)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged

@@ -258,7 +258,8 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
                 window[:, :-j] |= label_pos[:, j:]
             window &= fuse_mask
     if k > 1 and warm == FIXED_POINT:
-        top = fixed_point_top(model, ids, mask, shifted(top)[1], gate.detach())
+        top = fixed_point_top(model, ids, mask, shifted(top)[1], gate.detach(), tol=cfg.fixed_point_tol or None,
+                              start=top.detach())
     elif k > 1 and warm > 0:
         with torch.no_grad():
             for _ in range(warm):
@@ -415,6 +416,10 @@ def parse_args(argv):
     p.add_argument("--fixed-point-prob", type=float,
                    help="probability that a multi-pass batch starts its fused passes from the exact fixed point of "
                         "the feedback map (the recurrent-full states; no gradient through it); default 0 = off")
+    p.add_argument("--fixed-point-tol", type=float,
+                   help="fixed-point start: try up to 16 Jacobi passes first and keep them once the largest relative "
+                        "state change is below this (cheaper where the map contracts); default 0 = always the exact "
+                        "one-token-step recurrence")
     p.add_argument("--consistency", type=float,
                    help="weight of the state-consistency loss: each fused pass's top state is pulled toward the "
                         "standard pass's (detached) at every fused position, relative squared error; default 0 = off")
@@ -458,7 +463,7 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
-                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob", "fixed_point_prob", "consistency", "consistency_window", "consistency_layers",
+                                          "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob", "fixed_point_prob", "fixed_point_tol", "consistency", "consistency_window", "consistency_layers",
                                           "seq_len", "reads", "gate_init", "gate_std", "register_curriculum", "targets", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
             if getattr(args, k) is not None}
     if args.tasks is not None:

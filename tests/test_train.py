@@ -222,8 +222,48 @@ def test_fixed_point_start_matches_the_written_out_recurrence(tiny_model):
     for warm in (2, T, train.FIXED_POINT):
         ends[warm] = train.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, warm=warm)
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(ends[T][1], ends[train.FIXED_POINT][1]))
+    # The trainer's tolerance path (16 Jacobi passes >= T + 1 here, so they converge) trains on the same start.
+    tol = train.multipass_loss(tiny_model, ids, mask, 3, replace(cfg, fixed_point_tol=1e-5), fuse_from,
+                               warm=train.FIXED_POINT)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(tol[1], ends[train.FIXED_POINT][1]))
     assert not _close(ends[2][1][1], ends[train.FIXED_POINT][1][1])
     assert _close(ends[2][1][0], ends[train.FIXED_POINT][1][0])  # pass 1 does not depend on the start
+
+
+@torch.no_grad()
+def test_fixed_point_tolerance_path_lands_on_the_exact_fixed_point(tiny_model, monkeypatch):
+    """fixed_point_top(tol=...): Jacobi passes until the state stops moving, else the exact recurrence."""
+    import models.prefill as prefill
+    ids, mask = _batch(seed=4)
+    fuse = prefill._shift_state(torch.zeros(*ids.shape, 1), mask)[1] & (torch.arange(ids.shape[1])[None] >= 2)
+    real = mask.bool()
+    exact = prefill.fixed_point_top(tiny_model, ids, mask, fuse)
+    T = ids.shape[1]
+
+    def no_recurrence(*a, **k):
+        raise AssertionError("the exact recurrence ran although the Jacobi passes had converged")
+
+    # T Jacobi passes are exact (causal map), so pass T + 1 changes nothing: this must return from the Jacobi
+    # path alone, and equal the recurrence.
+    with monkeypatch.context() as m:
+        m.setattr(prefill, "_recurrent", no_recurrence)
+        jac = prefill.fixed_point_top(tiny_model, ids, mask, fuse, tol=1e-5, max_jacobi=T + 1)
+    assert torch.allclose(jac[real], exact[real], rtol=1e-4, atol=1e-5)
+    # Not converged within the allowed passes: the exact recurrence, not the last Jacobi iterate.
+    one = prefill.fixed_point_top(tiny_model, ids, mask, fuse, tol=1e-12, max_jacobi=1)
+    assert torch.allclose(one[real], exact[real], rtol=1e-4, atol=1e-5)
+    std = tiny_model(ids, mask).top
+    two_passes = std
+    for _ in range(2):
+        two_passes = tiny_model(ids, mask, state=prefill._shift_state(two_passes, mask)[0], fuse_mask=fuse).top
+    assert not torch.allclose(two_passes[real], exact[real], rtol=1e-4, atol=1e-5)  # so the case above is not trivial
+    # Many short rows: straight to the exact recurrence (cheaper there), whatever the tolerance.
+    with monkeypatch.context() as m:
+        m.setattr(prefill, "JACOBI_MAX_ROWS", 2)
+        calls = []
+        m.setattr(prefill, "_recurrent", lambda *a, **k: calls.append(1) or (None, None, None, exact, None))
+        prefill.fixed_point_top(tiny_model, ids, mask, fuse, tol=0.5)
+    assert calls == [1]
 
 
 def test_fixed_point_batches_are_drawn_only_when_asked():
@@ -236,6 +276,9 @@ def test_fixed_point_batches_are_drawn_only_when_asked():
     assert all(w == train.FIXED_POINT or w == w0 for (_, w), (_, w0) in zip(on, off))
     with pytest.raises(UserError, match="fixed_point_prob"):
         replace(base, fixed_point_prob=1.5)
+    for bad in (-0.1, 1.0):
+        with pytest.raises(UserError, match="fixed_point_tol"):
+            replace(base, fixed_point_tol=bad)
 
 
 def test_ntp_loss_weights_the_label_token():
