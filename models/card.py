@@ -76,7 +76,9 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                   + ("loss on the label tokens only; " if tc.get("targets") == "labels" else
                      f"label-token loss weight {tc.get('label_weight')}; ") + "warm no-grad passes "
                   f"{tc.get('warm_passes')} (p={tc.get('warm_prob')})"
-                  + (f"; passes from the exact fixed point p={tc['fixed_point_prob']}" if tc.get("fixed_point_prob") else "")
+                  + (f"; passes from the fixed point p={tc['fixed_point_prob']} ("
+                     + (f"Jacobi passes to relative change < {tc['fixed_point_tol']:g} where cheaper, else exact)"
+                        if tc.get("fixed_point_tol") else "exact)") if tc.get("fixed_point_prob") else "")
                   + (f"; state-consistency loss weight {tc['consistency']}" if tc.get("consistency") else "")
                   + f"; depth scaling {tc.get('depth_scale')}; fusion gate init "
                   f"{tc.get('gate_init', 'default')}"

@@ -1,10 +1,11 @@
 #!/bin/bash
-# Reproduces the shipped checkpoints (2 CPU cores): stage 1 (tiny-base, 1-pass, ~20 min), then the three
-# stage-2 continuations side by side at one thread each (tiny-fbt, 4000 steps with the fixed-point start and
-# the state-consistency loss at every block, is the long pole: ~2 h sharing the cores), then their
+# Reproduces the shipped checkpoints (2 CPU cores): stage 1 (tiny-base, 1-pass, 15 min at two threads), then the
+# three stage-2 continuations side by side at one thread each (alone at two threads each took or would take:
+# tiny-fbt 33 min, tiny-fbt-no3 ~27, tiny-std ~18; side by side, sharing the cores, about an hour), then their
 # evaluations (~20 min each for the feedback models) and model cards.
-# The shipped tiny-fbt was trained as this command in three resumed legs (stops at steps 1750 and 2750, the
-# second and third at other thread counts); --resume continues bit-identically at a fixed thread count (tested).
+# The shipped tiny-fbt and tiny-fbt-no3 are single runs of these commands (tiny-fbt at two threads alone,
+# tiny-fbt-no3 at one thread with a 16-minute pause); tiny-base and tiny-std are from the previous shipping
+# (commit 7a7322d). Another thread count gives other float rounding, hence not bit-identical weights.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
