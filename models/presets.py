@@ -54,7 +54,7 @@ class TrainConfig:
     # (the recurrent-full states, no gradient) instead of pass 1 or warm passes; 0 = off (see docs/recipe.md)
     fixed_point_prob: float = 0.0
     # > 0: the fixed-point start first tries up to 16 Jacobi passes and keeps them once the largest relative state
-    # change is below this (models.prefill.fixed_point_top; ~2x cheaper where the map contracts); 0 = always the
+    # change is below this (models.prefill.fixed_point_top; 2-5x cheaper where the map contracts); 0 = always the
     # exact sequential recurrence
     fixed_point_tol: float = 0.0
     # weight of the state-consistency loss: every fused pass's top state is pulled toward pass 1's (detached) at
@@ -169,7 +169,7 @@ class TrainConfig:
 # tiny-fbt's architecture, data and token budget). A feedback fixed point that keeps every task's label needed
 # a token-aware gate (gate_init "unit", pre-activation std 3: with nn.Linear's default init sigmoid(W_G e) sat at
 # ~0.5 for every token), warm no-grad passes and fused passes started from the fixed point (Jacobi passes to a
-# relative change < 1e-3 where that is cheaper, else the exact recurrence: 2x cheaper, same start), and a
+# relative change < 1e-3 where that is cheaper, else the exact recurrence: 2-5x cheaper, same start), and a
 # state-consistency loss that pulls every fused pass's block outputs toward the standard pass's (the label loss
 # alone let fused passes relay pass 1's state, a shortcut gone at the fixed point). docs/recipe.md has each step.
 _STAGE = dict(packing=False, skip_values=True, batch_tokens=3000, task_weights=(0.5, 0.15, 0.35), lr=3e-4,
