@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,16 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
+from common.cpus import available_cpus  # noqa: E402
 from models.prefill import _shift_state, fixed_point_top  # noqa: E402
 from models.presets import PRESETS, load_model  # noqa: E402
 from models.train import make_batches  # noqa: E402
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def parse_args(argv=None) -> argparse.Namespace:

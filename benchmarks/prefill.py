@@ -34,18 +34,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
+from common.cpus import available_cpus  # noqa: E402
 from models.configs import qwen3_config  # noqa: E402
 from models.full_bandwidth import FullBandwidthLM  # noqa: E402
 from models.prefill import prefill_many  # noqa: E402
 
 GOAL_SCALING, GOAL_SPEEDUP, GOAL_OVERHEAD = 4.5, 5.0, 1.15
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def parse_args(argv=None) -> argparse.Namespace:

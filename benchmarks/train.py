@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -32,18 +31,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
+from common.cpus import available_cpus  # noqa: E402
 from models.presets import PRESETS  # noqa: E402
 from models.train import build_model, multipass_loss  # noqa: E402
 
 GOAL_RATIO = 1.05
 PASSES = (1, 2, 3)
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -162,6 +162,14 @@ def _standard(model, ids, mask, cols, rec, use_cache=False) -> LMOutput:
     return model(ids, mask, cache=cache, use_cache=use_cache)
 
 
+def _jacobi_pass(model, ids, mask, top, fuse_mask=None, gate=None, cache=None, use_cache=False) -> LMOutput:
+    """One Jacobi pass: every position fuses the previous pass's top state of the position before it
+    (`fuse_mask` default: wherever that position is a real token of the same row)."""
+    state, fuse = _shift_state(top, mask)
+    return model(ids, mask, state=state, fuse_mask=fuse if fuse_mask is None else fuse_mask, gate=gate,
+                 cache=cache, use_cache=use_cache)
+
+
 def _iter_fused(model, ids, mask, n, cols=None, rec=None, use_cache=False):
     """Yield (k, output) for k = 0..n Jacobi passes; pass k fuses pass k-1's top states shifted right."""
     out = model(ids, mask)  # pass 0 (standard)
@@ -170,9 +178,8 @@ def _iter_fused(model, ids, mask, n, cols=None, rec=None, use_cache=False):
         last = i == n - 1
         if rec is not None and last:
             rec.cols = cols
-        state, fuse = _shift_state(out.top, mask)
         cache = DynamicCache(config=model.config) if (use_cache and last) else None
-        out = model(ids, mask, state=state, fuse_mask=fuse, cache=cache, use_cache=use_cache and last)
+        out = _jacobi_pass(model, ids, mask, out.top, cache=cache, use_cache=use_cache and last)
         yield i + 1, out
 
 
@@ -224,8 +231,8 @@ def fixed_point_top(model: FullBandwidthLM, input_ids: torch.Tensor, attention_m
     the limit of fused-n, reached exactly at n = T, computed by the recurrent engine in cached one-token steps
     from the first fused column on. With every position after the first fused, this is recurrent-full.
 
-    `tol` (batches of fewer than JACOBI_MAX_ROWS rows): first run up to `max_jacobi` Jacobi passes from `start` (default: the standard pass's top states) and
-    return as soon as the largest relative state change at any real position, ||h^(k) - h^(k-1)|| / ||h^(k-1)||,
+    `tol` (batches of fewer than JACOBI_MAX_ROWS rows): first run up to `max_jacobi` Jacobi passes from `start`
+    (default: the standard pass's top states) and return as soon as the largest relative state change at any real position, ||h^(k) - h^(k-1)|| / ||h^(k-1)||,
     is below tol (for a map contracting at rate r that is within tol * r / (1 - r) of the fixed point); if they
     have not got there, the exact recurrence above. A pass is one parallel forward, a few dozen of the
     recurrence's one-token steps, so this is cheaper wherever the map contracts (the trained models: 1e-3 in
@@ -237,8 +244,7 @@ def fixed_point_top(model: FullBandwidthLM, input_ids: torch.Tensor, attention_m
         real = attention_mask.bool()
         top = model(input_ids, attention_mask).top if start is None else start
         for _ in range(max_jacobi):
-            state = _shift_state(top, attention_mask)[0]
-            new = model(input_ids, attention_mask, state=state, fuse_mask=fuse_mask, gate=gate).top
+            new = _jacobi_pass(model, input_ids, attention_mask, top, fuse_mask, gate).top
             change = (new - top).norm(dim=-1) / top.norm(dim=-1).clamp_min(1e-12)  # [batch, pos]
             top = new
             if float(change[real].max()) < tol:

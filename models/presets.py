@@ -149,8 +149,8 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0), ("fixed_point_tol", 0.0),
-                          ("consistency", 0.0), ("consistency_window", 0),
+        for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0),
+                          ("fixed_point_tol", 0.0), ("consistency", 0.0), ("consistency_window", 0),
                           ("consistency_layers", "top"), ("gate_std", 1.0)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
