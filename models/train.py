@@ -439,6 +439,8 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--tasks", help="comma-separated training tasks (default: all three)")
     p.add_argument("--distractors", help="N mixture as N:weight pairs, e.g. 0:0.3,8:0.3,32:0.3,128:0.1")
+    p.add_argument("--task-weights", help="share of each step's tokens per task, one weight per training task in "
+                                          "order, e.g. 0.3,0.1,0.6 (unpacked only; default: the preset's)")
     p.add_argument("--reads", type=int, help="answered queries inserted into each multi_register training sample "
                                              "(dense supervision of the latest-write lookup; unpacked only)")
     p.add_argument("--register-curriculum", type=int, help="steps over which multi_register training samples ramp "
@@ -472,6 +474,11 @@ def main(argv=None):
             # The preset's token shares are per task of ITS task list; keep a share only where the task stays.
             share = dict(zip(cfg.tasks, cfg.task_weights))
             over["task_weights"] = tuple(share.get(t, 1.0 / len(cfg.tasks)) for t in over["tasks"])
+    if args.task_weights is not None:
+        try:
+            over["task_weights"] = tuple(float(x) for x in args.task_weights.split(","))
+        except ValueError:
+            raise UserError(f"bad --task-weights {args.task_weights!r}: use one number per task, e.g. 0.3,0.1,0.6") from None
     if args.distractors is not None:
         over["distractors"] = parse_mixture(args.distractors)
     if args.lr_legs is not None:

@@ -591,6 +591,9 @@ def _expect_error(argv, capsys, match):
     (["--lr-legs", "3,2"], "lr_legs must be increasing"),
     (["--steps", "4", "--lr-legs", "4"], "lr_legs must be increasing"),
     (["--lr-legs", "two"], "--lr-legs must be comma-separated integers"),
+    (["--task-weights", "0.3,x,0.6"], "bad --task-weights '0.3,x,0.6'"),
+    (["--task-weights", "1,2"], "task_weights needs one positive weight per task"),
+    (["--task-weights", "1,0,2"], "task_weights needs one positive weight per task"),
 ])
 def test_bad_recipe_is_a_one_line_error_and_overwrites_nothing(runs, tmp_path, capsys, argv, match):
     out = tmp_path / "ckpt"
@@ -777,3 +780,17 @@ def test_unit_gate_init_makes_the_gate_token_dependent():
         replace(get_preset("smoke"), gate_std=0.0)
     with pytest.raises(UserError, match="gate_init"):
         replace(get_preset("smoke"), gate_init="big")
+
+
+def test_task_weights_flag_sets_the_token_shares(tmp_path, monkeypatch):
+    """--task-weights reaches the config (and the training log) and so the per-task micro-batch sizes."""
+    from tasks import build_tokenizer
+
+    monkeypatch.setattr(train, "quick_eval", _cheap_eval)
+    out = tmp_path / "w"
+    train.main(FAST + ["--out", str(out), "--steps", "1", "--no-packing", "--task-weights", "0.1,0.1,0.8"])
+    cfg = json.loads((out / "train_log.json").read_text())["config"]
+    assert cfg["task_weights"] == [0.1, 0.1, 0.8] and cfg["packing"] is False
+    run = replace(get_preset("smoke"), packing=False, task_weights=tuple(cfg["task_weights"]), distractors={0: 1.0})
+    sizes = [m.ids.numel() for m in train.make_batches(run, build_tokenizer(), 0)]
+    assert sizes[2] > 3 * max(sizes[:2])
