@@ -174,14 +174,18 @@ class TrainConfig:
 # alone let fused passes relay pass 1's state, a shortcut gone at the fixed point). docs/recipe.md has each step.
 _STAGE = dict(packing=False, skip_values=True, batch_tokens=3000, task_weights=(0.5, 0.15, 0.35), lr=3e-4,
               targets="labels")
+# Stage 2 (all three continuations alike): multi_register takes 60% of the tokens and every one of its samples
+# carries 8 answered reads ("get X" / "value: v", label targets too), ~8x the lookup's supervision per token.
+# Its errors were the long-range cases (latest write 30-40 lines back); docs/recipe.md item 17.
+_STAGE2 = dict(_STAGE, task_weights=(0.3, 0.1, 0.6), reads=8)
 _FEEDBACK = dict(base="tiny-base", curriculum_steps=0, warmup=50, gate_init="unit", gate_std=3.0, warm_passes=16,
                  warm_prob=0.5, fixed_point_prob=0.5, fixed_point_tol=1e-3, consistency=1.0, consistency_window=5,
-                 consistency_layers="all", **_STAGE)
+                 consistency_layers="all", **_STAGE2)
 PRESETS: dict[str, TrainConfig] = {
     "tiny-base": TrainConfig(schedule="1", steps=3000, curriculum_steps=1500, curriculum_max_n=0,
                              register_curriculum=3000, **_STAGE),
     "tiny-fbt": TrainConfig(steps=4000, **_FEEDBACK),
-    "tiny-std": TrainConfig(base="tiny-base", schedule="1", steps=4000, curriculum_steps=0, warmup=50, **_STAGE),
+    "tiny-std": TrainConfig(base="tiny-base", schedule="1", steps=4000, curriculum_steps=0, warmup=50, **_STAGE2),
     "tiny-fbt-no3": TrainConfig(schedule="75/25", steps=4000, **_FEEDBACK),
 }
 # A few-second recipe for tests and smoke runs.
