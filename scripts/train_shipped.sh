@@ -2,11 +2,10 @@
 # Reproduces the shipped checkpoints (2 CPU cores): stage 1 (tiny-base, 1-pass, 15 min at two threads), then the
 # three stage-2 continuations side by side at one thread each (alone at two threads each would take about:
 # tiny-fbt ~36-47 min by machine, unmeasured whole; tiny-fbt-no3 36 measured; tiny-std ~20; side by side, sharing the cores, well over an hour), then their
-# evaluations (~20 min each for the feedback models) and model cards.
-# The shipped tiny-fbt and tiny-std are single runs of these commands on the current stage-2 data (tiny-fbt:
-# 750 steps at one thread, then resumed at two; tiny-std at one thread beside it); tiny-base is from commit
-# 7a7322d's shipping, and the shipped tiny-fbt-no3 predates the current stage-2 data: it is
-# `--preset tiny-fbt-no3 --task-weights 0.5,0.15,0.35 --reads 0` (docs/recipe.md item 17), not yet retrained.
+# evaluations (~11 min each for the feedback models at two threads alone) and model cards.
+# The shipped tiny-fbt, tiny-std and tiny-fbt-no3 are single runs of these commands on the current stage-2 data
+# (tiny-fbt: 750 steps at one thread, then resumed at two; tiny-std at one thread beside it; tiny-fbt-no3 at two
+# threads alone); tiny-base is from commit 7a7322d's shipping.
 # Another thread count gives other float rounding, hence not bit-identical weights.
 set -euo pipefail
 cd "$(dirname "$0")/.."
