@@ -1,8 +1,8 @@
 #!/bin/bash
 # Reproduces the shipped checkpoints (2 CPU cores): stage 1 (tiny-base, 1-pass, 15 min at two threads), then the
-# three stage-2 continuations side by side at one thread each (alone at two threads each would take about:
-# tiny-fbt 44 min, tiny-fbt-no3 36 (~29 on tiny-fbt's machine), tiny-std 22, measured whole; side by side, sharing the cores, well over an hour), then their
-# evaluations (~11 min each for the feedback models at two threads alone) and model cards.
+# three stage-2 continuations side by side at one thread each (each alone at two threads, measured whole:
+# tiny-fbt 44 min, tiny-fbt-no3 36 on a 1.24x slower machine, tiny-std 22; side by side, sharing the cores,
+# well over an hour), then their evaluations (~11 min each for the feedback models at two threads alone) and model cards.
 # The shipped tiny-fbt, tiny-std and tiny-fbt-no3 are single runs of these commands on the current stage-2 data
 # (tiny-fbt: 750 steps at one thread, then resumed at two; tiny-std at one thread beside it; tiny-fbt-no3 at two
 # threads alone); tiny-base is from commit 7a7322d's shipping.
