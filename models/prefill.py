@@ -26,6 +26,10 @@ from models.full_bandwidth import FullBandwidthLM, LMOutput, decoder_layers
 
 MODE_RE = re.compile(r"^(standard|recurrent-(\d+|full)|fused-(\d+))$")
 DECODINGS = ("std", "soft", "fused")
+# Bounds checked when a mode is parsed, before any work: fused-n keeps n passes' states, recurrent-k is cropped
+# to the prompt anyway. Larger values are typos (fused-99999 grew memory until killed).
+MAX_FUSED_PASSES = 1000
+MAX_RECURRENT_K = 100_000
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,13 @@ def parse_mode(mode: str | Mode) -> Mode:
         if m.group(2) == "full":
             return Mode("recurrent", None)
         k = int(m.group(2))
+        if k > MAX_RECURRENT_K:
+            raise UserError(f"prefill mode {mode!r}: k must be <= {MAX_RECURRENT_K} (recurrent-full recomputes "
+                            "every position)")
         return Mode("standard") if k == 0 else Mode("recurrent", k)
     n = int(m.group(3))
+    if n > MAX_FUSED_PASSES:
+        raise UserError(f"prefill mode {mode!r}: at most {MAX_FUSED_PASSES} fused passes")
     return Mode("standard") if n == 0 else Mode("fused", n)
 
 

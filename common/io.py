@@ -1,0 +1,119 @@
+"""Result files that are never half-written, never lost, and never written by two runs at once.
+
+- `atomic_write(path, data)`: a temporary file in the same directory, then `os.replace`; the temporary is
+  removed on every exit path (error, interrupt).
+- `json_text(obj)`: strict JSON (a NaN or inf is a bug, never written as bare `NaN`).
+- `DirLock(dir)`: an exclusive, non-blocking `flock` on the directory itself for a run's duration, so a second
+  run into the same directory is refused with one line; it leaves no file behind.
+- `remove_owned(dir, names)`: delete an earlier run's files by name (files or folders) once the new ones exist.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from common.errors import UserError
+
+
+def atomic_write(path: str | Path, data) -> Path:
+    """Write `data` (str, bytes, or a callable `write(tmp_path)`) to `path` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        if callable(data):
+            os.close(fd)
+            fd = -1
+            data(tmp)
+        else:
+            with os.fdopen(fd, "wb") as f:
+                fd = -1
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def json_text(obj, indent: int | None = 1, **kw) -> str:
+    """JSON with NaN/inf refused (ValueError) instead of written as invalid bare tokens."""
+    return json.dumps(obj, indent=indent, allow_nan=False, **kw) + "\n"
+
+
+class DirLock:
+    """Exclusive lock on a directory (created if missing) for the duration of a `with` block.
+
+    Another process holding it -> UserError (refused, nothing touched). The lock is on the directory's own file
+    descriptor, so no lock file is left in or beside it. `created` says whether this lock made the directory
+    (so a refused or failed run can remove what it made).
+    """
+
+    def __init__(self, directory: str | Path, what: str = "run"):
+        self.dir = Path(directory)
+        self.what = what
+        self.fd = -1
+        self.created = False
+
+    def __enter__(self):
+        if not self.dir.exists():
+            self.dir.mkdir(parents=True)
+            self.created = True
+        self.fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = -1
+            raise UserError(f"another {self.what} is writing to {self.dir} right now; wait for it or choose "
+                            "another output directory") from None
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.fd >= 0:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = -1
+        # A run that failed before writing anything leaves no empty directory it made itself.
+        if exc_type is not None and self.created:
+            try:
+                self.dir.rmdir()
+            except OSError:
+                pass
+        return False
+
+
+def remove_owned(directory: str | Path, names, keep=()) -> None:
+    """Remove the named files/folders of an earlier run from `directory` (except those in `keep`)."""
+    d = Path(directory)
+    for name in names:
+        if name in keep:
+            continue
+        p = d / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
+def remove_stale_tmp(directory: str | Path) -> None:
+    """Delete temporaries (`.*.tmp`) a killed earlier run may have left (SIGKILL skips every cleanup)."""
+    d = Path(directory)
+    if d.is_dir():
+        for p in d.glob(".*.tmp"):
+            if p.is_file():
+                p.unlink(missing_ok=True)
+
+
+def require_finite_json(obj, what: str = "results") -> None:
+    try:
+        json.dumps(obj, allow_nan=False)
+    except ValueError:
+        raise UserError(f"{what} contain NaN or inf; refusing to write invalid JSON") from None
