@@ -1,0 +1,163 @@
+"""common/: the CLI toolkit (one-line parser, bounded arguments, output paths) and safe writes (atomic, locked)."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pytest
+
+from common.cli import Parser, float_in, float_list, int_in, int_list, output_dir, output_file, safe_name
+from common.errors import UserError, cli_entry
+from common.io import DirLock, atomic_write, json_text, remove_owned
+
+
+def test_parser_error_is_one_line_exit_2(capsys):
+    p = Parser(prog="x")
+    p.add_argument("--n", type=int_in(1, 10))
+
+    @cli_entry
+    def main(argv=None):
+        p.parse_args(argv)
+
+    with pytest.raises(SystemExit) as e:
+        main(["--n", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "usage" not in err and "--n" in err and "1..10" in err
+
+
+@pytest.mark.parametrize("s", ["0", "11", "1.5", "nan", "", "1e3"])
+def test_int_in_refuses(s):
+    import argparse
+    with pytest.raises(argparse.ArgumentTypeError):
+        int_in(1, 10)(s)
+
+
+def test_int_in_accepts_bounds():
+    assert int_in(1, 10)("1") == 1 and int_in(1, 10)(" 10 ") == 10 and int_in(0)("123456789") == 123456789
+
+
+@pytest.mark.parametrize("s", ["nan", "inf", "-inf", "x", "-0.1", "2"])
+def test_float_in_refuses(s):
+    import argparse
+    with pytest.raises(argparse.ArgumentTypeError):
+        float_in(0, 1)(s)
+
+
+def test_float_in_open_ends():
+    import argparse
+    assert float_in(0, 1)("0") == 0.0
+    with pytest.raises(argparse.ArgumentTypeError):
+        float_in(0, 1, lo_open=True)("0")
+    assert float_in(0, lo_open=True)("1e9") == 1e9
+
+
+def test_lists():
+    assert int_list("0, 8,8,32", "--d", 0, 256) == [0, 8, 32]
+    for bad in ("", ",", "1.7", "nan", "-1", "300"):
+        with pytest.raises(UserError):
+            int_list(bad, "--d", 0, 256)
+    assert float_list("0.1,1", "--a", 0) == [0.1, 1.0]
+    with pytest.raises(UserError):
+        float_list("0.1,nan", "--a")
+
+
+def test_output_paths(tmp_path):
+    with pytest.raises(UserError, match="empty"):
+        output_dir("")
+    with pytest.raises(UserError, match="empty"):
+        output_file("  ")
+    f = tmp_path / "f"
+    f.write_text("x")
+    with pytest.raises(UserError, match="not a directory"):
+        output_dir(f)
+    with pytest.raises(UserError, match="not a directory"):
+        output_dir(f / "sub")
+    with pytest.raises(UserError, match="is a directory"):
+        output_file(tmp_path)
+    assert output_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert not (tmp_path / "a").exists()  # checking creates nothing
+    if Path("/proc").is_dir():
+        with pytest.raises(UserError):
+            output_dir("/proc/x")
+        with pytest.raises(UserError):
+            output_file("/proc/x/y.json")
+
+
+def test_safe_name(tmp_path):
+    assert safe_name("tiny-fbt") == "tiny-fbt"
+    assert safe_name("checkpoints/tiny-fbt/") == "tiny-fbt"
+    d = tmp_path / "m" / "inner"
+    d.mkdir(parents=True)
+    assert safe_name(f"{d}/..") == "m"
+    assert ".." not in safe_name("..") and safe_name("..") != ""
+    with pytest.raises(UserError):
+        safe_name("/")
+
+
+def test_atomic_write_cleans_up_on_interrupt(tmp_path):
+    p = tmp_path / "r.json"
+    atomic_write(p, "old")
+
+    def boom(tmp):
+        Path(tmp).write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(p, boom)
+    assert p.read_text() == "old"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["r.json"]
+    atomic_write(p, b"new")
+    assert p.read_bytes() == b"new"
+
+
+def test_json_text_refuses_nan():
+    assert json.loads(json_text({"a": 1.0})) == {"a": 1.0}
+    with pytest.raises(ValueError):
+        json_text({"a": float("nan")})
+
+
+def _try_lock(path, q):
+    try:
+        with DirLock(path):
+            q.put("got it")
+    except UserError as e:
+        q.put(f"refused: {e}")
+
+
+def test_dir_lock_refuses_a_second_process_and_leaves_no_file(tmp_path):
+    d = tmp_path / "out"
+    with DirLock(d) as lock:
+        assert lock.created
+        q = mp.get_context("fork").Queue()
+        p = mp.get_context("fork").Process(target=_try_lock, args=(d, q))
+        p.start()
+        p.join(30)
+        assert q.get(timeout=5).startswith("refused: another run is writing")
+    assert list(d.iterdir()) == []
+    with DirLock(d):  # released
+        pass
+
+
+def test_dir_lock_removes_the_directory_it_made_on_failure(tmp_path):
+    d = tmp_path / "new"
+    with pytest.raises(RuntimeError):
+        with DirLock(d):
+            raise RuntimeError
+    assert not d.exists()
+    d.mkdir()
+    with pytest.raises(RuntimeError):
+        with DirLock(d):
+            raise RuntimeError
+    assert d.exists()  # not ours to remove
+
+
+def test_remove_owned(tmp_path):
+    (tmp_path / "activations").mkdir()
+    (tmp_path / "activations" / "a.npz").write_text("x")
+    (tmp_path / "probes.json").write_text("x")
+    (tmp_path / "causal_report.json").write_text("x")
+    remove_owned(tmp_path, ["probes.json", "activations", "missing"], keep=("probes.json",))
+    assert sorted(os.listdir(tmp_path)) == ["causal_report.json", "probes.json"]
