@@ -1,14 +1,17 @@
-"""Synthetic probing tasks (SPEC section 3): completion, memory and multi_register.
+"""Synthetic tasks (SPEC section 3): the probing tasks completion, memory and multi_register (``TASKS``),
+and the state-tracking tasks parity and shell_game (``TRACKING_TASKS``, issue 21; ``ALL_TASKS`` is both).
 
 Every prompt ends with the same final token ":"; samples come in pairs differing only in what
 determines the label; ``group_id`` is the cross-validation group held out as a whole.
 """
 from .generators import dataset_fingerprint, make_dataset
-from .samples import DISTRACTOR_COUNTS, LABEL_WORDS, TASKS, Sample
+from .samples import ALL_TASKS, DISTRACTOR_COUNTS, LABEL_WORDS, TASKS, TRACKING_TASKS, Sample
 from .tokenizer import build_tokenizer, label_token_ids, tokenize_samples
 
 __all__ = [
     "TASKS",
+    "TRACKING_TASKS",
+    "ALL_TASKS",
     "DISTRACTOR_COUNTS",
     "LABEL_WORDS",
     "Sample",

@@ -1,8 +1,9 @@
-"""Deterministic generators for the three probing tasks, plus ``make_dataset`` and a dataset fingerprint.
+"""Deterministic generators for the probing and tracking tasks, plus ``make_dataset`` and a fingerprint.
 
-Samples come in adjacent pairs (label 0 first, then label 1) that differ only in the line that determines
-the label, so each dataset is exactly balanced. All randomness comes from a ``random.Random(seed)``
-local to the call: the same arguments always give byte-identical samples.
+Samples come in adjacent pairs that differ only in the line that determines the label: label 0 first, then
+label 1, so each dataset is exactly balanced (shell_game, 3 classes: see ``_SHELL_LABELS`` for its rule).
+All randomness comes from a ``random.Random(seed)`` local to the call: the same arguments always give
+byte-identical samples.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import random
 
 from common.errors import UserError
 
-from .samples import FINAL_TOKEN, REGISTERS, TASKS, WRITES_CHOICES, Sample
+from .samples import ALL_TASKS, CUPS, FINAL_TOKEN, REGISTERS, TRACKING_TASKS, WRITES_CHOICES, Sample
 
 # Writes per register a training curriculum may also use: 1 = each register written once (no recency needed).
 CURRICULUM_WRITES = (1, *WRITES_CHOICES)
@@ -130,6 +131,83 @@ def _with_reads(history: list[str], reads: int, rng: random.Random) -> list[str]
     return out
 
 
+def _parity(n_pairs: int, n: int, rng: random.Random) -> list[Sample]:
+    # "x = 0", N lines "x ^= b", "parity:"; label = XOR of the bits. The pair flips the bit of one update
+    # line (diff_line, uniform), so the labels are opposite; the label-0 member's bits are uniform over the
+    # even-parity strings. Group = the pair's template (diff_line and every other update line): identical
+    # pairs share a group, in practice each pair is its own group once 2**(N-1) * N >> n_pairs (N = 1
+    # has a single template, so one group). No coarser grouping keeps identical texts inside one group:
+    # a text recurs in a different pair whenever another of its lines is picked, so only large N (2**N
+    # texts) makes held-out texts unseen.
+    groups = _GroupIds()
+    out = []
+    for pair_id in range(n_pairs):
+        bits = [rng.randrange(2) for _ in range(n)]
+        j = rng.randrange(n)
+        if sum(bits) % 2:
+            bits[j] ^= 1
+        gid = groups((j, tuple(bits[:j]), tuple(bits[j + 1:])))
+        for label in (0, 1):
+            b = [*bits[:j], bits[j] ^ label, *bits[j + 1:]]
+            running, x = [], 0
+            for v in b:
+                x ^= v
+                running.append(x)
+            lines = ["x = 0", *(f"x ^= {v}" for v in b), "parity" + FINAL_TOKEN]
+            out.append(Sample("parity", "\n".join(lines), label, pair_id, gid, n,
+                              diff_line=j, running=tuple(running)))
+    return out
+
+
+# The three transpositions of S3 as cup-index pairs; line text "swap A B" etc. (always in this order).
+_SWAPS = ((0, 1), (0, 2), (1, 2))
+# shell_game labels of the two pair members, by pair_id % 6: every block of 3 consecutive pairs holds
+# each cup exactly twice (once as first member, once as second), so the dataset is exactly balanced when
+# n_pairs is a multiple of 3 and the three class counts differ by at most 1 otherwise; each ordered pair
+# of different cups appears once per 6 pairs.
+_SHELL_LABELS = ((0, 1), (1, 2), (2, 0), (1, 0), (2, 1), (0, 2))
+
+
+def _shell_run(start: int, swaps) -> list[int]:
+    running, pos = [], start
+    for k in swaps:
+        a, b = _SWAPS[k]
+        pos = b if pos == a else a if pos == b else pos
+        running.append(pos)
+    return running
+
+
+def _shell_game(n_pairs: int, n: int, rng: random.Random) -> list[Sample]:
+    # "ball under S", N lines "swap P Q", "ball under:"; label = the cup the ball ends under. The pair
+    # differs in one swap line (diff_line, uniform): just before it the ball is under some cup p, and
+    # the three swaps send p to three different cups (the two containing p move it, the third leaves it),
+    # after which the remaining swaps are a bijection, so the three choices of that line end under three
+    # different cups; each member takes the one choice that gives its label (_SHELL_LABELS). Start cup and
+    # the other lines are uniform. Group = the pair's template (start, diff_line and the other swap lines),
+    # as for parity; N = 1 has 3 templates (one per start cup).
+    groups = _GroupIds()
+    out = []
+    for pair_id in range(n_pairs):
+        start = rng.randrange(len(CUPS))
+        swaps = [rng.randrange(len(_SWAPS)) for _ in range(n)]
+        j = rng.randrange(n)
+        gid = groups((start, j, tuple(swaps[:j]), tuple(swaps[j + 1:])))
+        runs = {}
+        for k in range(len(_SWAPS)):
+            trial = [*swaps[:j], k, *swaps[j + 1:]]
+            run = _shell_run(start, trial)
+            runs[run[-1]] = (trial, run)
+        assert len(runs) == len(CUPS)  # the three choices of line j end under three different cups
+        for label in _SHELL_LABELS[pair_id % len(_SHELL_LABELS)]:
+            trial, run = runs[label]
+            lines = [f"ball under {CUPS[start]}",
+                     *(f"swap {CUPS[_SWAPS[k][0]]} {CUPS[_SWAPS[k][1]]}" for k in trial),
+                     "ball under" + FINAL_TOKEN]
+            out.append(Sample("shell_game", "\n".join(lines), label, pair_id, gid, n,
+                              diff_line=j, running=tuple(run)))
+    return out
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -138,15 +216,20 @@ def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
                  writes: int | None = None, reads: int = 0, registers: int = len(REGISTERS)) -> list[Sample]:
     """Return ``2 * n_pairs`` samples of ``task`` with ``n_distractors`` distractor lines each.
 
-    Pair members are adjacent (label 0 then label 1). For multi_register, ``writes`` fixes the number of
-    writes per register; ``None`` cycles 2, 4, 8 over the pair index so all three appear. Training
-    curriculum only (the task itself is 8 registers, 2/4/8 writes): ``registers`` < 8 uses a random subset
-    of the register names, and ``writes`` may also be 1 (a plain key-value lookup).
+    ``task`` is any of ``ALL_TASKS``; for the tracking tasks (parity, shell_game) ``n_distractors`` is the
+    number of update lines and must be at least 1 (a pair differs in one of them).
+    Pair members are adjacent (label 0 then label 1; shell_game: see ``_SHELL_LABELS``). For multi_register,
+    ``writes`` fixes the number of writes per register; ``None`` cycles 2, 4, 8 over the pair index so all
+    three appear. Training curriculum only (the task itself is 8 registers, 2/4/8 writes): ``registers`` < 8
+    uses a random subset of the register names, and ``writes`` may also be 1 (a plain key-value lookup).
     """
-    if task not in TASKS:
-        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+    if task not in ALL_TASKS:
+        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(ALL_TASKS)}")
     if not _is_int(n_distractors) or n_distractors < 0:
         raise UserError(f"number of distractors must be a non-negative integer, got {n_distractors!r}")
+    if task in TRACKING_TASKS and n_distractors < 1:
+        raise UserError(f"task {task!r} needs at least 1 update line (number of distractors >= 1) so that "
+                        f"the two members of a pair can differ, got {n_distractors}")
     if not _is_int(n_pairs) or n_pairs < 1:
         raise UserError(f"number of pairs must be a positive integer, got {n_pairs!r}")
     if not _is_int(seed):
@@ -168,6 +251,10 @@ def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
         return _completion(n_pairs, n_distractors, rng)
     if task == "memory":
         return _memory(n_pairs, n_distractors, rng)
+    if task == "parity":
+        return _parity(n_pairs, n_distractors, rng)
+    if task == "shell_game":
+        return _shell_game(n_pairs, n_distractors, rng)
     return _multi_register(n_pairs, n_distractors, rng, writes, reads, random.Random(seed * 1_000_003 + 7),
                            registers)
 
@@ -176,12 +263,17 @@ def dataset_fingerprint(samples) -> str:
     """SHA-256 hex digest of a canonical JSON dump of the samples, for cache keys.
 
     ``n_tokens`` is left out: it depends on the tokenizer, not on the dataset, so the fingerprint is the
-    same before and after ``tokenize_samples`` (key the tokenizer separately).
+    same before and after ``tokenize_samples`` (key the tokenizer separately). The tracking fields
+    ``diff_line`` and ``running`` enter only when set, so the other tasks' fingerprints are those from
+    before the fields existed.
     """
     rows = []
     for s in samples:
         d = dataclasses.asdict(s)
         d.pop("n_tokens", None)
+        for key in ("diff_line", "running"):
+            if d[key] is None:
+                del d[key]
         rows.append(d)
     blob = json.dumps({"format": FORMAT_VERSION, "samples": rows}, sort_keys=True, separators=(",", ":"),
                       ensure_ascii=True)

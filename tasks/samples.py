@@ -1,5 +1,9 @@
 """Sample record and constants shared by the synthetic probing tasks (SPEC section 3).
 
+``TASKS`` are the three probing tasks the shipped models were trained on (CLIs default to them);
+``TRACKING_TASKS`` are the state-tracking tasks of issue 21 (parity, and the S3 shell game), whose words
+the shipped checkpoints' tokenizers do not know; ``ALL_TASKS`` is both.
+
 Every prompt of every task ends with the same final token ``:`` so that, under standard prefill, the
 layer-0 vector at the last position is identical for all samples and a layer-0 probe is at chance by
 construction.
@@ -9,9 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TASKS = ("completion", "memory", "multi_register")
+TRACKING_TASKS = ("parity", "shell_game")
+ALL_TASKS = TASKS + TRACKING_TASKS
 DISTRACTOR_COUNTS = (0, 8, 32, 128, 256)
-# Index = label. multi_register answers with the bare bit so the answer is a digit token.
-LABEL_WORDS = {"completion": ("MORE", "DONE"), "memory": ("ZERO", "ONE"), "multi_register": ("0", "1")}
+# Index = label. multi_register and parity answer with the bare bit so the answer is a digit token;
+# shell_game (3 classes) answers with the cup the ball ends under.
+CUPS = ("A", "B", "C")
+LABEL_WORDS = {"completion": ("MORE", "DONE"), "memory": ("ZERO", "ONE"), "multi_register": ("0", "1"),
+               "parity": ("0", "1"), "shell_game": CUPS}
 WRITES_CHOICES = (2, 4, 8)
 REGISTERS = ("A", "B", "C", "D", "E", "F", "G", "H")
 FINAL_TOKEN = ":"
@@ -19,16 +28,24 @@ FINAL_TOKEN = ":"
 
 @dataclass(frozen=True)
 class Sample:
-    """One prompt with its binary label and the bookkeeping probes need (pair, CV group, N, length)."""
+    """One prompt with its label and the bookkeeping probes need (pair, CV group, N, length).
+
+    Labels are binary except for shell_game (3 classes). For the tracking tasks ``n_distractors`` is the
+    number of update lines, ``diff_line`` the 0-based update line in which the two pair members differ and
+    ``running`` the tracked value (label index) after each update line; both stay ``None`` for the other
+    tasks and are then left out of ``dataset_fingerprint``.
+    """
 
     task: str
     text: str  # the prompt; always ends with the final token ":"
-    label: int  # 0/1, index into LABEL_WORDS[task]
+    label: int  # index into LABEL_WORDS[task]: 0/1, or 0/1/2 for shell_game
     pair_id: int
     group_id: int  # cross-validation group: whole groups are held out together
     n_distractors: int
     writes: int = 0  # multi_register: writes per register (2, 4 or 8); 0 for other tasks
     n_tokens: int | None = None  # filled by tasks.tokenize_samples
+    diff_line: int | None = None  # tracking tasks: update line (0-based) where the pair members differ
+    running: tuple[int, ...] | None = None  # tracking tasks: value after each update line (length N)
 
     @property
     def answer(self) -> str:

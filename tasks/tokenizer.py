@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from common.errors import UserError
 
-from .samples import LABEL_WORDS, REGISTERS, Sample
+from .samples import LABEL_WORDS, REGISTERS, TASKS, TRACKING_TASKS, Sample
 
 PAD_TOKEN = "[PAD]"
 UNK_TOKEN = "[UNK]"
@@ -20,7 +20,10 @@ _TASK_TOKENS = (
     + list(REGISTERS)
     + ["required", "completed", "scratch", "Status", "state", "final", "value", "get", "nop"]
     + ["=", "+=", "^=", ":", "#", "\n"]
-    + [w for words in LABEL_WORDS.values() for w in words]
+    + [w for task in TASKS for w in LABEL_WORDS[task]]
+    # Tracking tasks (issue 21); their label words ("0"/"1", cups "A"/"B"/"C") are already in.
+    + ["x", "parity", "ball", "under", "swap"]
+    + [w for task in TRACKING_TASKS for w in LABEL_WORDS[task]]
 )
 # Words (\w+), operator runs (+=, ^=, :, #) and newlines are tokens; other whitespace is dropped.
 # (The Whitespace pre-tokenizer would drop the newlines.)
@@ -70,6 +73,14 @@ def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]
     for s, row in zip(samples, ids):
         if not row:
             raise UserError(f"tokenizer {name!r} gives no tokens for a {s.task} prompt (pair {s.pair_id})")
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None:
+        for s, row in zip(samples, ids):
+            if unk in row:  # a word the model never saw: its answers would be scored on [UNK] inputs
+                j = row.index(unk)
+                raise UserError(f"tokenizer {name!r} does not know every word of the {s.task} task (unknown "
+                                f"token at position {j} of pair {s.pair_id}'s prompt): this model was not built "
+                                "for this task")
     # The expected ending is the most common final id (ties -> first seen), so the one sample reported
     # is the odd one out rather than whichever happened to come first.
     counts = collections.Counter(row[-1] for row in ids)
@@ -88,18 +99,24 @@ def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]
 
 
 def label_token_ids(tokenizer, task: str) -> list[int]:
-    """Token id of each label word (index = label) as it follows the prompt, for any tokenizer."""
+    """Token id of each label word (index = label) as it follows the prompt, for any tokenizer.
+
+    Two ids for the binary tasks, three for shell_game.
+    """
     from .generators import make_dataset
 
+    n_labels = len(LABEL_WORDS[task]) if task in LABEL_WORDS else 2  # unknown task: make_dataset says so
+    # The tracking tasks need an update line; 3 pairs hold every shell_game cup.
+    ds = make_dataset(task, n_pairs=1 if n_labels == 2 else 3, n_distractors=int(task in TRACKING_TASKS), seed=0)
     out = []
-    for label in (0, 1):
-        sample = next(s for s in make_dataset(task, n_pairs=1, n_distractors=0, seed=0) if s.label == label)
+    for label in range(n_labels):
+        sample = next(s for s in ds if s.label == label)
         prompt = tokenizer(sample.text, add_special_tokens=False)["input_ids"]
         full = tokenizer(sample.full_text, add_special_tokens=False)["input_ids"]
         if full[:len(prompt)] != prompt or len(full) == len(prompt):
             raise UserError(f"tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__} "
                             f"does not split {task} answers from the prompt cleanly")
         out.append(full[len(prompt)])
-    if out[0] == out[1]:
-        raise UserError(f"the two {task} label words share their first token under this tokenizer")
+    if len(set(out)) < len(out):
+        raise UserError(f"the {task} label words do not all have different first tokens under this tokenizer")
     return out
