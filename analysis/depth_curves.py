@@ -154,15 +154,10 @@ def render_html(doc_or_path, title: str | None = None) -> str:
 
 
 def write_depth_curves(doc_or_path, path: str | Path, title: str | None = None) -> Path:
-    """Write the HTML atomically (temporary file + rename)."""
-    path = Path(path)
-    html = render_html(doc_or_path, title)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(html)
-    os.replace(tmp, path)
-    return path
+    """Write the HTML atomically (common.io.atomic_write: the temporary is removed on every exit path)."""
+    from common.io import atomic_write
+
+    return atomic_write(path, render_html(doc_or_path, title))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -11,13 +11,12 @@ Writes gains.json and gains.html (grouped bars) under --out.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
 
+from common.cli import Parser, int_in, int_list, output_dir
 from common.errors import UserError, cli_entry
-from models.evaluate import evaluate, parse_ints, parse_tasks
+from common.io import DirLock, atomic_write, json_text, remove_stale_tmp
+from models.evaluate import MAX_DISTRACTORS, MAX_PAIRS, evaluate, parse_tasks
 from models.presets import load_model
 from tasks import TASKS
 
@@ -46,42 +45,61 @@ def figure(rows):
     return fig
 
 
+OUTPUTS = ("gains.json", "gains.html")
+
+
 @cli_entry
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m analysis.gains", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m analysis.gains", description=__doc__)
     p.add_argument("--fbt", default="tiny-fbt", help="full-bandwidth model (preset or dir)")
     p.add_argument("--std", default="tiny-std", help="standard baseline model (preset or dir)")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks")
-    p.add_argument("--distractors", default="0,8,32,128", help="comma-separated N (default 0,8,32,128)")
-    p.add_argument("--n-pairs", type=int, default=50, help="pairs per task and N (default 50)")
+    p.add_argument("--distractors", default="0,8,32,128",
+                   help=f"comma-separated N, each in 0..{MAX_DISTRACTORS} (default 0,8,32,128)")
+    p.add_argument("--n-pairs", type=int_in(1, MAX_PAIRS), default=50,
+                   help=f"pairs per task and N, 1..{MAX_PAIRS} (default 50)")
     p.add_argument("--out", default="figures/gains", help="output dir (default figures/gains)")
     p.add_argument("--overwrite", action="store_true", help="replace existing results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
+    # --- everything that can be refused is checked before any model loads
+    for flag in ("fbt", "std"):
+        if not getattr(a, flag).strip():
+            raise UserError(f"--{flag} is empty")
     tasks = parse_tasks(a.tasks)
-    ns = parse_ints(a.distractors, "--distractors")
-    out = Path(a.out)
-    if (out / "gains.json").exists() and not a.overwrite:
-        raise UserError(f"{out}/gains.json exists; pass --overwrite or another --out")
-    t0 = time.time()
-    fbt, fbt_tok, _ = load_model(a.fbt)
-    std, std_tok, _ = load_model(a.std)
-    if not fbt.has_fusion:
-        raise UserError(f"--fbt {a.fbt} has no fusion module")
-    ev_fbt = evaluate(fbt, fbt_tok, tasks, ns, ["std", "soft", "fused"], 0, a.n_pairs, progress=not a.no_progress)
-    ev_std = evaluate(std, std_tok, tasks, ns, ["std"], 0, a.n_pairs, progress=not a.no_progress)
-    rows = []
-    for arm, which, mode in ARMS:
-        src = ev_std if which == "std_model" else ev_fbt
-        rows += [{**r, "arm": arm} for r in src if r["mode"] == mode]
-    rows.sort(key=lambda r: (tasks.index(r["task"]), r["n_distractors"], [a_[0] for a_ in ARMS].index(r["arm"])))
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"meta": {"fbt": a.fbt, "std": a.std, "n_pairs": a.n_pairs, "wall_s": round(time.time() - t0, 1)},
-           "results": rows}
-    (out / "gains.json.tmp").write_text(json.dumps(doc, indent=1))
-    (out / "gains.json.tmp").replace(out / "gains.json")
-    figure(rows).write_html(out / "gains.html", include_plotlyjs=True)
+    ns = int_list(a.distractors, "--distractors", 0, MAX_DISTRACTORS)
+    out = output_dir(a.out)
+
+    def refuse_existing():
+        if not a.overwrite and any((out / f).exists() for f in OUTPUTS):
+            raise UserError(f"{out} already holds gains results; pass --overwrite or another --out")
+
+    refuse_existing()
+    with DirLock(out, "analysis.gains run"):
+        refuse_existing()  # again under the lock: another run may have finished meanwhile
+        remove_stale_tmp(out)
+        t0 = time.time()
+        fbt, fbt_tok, _ = load_model(a.fbt)
+        if not fbt.has_fusion:
+            raise UserError(f"--fbt {a.fbt} has no fusion module")
+        std, std_tok, _ = load_model(a.std)
+        for flag, tok in (("--fbt", fbt_tok), ("--std", std_tok)):
+            if tok is None:
+                raise UserError(f"{flag} {getattr(a, flag[2:])} has no tokenizer beside it")
+        ev_fbt = evaluate(fbt, fbt_tok, tasks, ns, ["std", "soft", "fused"], 0, a.n_pairs,
+                          progress=not a.no_progress)
+        ev_std = evaluate(std, std_tok, tasks, ns, ["std"], 0, a.n_pairs, progress=not a.no_progress)
+        rows = []
+        for arm, which, mode in ARMS:
+            src = ev_std if which == "std_model" else ev_fbt
+            rows += [{**r, "arm": arm} for r in src if r["mode"] == mode]
+        rows.sort(key=lambda r: (tasks.index(r["task"]), r["n_distractors"], [a_[0] for a_ in ARMS].index(r["arm"])))
+        doc = {"meta": {"fbt": a.fbt, "std": a.std, "n_pairs": a.n_pairs, "wall_s": round(time.time() - t0, 1)},
+               "results": rows}
+        text = json_text(doc)
+        fig = figure(rows)
+        atomic_write(out / "gains.html", lambda tmp: fig.write_html(tmp, include_plotlyjs=True))
+        atomic_write(out / "gains.json", text)
     print(f"{'task':15s} {'N':>4s} " + " ".join(f"{arm:>20s}" for arm, *_ in ARMS))
     for t in tasks:
         for n in ns:

@@ -32,7 +32,6 @@ of 256 tokens; on SmolLM2-135M one such run took ~9 s on an otherwise idle 2-cor
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
@@ -43,7 +42,9 @@ from pathlib import Path
 
 import torch
 
+from common.cli import Parser, float_in, float_list, int_in, int_list, output_dir, safe_name
 from common.errors import UserError, cli_entry
+from common.io import DirLock, atomic_write, json_text, remove_owned, remove_stale_tmp
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -229,22 +230,6 @@ class PeakRSS:
 
 
 # ----- CLI --------------------------------------------------------------------------------------------------
-def _floats(s: str, what: str) -> list[float]:
-    try:
-        vals = [float(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"{what}: expected comma-separated numbers, got {s!r}") from None
-    if not vals:
-        raise UserError(f"{what}: empty list")
-    return vals
-
-
-def _alpha_ok(a: float, what: str) -> float:
-    if not (0.0 <= a <= 1.0) or math.isnan(a):
-        raise UserError(f"{what}: alpha must be in [0, 1], got {a}")
-    return a
-
-
 def _pairs(s: str) -> list[tuple[int, int]]:
     from models.recirculation import RecircSpec
 
@@ -256,7 +241,8 @@ def _pairs(s: str) -> list[tuple[int, int]]:
         except ValueError:
             raise UserError(f"--pairs: expected s:d[,s:d...], got {part!r}") from None
         RecircSpec(pair[0], pair[1], 0.1)  # s > d, d >= 0
-        out.append(pair)
+        if pair not in out:  # a repeated pair is one heatmap cell
+            out.append(pair)
     return out
 
 
@@ -266,9 +252,23 @@ def default_pairs(L: int) -> list[tuple[int, int]]:
     return [(s, d) for s in srcs for d in tgts if s > d]
 
 
+# Size bounds of the numeric flags, checked when the arguments are parsed (before anything loads).
+MAX_SEQ_LEN = 4096
+MAX_CHUNKS = 1000  # --n-tune / --n-test
+MAX_BATCH = 1024
+MAX_PASSES = 1000  # blockwise Jacobi passes of (e); passes >= the block size is already exact
+MAX_PAIRS = 5000  # --mediation-pairs
+MAX_DISTRACTORS = 1024
+MAX_THREADS = 1024
+MAX_SEED = 2**31 - 1
+MAX_TEMP = 100.0
+OUTPUTS = ("results.json", "heatmap.html", "dose.html", "temperature.html", "basis.html", "cost.html",
+           "mediation.html")
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m analysis.recirculation", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog="python -m analysis.recirculation", description=__doc__.split("\n\n")[0],
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="smollm2-135m",
                    help="model: smollm2-135m, a local HF model dir, or tiny-random-qwen3/-gpt2 (smoke tests)")
     p.add_argument("--text", nargs="+", metavar="FILE",
@@ -276,23 +276,31 @@ def parse_args(argv=None):
                         "per file; with one file its first half tunes and the second half is held out)")
     p.add_argument("--out", help="output folder (default figures/<model>/recirculation)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing results folder")
-    p.add_argument("--seq-len", type=int, default=64, help="tokens per chunk (one chunk = one sequence)")
-    p.add_argument("--n-tune", type=int, default=4, help="chunks in the tuning split")
-    p.add_argument("--n-test", type=int, default=4, help="chunks in the held-out split")
-    p.add_argument("--batch", type=int, default=4, help="chunks per forward batch")
+    p.add_argument("--seq-len", type=int_in(2, MAX_SEQ_LEN), default=64,
+                   help=f"tokens per chunk (one chunk = one sequence), 2..{MAX_SEQ_LEN}")
+    p.add_argument("--n-tune", type=int_in(1, MAX_CHUNKS), default=4,
+                   help=f"chunks in the tuning split, 1..{MAX_CHUNKS}")
+    p.add_argument("--n-test", type=int_in(1, MAX_CHUNKS), default=4,
+                   help=f"chunks in the held-out split, 1..{MAX_CHUNKS}")
+    p.add_argument("--batch", type=int_in(1, MAX_BATCH), default=4, help=f"chunks per forward batch, 1..{MAX_BATCH}")
     p.add_argument("--pairs", help="source:target depth pairs for the heatmap, comma-separated "
                                    "(default: a coarse 3x3 grid over L/3, 2L/3, L and ~L/15, L/4, L/2)")
-    p.add_argument("--alpha", type=float, default=0.1, help="alpha of the heatmap")
+    p.add_argument("--alpha", type=float_in(0, 1), default=0.1, help="alpha of the heatmap, in [0, 1]")
     p.add_argument("--alphas", default="0.05,0.1,0.2,0.4,1.0",
-                   help="dose-response alphas (0 is added); tuning picks the best on the tuning split")
-    p.add_argument("--fail", type=float, default=5.0,
-                   help="failure point: the first alpha whose held-out perplexity change exceeds this many percent")
-    p.add_argument("--temps", default="0.8,0.9,0.95,1.0,1.05,1.1,1.2", help="temperatures tried for (c)")
-    p.add_argument("--small-angle", type=float, default=0.1,
-                   help="radians a typical vector is turned by the 'small rotation' of (d)")
-    p.add_argument("--passes", default="1,2", help="blockwise Jacobi passes compared in (e)")
-    p.add_argument("--cost-block", type=int, default=0, help="block size for blockwise in (e); 0 = whole chunk")
-    p.add_argument("--ramp", type=int, default=0, help="early-token ramp length for every recirculated run")
+                   help="dose-response alphas, each in [0, 1] (0 is added); tuning picks the best on the tuning "
+                        "split")
+    p.add_argument("--fail", type=float_in(0), default=5.0,
+                   help="failure point: the first alpha whose held-out perplexity change exceeds this many percent "
+                        "(a finite number >= 0)")
+    p.add_argument("--temps", default="0.8,0.9,0.95,1.0,1.05,1.1,1.2",
+                   help=f"temperatures tried for (c), each in (0, {MAX_TEMP:g}]")
+    p.add_argument("--small-angle", type=float_in(0, math.pi), default=0.1,
+                   help="radians a typical vector is turned by the 'small rotation' of (d), in [0, pi]")
+    p.add_argument("--passes", default="1,2", help=f"blockwise Jacobi passes compared in (e), each in 1..{MAX_PASSES}")
+    p.add_argument("--cost-block", type=int_in(0, MAX_SEQ_LEN), default=0,
+                   help=f"block size for blockwise in (e), 0..{MAX_SEQ_LEN}; 0 = whole chunk")
+    p.add_argument("--ramp", type=int_in(0, MAX_SEQ_LEN), default=0,
+                   help=f"early-token ramp length for every recirculated run, 0..{MAX_SEQ_LEN}")
     p.add_argument("--mediation", action="store_true", help="run the mediation experiment (f) as well")
     p.add_argument("--mediation-only", action="store_true",
                    help="run only (f), without the text experiments (for models trained on the tasks, e.g. "
@@ -302,37 +310,73 @@ def parse_args(argv=None):
                         "mode (--pairs x convex/residual, at --alpha) whose full recirculation moves the label logit "
                         "difference most on the TRAINING groups")
     p.add_argument("--mediation-task", default="memory", help="synthetic task of (f)")
-    p.add_argument("--mediation-pairs", type=int, default=16, help="sample pairs of (f) (half the groups held out)")
-    p.add_argument("--mediation-distractors", type=int, default=8, help="distractor lines per prompt in (f)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split and of the random rotations")
+    p.add_argument("--mediation-pairs", type=int_in(1, MAX_PAIRS), default=16,
+                   help=f"sample pairs of (f) (half the groups held out), 1..{MAX_PAIRS}")
+    p.add_argument("--mediation-distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
+                   help=f"distractor lines per prompt in (f), 0..{MAX_DISTRACTORS}")
+    p.add_argument("--threads", type=int_in(0, MAX_THREADS), default=0,
+                   help=f"torch threads, 0..{MAX_THREADS} (0 = torch's default)")
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
+                   help=f"seed of the split and of the random rotations, 0..{MAX_SEED}")
     return p.parse_args(argv)
 
 
 def _html(fig, path: Path):
-    fig.write_html(str(path), include_plotlyjs="cdn" if os.environ.get("FBPROBE_PLOTLY_CDN") else True,
-                   full_html=True)
+    atomic_write(path, lambda tmp: fig.write_html(str(tmp), full_html=True,
+                                                  include_plotlyjs="cdn" if os.environ.get("FBPROBE_PLOTLY_CDN")
+                                                  else True))
+
+
+def _results_text(res: dict) -> str:
+    try:
+        return json_text(res, indent=2, default=str)
+    except ValueError:
+        raise UserError("the results contain NaN or inf (a diverged run?); refusing to write invalid JSON") from None
+
+
+def _write_results(res: dict, out: Path, write_figures_) -> None:
+    """Figures, then results.json (it marks a complete run); then an earlier run's files this run did not
+    write are removed (under --overwrite), so the folder holds one run. Invalid JSON is refused first."""
+    text = _results_text(res)  # checked before any file is touched
+    written = set(write_figures_())
+    atomic_write(out / "results.json", text)
+    remove_owned(out, OUTPUTS, keep=written | {"results.json"})
 
 
 @cli_entry
 def main(argv=None):
     a = parse_args(argv)
-    # --- validate cheap things before loading anything
-    for name in ("seq_len", "n_tune", "n_test", "batch"):
-        if getattr(a, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be >= 1")
-    if a.seq_len < 2:
-        raise UserError("--seq-len must be >= 2")
-    _alpha_ok(a.alpha, "--alpha")
-    alphas = sorted({0.0} | {_alpha_ok(x, "--alphas") for x in _floats(a.alphas, "--alphas")})
-    temps = sorted(set(_floats(a.temps, "--temps")) | {1.0})
+    # --- everything that can be refused is checked before anything loads or any file is touched
+    if not a.model.strip():
+        raise UserError("--model is empty")
+    alphas = sorted({0.0} | set(float_list(a.alphas, "--alphas", 0, 1)))
+    temps = sorted(set(float_list(a.temps, "--temps", 0, MAX_TEMP)) | {1.0})
     if any(t <= 0 for t in temps):
         raise UserError("--temps must be positive")
-    passes_list = [int(x) for x in _floats(a.passes, "--passes")]
-    if any(p < 1 for p in passes_list):
-        raise UserError("--passes must be >= 1")
+    passes_list = int_list(a.passes, "--passes", 1, MAX_PASSES)
     pairs = _pairs(a.pairs) if a.pairs else None
+    from tasks import TASKS
+    if a.mediation_task not in TASKS:
+        raise UserError(f"--mediation-task: unknown task {a.mediation_task!r} (known: {', '.join(TASKS)})")
+    if a.mediation_spec:
+        from models.recirculation import parse_recirculate
+        parse_recirculate(a.mediation_spec)  # syntax and alpha now; the depths once the model is known
     docs = file_documents(a.text) if a.text else None
+    sub = f"mediation-{a.mediation_task}" if a.mediation_only else "recirculation"
+    out = output_dir(a.out if a.out is not None else ROOT / "figures" / safe_name(a.model) / sub)
+
+    def refuse_existing():
+        if not a.overwrite and any((out / f).exists() for f in OUTPUTS):
+            raise UserError(f"{out} already holds results: pass --overwrite to replace them")
+
+    refuse_existing()
+    with DirLock(out, "analysis.recirculation run"):
+        refuse_existing()  # again under the lock: another run may have finished meanwhile
+        remove_stale_tmp(out)
+        return _run(a, argv, out, alphas, temps, passes_list, pairs, docs)
+
+
+def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs):
     if a.threads:
         torch.set_num_threads(a.threads)
 
@@ -348,9 +392,6 @@ def main(argv=None):
         from models.recirculation import parse_recirculate
         med_spec = parse_recirculate(a.mediation_spec, L)
     if a.mediation_only:
-        out = Path(a.out) if a.out else ROOT / "figures" / mname / f"mediation-{a.mediation_task}"
-        if (out / "results.json").exists() and not a.overwrite:
-            raise UserError(f"{out} already holds results: pass --overwrite to replace them")
         t_start = time.perf_counter()
         # Tuned over pairs x modes at the one --alpha: tuning alpha by effect size would just pick the most
         # destructive dose (alpha = 1 convex replaces z_d outright).
@@ -362,14 +403,9 @@ def main(argv=None):
         res["seconds_total"] = time.perf_counter() - t_start
         res["command"] = "python -m analysis.recirculation " + " ".join(argv if argv is not None else
                                                                          __import__("sys").argv[1:])
-        out.mkdir(parents=True, exist_ok=True)
-        _mediation_figure(res["mediation"], out)
-        (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+        _write_results(res, out, lambda: [_mediation_figure(res["mediation"], out) or "mediation.html"])
         print(f"wrote {out}/results.json and mediation.html ({res['seconds_total']:.0f}s)")
         return res
-    out = Path(a.out) if a.out else ROOT / "figures" / mname / "recirculation"
-    if (out / "results.json").exists() and not a.overwrite:
-        raise UserError(f"{out} already holds results: pass --overwrite to replace them")
     docs = docs or builtin_documents()
     tune, test = make_splits(docs, tok, a.seq_len, a.n_tune, a.n_test, a.seed)
     print(f"model {mname}: L={L}, D={model.d_model}; {len(tune)}+{len(test)} chunks x {a.seq_len} tokens; "
@@ -490,9 +526,7 @@ def main(argv=None):
                                                                      __import__("sys").argv[1:])
 
     # ----- write
-    out.mkdir(parents=True, exist_ok=True)
-    write_figures(res, out)
-    (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+    _write_results(res, out, lambda: write_figures(res, out))
     print(f"wrote {out}/results.json and {len(list(out.glob('*.html')))} HTML figures ({res['seconds_total']:.0f}s)")
     return res
 
@@ -671,6 +705,8 @@ def write_figures(res: dict, out: Path) -> None:
                       row=1, col=i + 1)
     fig.update_layout(title=f"Cost of recirculated prefill ({res['cost']['config']}, block {res['cost']['block']})")
     _html(fig, out / "cost.html")
+    return ["heatmap.html", "dose.html", "temperature.html", "basis.html", "cost.html"] + \
+        (["mediation.html"] if isinstance(med, dict) else [])
 
 
 if __name__ == "__main__":

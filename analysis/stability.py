@@ -12,18 +12,17 @@ own fused input.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from common.cli import Parser, int_in, output_dir
 from common.errors import UserError, cli_entry
-from models.evaluate import EVAL_SEED, parse_ints, parse_tasks
-from models.prefill import iter_fused, pad_left
+from common.io import DirLock, atomic_write, json_text, remove_stale_tmp
+from models.evaluate import EVAL_SEED, MAX_DISTRACTORS, parse_tasks
+from models.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
 from models.presets import load_model
 from tasks import TASKS, make_dataset, tokenize_samples
 
@@ -86,42 +85,57 @@ def gate_token_dependence(model, tok) -> dict:
             "digits_01_abs_diff": float((g[i0] - g[i1]).abs().mean())}
 
 
+MAX_PAIRS = 1000  # --n-pairs: every held-out sample of a task runs in one batch
+OUTPUTS = ("stability.json", "stability.html")
+
+
 @cli_entry
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m analysis.stability", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m analysis.stability", description=__doc__)
     p.add_argument("--models", default="tiny-fbt,tiny-fbt-no3", help="comma-separated presets or checkpoint dirs")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks (default all)")
-    p.add_argument("--distractors", type=int, default=8, help="N distractor lines (default 8)")
-    p.add_argument("--passes", type=int, default=30, help="max fused passes k (default 30)")
+    p.add_argument("--distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
+                   help=f"N distractor lines, 0..{MAX_DISTRACTORS} (default 8)")
+    p.add_argument("--passes", type=int_in(1, MAX_FUSED_PASSES), default=30,
+                   help=f"max fused passes k, 1..{MAX_FUSED_PASSES} (default 30)")
     p.add_argument("--long", action="store_true", help="also run to k = 100 and 1000")
-    p.add_argument("--n-pairs", type=int, default=16, help="held-out pairs per task (default 16)")
+    p.add_argument("--n-pairs", type=int_in(1, MAX_PAIRS), default=16,
+                   help=f"held-out pairs per task, 1..{MAX_PAIRS} (default 16)")
     p.add_argument("--out", default="figures/stability", help="output dir (default figures/stability)")
     p.add_argument("--overwrite", action="store_true", help="replace existing results in --out")
     a = p.parse_args(argv)
-    if a.passes < 1 or a.n_pairs < 1 or a.distractors < 0:
-        raise UserError("--passes and --n-pairs must be >= 1, --distractors >= 0")
+    # --- everything that can be refused is checked before any model loads
     tasks = parse_tasks(a.tasks)
-    out = Path(a.out)
-    if (out / "stability.json").exists() and not a.overwrite:
-        raise UserError(f"{out}/stability.json exists; pass --overwrite or another --out")
+    models = list(dict.fromkeys(m.strip() for m in a.models.split(",") if m.strip()))
+    if not models:
+        raise UserError("--models is empty")
+    out = output_dir(a.out)
+
+    def refuse_existing():
+        if not a.overwrite and any((out / f).exists() for f in OUTPUTS):
+            raise UserError(f"{out} already holds stability results; pass --overwrite or another --out")
+
+    refuse_existing()
     passes = 1000 if a.long else a.passes
     keep = set(range(0, a.passes + 1)) | ({100, 1000} if a.long else set())
-    results, gates, t0 = {}, {}, time.time()
-    models = [m for m in a.models.split(",") if m]
-    for name in tqdm(models, desc="models"):
-        model, tok, _ = load_model(name)
-        if not model.has_fusion:
-            raise UserError(f"{name} has no fusion module; stability of feedback is undefined for it")
-        results[name] = [r for t in tasks for r in stability_curve(model, tok, t, a.distractors, passes, a.n_pairs, keep)]
-        gates[name] = gate_token_dependence(model, tok)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"meta": {"models": models, "tasks": tasks, "n_distractors": a.distractors, "passes": sorted(keep),
-                    "n_pairs": a.n_pairs, "seed": EVAL_SEED, "wall_s": round(time.time() - t0, 1)},
-           "results": results, "gate": gates}
-    (out / "stability.json.tmp").write_text(json.dumps(doc, indent=1))
-    (out / "stability.json.tmp").replace(out / "stability.json")
-    figure(results).write_html(out / "stability.html", include_plotlyjs=True)
+    with DirLock(out, "analysis.stability run"):
+        refuse_existing()  # again under the lock: another run may have finished meanwhile
+        remove_stale_tmp(out)
+        results, gates, t0 = {}, {}, time.time()
+        for name in tqdm(models, desc="models"):
+            model, tok, _ = load_model(name)
+            if not model.has_fusion:
+                raise UserError(f"{name} has no fusion module; stability of feedback is undefined for it")
+            results[name] = [r for t in tasks
+                             for r in stability_curve(model, tok, t, a.distractors, passes, a.n_pairs, keep)]
+            gates[name] = gate_token_dependence(model, tok)
+        doc = {"meta": {"models": models, "tasks": tasks, "n_distractors": a.distractors, "passes": sorted(keep),
+                        "n_pairs": a.n_pairs, "seed": EVAL_SEED, "wall_s": round(time.time() - t0, 1)},
+               "results": results, "gate": gates}
+        text = json_text(doc)
+        fig = figure(results)
+        atomic_write(out / "stability.html", lambda tmp: fig.write_html(tmp, include_plotlyjs=True))
+        atomic_write(out / "stability.json", text)
     for name, rows in results.items():
         for t in tasks:
             rs = {r["passes"]: r for r in rows if r["task"] == t}

@@ -124,10 +124,10 @@ def _check_creatable(path: Path, flag: str) -> None:
     # /proc, /sys and similar pseudo file systems report as writable to root but refuse new files.
     try:
         st = os.statvfs(anc)
-        if st.f_blocks == 0 and not path.exists():
-            raise UserError(f"{flag} {path}: {anc} is not on a file system that can hold results")
     except OSError:
-        pass
+        return
+    if st.f_blocks == 0 and not path.exists():
+        raise UserError(f"{flag} {path}: {anc} is not on a file system that can hold results")
 
 
 def output_dir(value: str | Path | None, flag: str = "--out") -> Path:
@@ -156,7 +156,8 @@ def output_file(value: str | Path | None, flag: str = "--out") -> Path:
         raise UserError(f"{flag} {path} is a directory, not a file")
     if path.exists() and not os.access(path, os.W_OK):
         raise UserError(f"{flag} {path} is not writable")
-    _check_creatable(path.parent if str(path.parent) else Path("."), flag)
+    if not path.exists():
+        _check_creatable(path, flag)
     return path
 
 

@@ -25,6 +25,7 @@ def atomic_write(path: str | Path, data) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; a result gets a plain open()'s mode
         if callable(data):
             os.close(fd)
             fd = -1
@@ -41,6 +42,12 @@ def atomic_write(path: str | Path, data) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def json_text(obj, indent: int | None = 1, **kw) -> str:

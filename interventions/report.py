@@ -201,27 +201,29 @@ def existing_results(out: Path) -> list[str]:
     return [n for n in REPORT_FILES if (out / n).exists()]
 
 
-def write_report(report: dict, out: Path, overwrite: bool) -> list[Path]:
-    """Write the three files atomically (temp names, then rename). Never replaces results without overwrite."""
-    out.mkdir(parents=True, exist_ok=True)
-    found = existing_results(out)
+def check_no_results(out: Path, overwrite: bool) -> None:
+    """UserError when `out` holds an earlier run's causal_report.* and --overwrite was not given."""
+    from common.errors import UserError
+
+    found = existing_results(out) if out.is_dir() else []
     if found and not overwrite:
-        from common.errors import UserError
         raise UserError(f"{out} already holds results of another run ({', '.join(found)}); "
                         "pass --overwrite or choose another --out")
+
+
+def write_report(report: dict, out: Path, overwrite: bool) -> list[Path]:
+    """Write the three files to temporaries, then rename them all into place (common.staged): an earlier run's
+    files are replaced only once every new one is complete, and no temporary survives an error or interrupt.
+    Never replaces results without overwrite; never touches another file in `out` (probes.json, ...)."""
+    from common.staged import Staged
+
+    out.mkdir(parents=True, exist_ok=True)
+    check_no_results(out, overwrite)
     report = clean_json(report)
     texts = {"causal_report.json": json.dumps(report, indent=2, allow_nan=False),
              "causal_report.md": markdown(report), "causal_report.html": html_report(report)}
-    tmp = []
-    try:
+    with Staged(out) as st:
         for name, text in texts.items():
-            p = out / f".{name}.tmp"
-            p.write_text(text)
-            tmp.append((p, out / name))
-        for p, final in tmp:
-            p.replace(final)
-    finally:
-        for p, _ in tmp:
-            if p.exists():
-                p.unlink()
+            st.file(name, text)
+        st.commit()
     return [out / n for n in texts]

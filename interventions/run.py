@@ -1,7 +1,9 @@
 """python -m interventions.run --task completion [--model tiny-fbt] [--mode recurrent-1]
 
 Runs the causal-ablation battery of SPEC section 5 at the probed position T and writes
-figures/<model>/<task>/causal_report.{json,md,html}.
+<project root>/figures/<model>/<task>/causal_report.{json,md,html} (beside probes.run's probes.json, from any
+working directory) or --out. The output directory is locked for the run; the three files replace an earlier
+run's only once all are complete; no other file in the folder is touched.
 """
 from __future__ import annotations
 
@@ -11,55 +13,48 @@ import sys
 import time
 from pathlib import Path
 
+from common.cli import Parser, int_in, output_dir, safe_name
 from common.errors import UserError, cli_entry
 
+ROOT = Path(__file__).resolve().parent.parent
 N_PAIRS_RANGE = (10, 5000)
 MAX_DISTRACTORS = 1024
+MAX_SEED = 2**31 - 1  # the suite also seeds with seed + 1000
+MAX_RANK = 64
 SUPPORTED_MODES = ("recurrent-1",)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one-line error, exit 2 (via cli_entry), no usage dump
-        raise UserError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from tasks import TASKS
 
-    p = _Parser(prog="python -m interventions.run",
-                description="Causal interventions on the fed-back state at the probed position T: gate bypass, "
-                            "state swap, resample/mean/zero/random state, probe-subspace swaps, dose-response and "
-                            "layer patching, with a negative control model. Writes causal_report.{json,md,html}.")
+    p = Parser(prog="python -m interventions.run",
+               description="Causal interventions on the fed-back state at the probed position T: gate bypass, "
+                           "state swap, resample/mean/zero/random state, probe-subspace swaps, dose-response and "
+                           "layer patching, with a negative control model. Writes causal_report.{json,md,html}.")
     p.add_argument("--task", default="completion", help=f"probing task: {', '.join(TASKS)} (default completion)")
     p.add_argument("--model", default="tiny-fbt",
                    help="shipped preset name (e.g. tiny-fbt) or a checkpoint directory (default tiny-fbt)")
     p.add_argument("--mode", default="recurrent-1",
                    help="prefill mode whose fused state at T is intervened on; supported: recurrent-1 (default). "
                         "Layer patching also runs standard.")
-    p.add_argument("--distractors", default="8",
+    p.add_argument("--distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
                    help=f"number N of distractor lines per prompt, 0..{MAX_DISTRACTORS} (default 8)")
-    p.add_argument("--n-pairs", default="200",
-                   help=f"number of sample pairs (2 samples each), {N_PAIRS_RANGE[0]}..{N_PAIRS_RANGE[1]} (default 200)")
-    p.add_argument("--seed", default="0", help="dataset / resampling / bootstrap seed (default 0)")
-    p.add_argument("--subspace-rank", default="1", help="rank of the probe subspace (default 1)")
+    p.add_argument("--n-pairs", type=int_in(*N_PAIRS_RANGE), default=200,
+                   help=f"number of sample pairs (2 samples each), {N_PAIRS_RANGE[0]}..{N_PAIRS_RANGE[1]} "
+                        "(default 200)")
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
+                   help=f"dataset / resampling / bootstrap seed, 0..{MAX_SEED} (default 0)")
+    p.add_argument("--subspace-rank", type=int_in(1, MAX_RANK), default=1,
+                   help=f"rank of the probe subspace, 1..min({MAX_RANK}, d_model) (default 1)")
     p.add_argument("--control-model", default=None,
                    help="negative-control model for the same swap (default: tiny-std when its checkpoint exists; "
                         "'none' to skip)")
-    p.add_argument("--out", default=None, help="output directory (default figures/<model>/<task>/)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default <project root>/figures/<model>/<task>/, beside probes.json)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier run's causal_report.* in the output directory (never done silently)")
     p.add_argument("--no-progress", action="store_true", help="do not print progress lines on stderr")
     return p
-
-
-def _int(name, value, lo, hi):
-    try:
-        v = int(str(value), 10)
-    except ValueError:
-        raise UserError(f"--{name} must be an integer, got {value!r}") from None
-    if not lo <= v <= hi:
-        raise UserError(f"--{name} must be in {lo}..{hi}, got {v}")
-    return v
 
 
 def _sha256(path: Path) -> str:
@@ -80,7 +75,7 @@ def _model_path(name_or_path: str) -> Path:
 def _load(name_or_path: str, role: str):
     from models.presets import load_model
 
-    model, tok, name = load_model(name_or_path)
+    model, tok, name = load_model(name_or_path)  # refuses NaN/inf weights (models.full_bandwidth.load_weights)
     if tok is None:
         raise UserError(f"{role} model {name_or_path!r} has no tokenizer.json next to its weights")
     return model.float().eval(), tok, name
@@ -113,26 +108,22 @@ def main(argv=None) -> int:
     if mode not in SUPPORTED_MODES:
         raise UserError(f"mode {args.mode!r} is not supported by the interventions (use {', '.join(SUPPORTED_MODES)}: "
                         "the fused state at T is then h_{T-1} of the standard prefill)")
-    n_pairs = _int("n-pairs", args.n_pairs, *N_PAIRS_RANGE)
-    n_dis = _int("distractors", args.distractors, 0, MAX_DISTRACTORS)
-    seed = _int("seed", args.seed, 0, 2**31 - 1)
-    rank = _int("subspace-rank", args.subspace_rank, 1, 64)
+    n_pairs, n_dis, seed, rank = args.n_pairs, args.distractors, args.seed, args.subspace_rank
+    out_arg = output_dir(args.out, "--out") if args.out is not None else None  # "" refused, never the default
     say = (lambda *a: None) if args.no_progress else (lambda msg: print(f"[interventions] {msg}", file=sys.stderr))
 
     main_path = _model_path(args.model)
     if not main_path.exists():
         from models.presets import load_model
         load_model(args.model)  # raises the loader's UserError (unknown name / untrained preset)
-    model_name = main_path.name
-    out = Path(args.out) if args.out else Path("figures") / model_name / args.task
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} exists and is not a directory")
-    from .report import existing_results, write_report
+    model_name = safe_name(main_path)  # a path ending in '..' names the folder it resolves to
+    # One default-output rule with probes.run: the project root's figures/<model>/<task>/, whatever the cwd.
+    out = out_arg if out_arg is not None else output_dir(ROOT / "figures" / model_name / args.task, "--out")
+    from common.io import DirLock
 
-    found = existing_results(out) if out.is_dir() else []
-    if found and not args.overwrite:
-        raise UserError(f"{out} already holds results of another run ({', '.join(found)}); "
-                        "pass --overwrite or choose another --out")
+    from .report import check_no_results, write_report
+
+    check_no_results(out, args.overwrite)
     control_arg, control_skip = _resolve_control(args.control_model, main_path)
 
     samples = make_dataset(args.task, n_pairs, n_dis, seed)
@@ -143,50 +134,61 @@ def main(argv=None) -> int:
     model, tok, _ = _load(args.model, "the")
     if not model.has_fusion:
         raise UserError(f"model {args.model!r} has no fusion module: there is no fed state to intervene on")
-    from .core import Batch, CausalContext
-    from .suite import run_control, run_suite
-
-    batch = Batch.from_samples(samples, tok, args.task)
-    say(f"{batch.size} samples, T = {batch.input_ids.shape[1]} columns; clean runs")
-    t1 = time.perf_counter()
-    ctx = CausalContext(model, batch)
-    results = run_suite(ctx, rank=rank, seed=seed, probe_config=probe_cfg, progress=say)
-    t_suite = time.perf_counter() - t1
-
-    control = None
-    if control_arg is not None:
-        say(f"negative control {control_arg}")
-        cmodel, ctok, cname = _load(control_arg, "control")
+    if rank > model.d_model:
+        raise UserError(f"--subspace-rank {rank} exceeds the model's d_model {model.d_model}")
+    cmodel = None
+    if control_arg is not None:  # loaded (and checked) before any work, used after the main suite
+        cmodel, ctok, _ = _load(control_arg, "control")
         if ctok.get_vocab() != tok.get_vocab():
             raise UserError(f"control model {control_arg!r} uses another tokenizer than {args.model!r}")
-        control = {"model": cname, "path": str(_model_path(control_arg)),
-                   **run_control(CausalContext(cmodel, batch), seed=seed)}
-    else:
-        control = {"skipped": control_skip}
+    with DirLock(out):
+        check_no_results(out, args.overwrite)  # again under the lock: another run may just have written
+        from common.io import remove_stale_tmp
 
-    lengths = batch.attention_mask.sum(-1)
-    report = {
-        "schema": {"name": "causal-report", "version": 1},
-        "model": {"name": model_name, "path": str(main_path), "weights_sha256": _sha256(main_path / "model.safetensors"),
-                  "n_layers": model.n_layers, "d_model": model.d_model},
-        "config": {"task": args.task, "mode": mode, "distractors": n_dis, "n_pairs": n_pairs, "seed": seed,
-                   "subspace_rank": rank, "n_boot": 1000, "probe": probe_cfg.to_dict(),
-                   "command": "python -m interventions.run " + " ".join(sys.argv[1:] if argv is None else argv)},
-        "dataset": {"fingerprint": dataset_fingerprint(samples), "n_samples": batch.size,
-                    "n_groups": int(len(set(batch.groups.tolist()))),
-                    "tokens_min": int(lengths.min()), "tokens_max": int(lengths.max())},
-        "results": results,
-        "control": control,
-    }
-    from .report import verdict
-    label, sentence = verdict(report)
-    report["verdict"] = {"label": label, "sentence": sentence}
-    report["timings_s"] = {"suite": t_suite, "total": time.perf_counter() - t0}
-    paths = write_report(report, out, args.overwrite)
-    print(sentence)
-    for p in paths:
-        print(f"wrote {p}")
-    return 0
+        remove_stale_tmp(out)  # temporaries a killed earlier run left (this process holds the lock)
+        from .core import Batch, CausalContext
+        from .suite import run_control, run_suite
+
+        batch = Batch.from_samples(samples, tok, args.task)
+        say(f"{batch.size} samples, T = {batch.input_ids.shape[1]} columns; clean runs")
+        t1 = time.perf_counter()
+        ctx = CausalContext(model, batch)
+        results = run_suite(ctx, rank=rank, seed=seed, probe_config=probe_cfg, progress=say)
+        t_suite = time.perf_counter() - t1
+
+        control = None
+        if control_arg is not None:
+            say(f"negative control {control_arg}")
+            cname = safe_name(_model_path(control_arg))
+            control = {"model": cname, "path": str(_model_path(control_arg)),
+                       **run_control(CausalContext(cmodel, batch), seed=seed)}
+        else:
+            control = {"skipped": control_skip}
+
+        lengths = batch.attention_mask.sum(-1)
+        report = {
+            "schema": {"name": "causal-report", "version": 1},
+            "model": {"name": model_name, "path": str(main_path),
+                      "weights_sha256": _sha256(main_path / "model.safetensors"),
+                      "n_layers": model.n_layers, "d_model": model.d_model},
+            "config": {"task": args.task, "mode": mode, "distractors": n_dis, "n_pairs": n_pairs, "seed": seed,
+                       "subspace_rank": rank, "n_boot": 1000, "probe": probe_cfg.to_dict(),
+                       "command": "python -m interventions.run " + " ".join(sys.argv[1:] if argv is None else argv)},
+            "dataset": {"fingerprint": dataset_fingerprint(samples), "n_samples": batch.size,
+                        "n_groups": int(len(set(batch.groups.tolist()))),
+                        "tokens_min": int(lengths.min()), "tokens_max": int(lengths.max())},
+            "results": results,
+            "control": control,
+        }
+        from .report import verdict
+        label, sentence = verdict(report)
+        report["verdict"] = {"label": label, "sentence": sentence}
+        report["timings_s"] = {"suite": t_suite, "total": time.perf_counter() - t0}
+        paths = write_report(report, out, args.overwrite)
+        print(sentence)
+        for p in paths:
+            print(f"wrote {p}")
+        return 0
 
 
 if __name__ == "__main__":

@@ -10,16 +10,17 @@ Decoding modes reduce to a prefill for the first generated token: std = standard
 """
 from __future__ import annotations
 
-import argparse
-import json
+import re
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from common.cli import Parser, int_in, int_list, output_dir, output_file, safe_name
 from common.errors import UserError, cli_entry
-from models.prefill import fused_trajectory, pad_left, parse_mode, prefill_many
+from common.io import DirLock, atomic_write, json_text
+from models.prefill import DECODINGS, MAX_FUSED_PASSES, fused_trajectory, pad_left, parse_mode, prefill_many
 from models.presets import load_model
 from tasks import DISTRACTOR_COUNTS, TASKS, label_token_ids, make_dataset, tokenize_samples
 
@@ -28,22 +29,56 @@ DEFAULT_MODES = "std,soft,fused,recurrent-full,fused-1..30"
 EVAL_SEED = 424242  # disjoint from the training seeds' streams
 
 
-def parse_modes(spec: str, has_fusion: bool) -> tuple[list[str], int]:
-    """-> (list of single modes, K of a fused-1..K sweep or 0)."""
+# Size bounds shared by the evaluation CLIs (checked when the arguments are parsed, before any model loads).
+MAX_PAIRS = 5000  # --n-pairs: 2 samples per pair
+MAX_DISTRACTORS = 1024  # --distractors: lines per prompt
+MAX_BATCH = 4096  # --batch-size
+_SWEEP_RE = re.compile(r"^fused-1\.\.(\d+)$")
+
+
+def mode_key(mode: str) -> str:
+    """The canonical prefill mode of a decoding or prefill mode name (std = standard = fused-0 = recurrent-0)."""
+    return parse_mode(DECODING_AS_PREFILL.get(mode, mode)).name
+
+
+def _display(mode: str) -> str:
+    """Row name of a mode: a decoding keeps its name (std / soft / fused), a prefill mode its canonical one."""
+    return mode if mode in DECODINGS else mode_key(mode)
+
+
+def _plan(modes, sweep: int) -> dict[str, str]:
+    """canonical prefill mode -> row name, one per distinct computation (first spelling wins); a single
+    fused-k that the fused-1..K sweep already reports under the same row name is left to the sweep."""
+    swept = {f"fused-{k}" for k in range(1, sweep + 1)}
+    plan: dict[str, str] = {}
+    for m in modes:
+        name = _display(m)
+        if name not in swept:
+            plan.setdefault(mode_key(m), name)
+    return plan
+
+
+def parse_modes(spec: str, has_fusion: bool = True) -> tuple[list[str], int]:
+    """-> (distinct single modes by row name, K of a fused-1..K sweep or 0).
+
+    Aliases of one computation (std, standard, fused-0, recurrent-0; soft, recurrent-1; fused, fused-1) are one
+    mode: the first spelling names its rows. Several sweeps: the longest (it reports every shorter one).
+    """
     modes, sweep = [], 0
-    for m in [x.strip() for x in spec.split(",") if x.strip()]:
+    for m in [x.strip() for x in str(spec).split(",") if x.strip()]:
         if m.startswith("fused-1.."):
-            try:
-                sweep = int(m.split("..")[1])
-            except ValueError:
-                raise UserError(f"bad sweep {m!r}: use fused-1..K") from None
-            if sweep < 1:
-                raise UserError(f"bad sweep {m!r}: K must be >= 1")
+            hit = _SWEEP_RE.match(m)
+            if not hit:
+                raise UserError(f"bad sweep {m!r}: use fused-1..K")
+            k = int(hit.group(1))
+            if not 1 <= k <= MAX_FUSED_PASSES:
+                raise UserError(f"bad sweep {m!r}: K must be in 1..{MAX_FUSED_PASSES}")
+            sweep = max(sweep, k)
             continue
-        parse_mode(DECODING_AS_PREFILL.get(m, m))  # validates
         modes.append(m)
+    modes = list(_plan(modes, sweep).values())  # validates every mode name
     if not has_fusion:
-        dropped = [m for m in modes if DECODING_AS_PREFILL.get(m, m) != "standard"]
+        dropped = [m for m in modes if mode_key(m) != "standard"]
         if dropped or sweep:
             print(f"note: model has no fusion module; skipping {', '.join(dropped + (['fused sweep'] if sweep else []))}")
         modes, sweep = [m for m in modes if m not in dropped], 0
@@ -60,21 +95,16 @@ def parse_tasks(spec: str) -> list[str]:
             raise UserError(f"unknown task {t!r} (known: {', '.join(TASKS)})")
     if not tasks:
         raise UserError("no tasks given")
-    return tasks
-
-
-def parse_ints(spec: str, what: str, lo: int = 0) -> list[int]:
-    try:
-        vals = [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"{what} must be comma-separated integers, got {spec!r}") from None
-    if not vals or any(v < lo for v in vals):
-        raise UserError(f"{what} must be integers >= {lo}, got {spec!r}")
-    return vals
+    return list(dict.fromkeys(tasks))
 
 
 @torch.no_grad()
 def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progress=True) -> list[dict]:
+    """Rows per task x N x mode; aliases of one mode are computed once, under the first spelling's name."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    plan = _plan(modes, sweep)  # canonical prefill mode -> row name
+    modes = list(plan.values())
     rows = []
     jobs = [(t, n) for t in tasks for n in ns]
     for task, n in tqdm(jobs, disable=not progress, desc="evaluate"):
@@ -88,9 +118,9 @@ def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progre
         for i in range(0, len(seqs), batch_size):
             ids, mask = pad_left(seqs[i:i + batch_size], tok.pad_token_id)
             y = labels[i:i + batch_size]
-            res = prefill_many(model, ids, mask, [DECODING_AS_PREFILL.get(m, m) for m in modes], collect=False)
-            for m, r in zip(modes, res.values()):
-                logits = r.logits[:, 0].float()  # [batch, vocab]
+            res = prefill_many(model, ids, mask, list(plan), collect=False)  # keyed by canonical mode
+            for key, m in plan.items():
+                logits = res[key].logits[:, 0].float()  # [batch, vocab]
                 correct[m] += int((logits.argmax(-1) == y).sum())
                 nll[m] += float(-logits.log_softmax(-1).gather(1, y[:, None]).sum())
             if sweep:
@@ -125,42 +155,56 @@ def table(rows, sweep) -> str:
 
 @cli_entry
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m models.evaluate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m models.evaluate", description=__doc__)
     p.add_argument("--model", default="tiny-fbt", help="preset name or checkpoint dir (default tiny-fbt)")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks (default: all three)")
     p.add_argument("--distractors", default=",".join(map(str, DISTRACTOR_COUNTS)),
-                   help="comma-separated N (default 0,8,32,128,256)")
+                   help=f"comma-separated N, each in 0..{MAX_DISTRACTORS} (default 0,8,32,128,256)")
     p.add_argument("--modes", default=DEFAULT_MODES,
-                   help=f"decoding (std, soft, fused) and prefill modes; fused-1..K sweeps k (default {DEFAULT_MODES})")
-    p.add_argument("--n-pairs", type=int, default=50, help="pairs per task and N (default 50 = 100 samples)")
-    p.add_argument("--batch-size", type=int, default=64, help="samples per forward batch")
+                   help=f"decoding (std, soft, fused) and prefill modes; fused-1..K sweeps k, K in "
+                        f"1..{MAX_FUSED_PASSES}; aliases (std = standard = fused-0) are evaluated once "
+                        f"(default {DEFAULT_MODES})")
+    p.add_argument("--n-pairs", type=int_in(1, MAX_PAIRS), default=50,
+                   help=f"pairs per task and N, 1..{MAX_PAIRS} (default 50 = 100 samples)")
+    p.add_argument("--batch-size", type=int_in(1, MAX_BATCH), default=64,
+                   help=f"samples per forward batch, 1..{MAX_BATCH} (default 64)")
     p.add_argument("--out", help="JSON output path (default figures/<model name>/eval.json; the shipped cards "
                                  "keep a copy beside the checkpoint)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
+    # --- everything that can be refused is checked before the model loads
+    if not a.model.strip():
+        raise UserError("--model is empty")
     tasks = parse_tasks(a.tasks)
-    ns = parse_ints(a.distractors, "--distractors")
-    if a.n_pairs < 1:
-        raise UserError("--n-pairs must be >= 1")
+    ns = int_list(a.distractors, "--distractors", 0, MAX_DISTRACTORS)
+    parse_modes(a.modes)  # syntax and bounds; the fusion check needs the model
+    out = output_file(a.out if a.out is not None else Path("figures") / safe_name(a.model) / "eval.json")
+    if not out.exists():
+        # output_file checks only the parent, which passes for a file directly under /proc: the creatable
+        # check of the path itself (output_dir's) refuses it.
+        output_dir(out)
+    if out.exists() and not a.overwrite:
+        raise UserError(f"{out} exists; pass --overwrite to replace it or --out elsewhere")
     model, tok, name = load_model(a.model)
     if tok is None:
         raise UserError(f"model {a.model} has no tokenizer beside it")
     modes, sweep = parse_modes(a.modes, model.has_fusion)
-    out = Path(a.out) if a.out else Path("figures") / name / "eval.json"
-    if out.exists() and not a.overwrite:
-        raise UserError(f"{out} exists; pass --overwrite to replace it or --out elsewhere")
     t0 = time.time()
     rows = evaluate(model, tok, tasks, ns, modes, sweep, a.n_pairs, a.batch_size, not a.no_progress)
     wall = time.time() - t0
     print(table(rows, sweep))
-    out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"meta": {"model": a.model, "n_pairs": a.n_pairs, "seed": EVAL_SEED, "modes": a.modes,
                     "wall_s": round(wall, 1)}, "results": rows}
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(out)
+    text = json_text(doc)
+    # The write is atomic; the lock on the folder (for the moment of writing) makes the exists check and the
+    # write one step, so a second run into the same file never silently replaces the first one's results.
+    with DirLock(out.parent, "models.evaluate run"):
+        if out.exists() and not a.overwrite:
+            raise UserError(f"{out} appeared while this run was working; pass --overwrite or --out elsewhere")
+        for stale in out.parent.glob(f".{out.name}.*.tmp"):  # a killed earlier write's temporary
+            stale.unlink(missing_ok=True)
+        atomic_write(out, text)
     print(f"wrote {out} ({wall:.0f}s)")
 
 

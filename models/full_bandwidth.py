@@ -20,6 +20,7 @@ Checkpoint format (a directory):
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +29,51 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from common.errors import UserError
+from common.io import atomic_write
 from models.fusion import Fusion
 
 FORMAT = "full-bandwidth-lm"
 FORMAT_VERSION = 1
+KNOWN_FORMAT_VERSIONS = (1,)  # the config.json format_versions this code reads
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception as one short line: its cause's message where it has one (HF wraps validation errors)."""
+    cause = e.__cause__ if e.__cause__ is not None and str(e.__cause__).strip() else e
+    text = "; ".join(line.strip() for line in str(cause).splitlines() if line.strip()) or type(cause).__name__
+    if isinstance(cause, KeyError):
+        text = f"missing key {text}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def check_finite_weights(weights, where: str) -> None:
+    """UserError naming the first tensor (in name order) with a NaN or inf, if any.
+
+    `weights`: an nn.Module (its state_dict) or a {name: tensor} mapping; `where`: the checkpoint, for the message.
+    """
+    sd = weights.state_dict() if isinstance(weights, nn.Module) else weights
+    bad = [k for k in sorted(sd) if torch.is_tensor(sd[k]) and (sd[k].is_floating_point() or sd[k].is_complex())
+           and not bool(torch.isfinite(sd[k]).all())]
+    if bad:
+        t = sd[bad[0]]
+        n_nan, n_inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+        more = f" (and {len(bad) - 1} more tensor{'s' * (len(bad) > 2)})" if len(bad) > 1 else ""
+        raise UserError(f"non-finite weights in {where}: {bad[0]} {list(t.shape)} has {n_nan} NaN and {n_inf} inf "
+                        f"values{more}")
+
+
+def save_tokenizer(tok, out: Path) -> None:
+    """tok.save_pretrained into a temporary folder, then each file renamed into place (atomic each)."""
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.", suffix=".tmp", dir=out))
+    try:
+        tok.save_pretrained(str(tmp))
+        for f in sorted(tmp.iterdir()):
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @dataclass
@@ -161,14 +203,12 @@ class FullBandwidthLM(nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, "base_config": self.lm.config.to_dict(),
                "fusion": self.fusion_settings()}
-        # Write to temporary names, then rename: a crash never leaves a half-written checkpoint.
-        tmp_w, tmp_c = path / "model.safetensors.tmp", path / "config.json.tmp"
-        save_model(self, str(tmp_w))
-        tmp_c.write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str))
-        tmp_w.replace(path / "model.safetensors")
-        tmp_c.replace(path / "config.json")
+        # Temporary names, then rename (common.io.atomic_write): a crash never leaves a half-written checkpoint,
+        # and no temporary survives an error or an interrupt.
+        atomic_write(path / "model.safetensors", lambda tmp: save_model(self, tmp))
+        atomic_write(path / "config.json", json.dumps(cfg, indent=2, sort_keys=True, default=str))
         if tokenizer is not None:
-            tokenizer.save_pretrained(str(path))
+            save_tokenizer(tokenizer, path)
 
     @classmethod
     def read_config(cls, path: str | Path) -> dict:
@@ -176,8 +216,9 @@ class FullBandwidthLM(nn.Module):
         cfg_file = path / "config.json"
         if not path.is_dir():
             raise UserError(f"no checkpoint directory at {path}")
-        if not cfg_file.is_file() or not (path / "model.safetensors").is_file():
-            raise UserError(f"{path} is not a full-bandwidth checkpoint (needs config.json and model.safetensors)")
+        missing = [n for n in ("config.json", "model.safetensors") if not (path / n).is_file()]
+        if missing:
+            raise UserError(f"{path} is not a full-bandwidth checkpoint: no {' and no '.join(missing)} in it")
         try:
             cfg = json.loads(cfg_file.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -189,30 +230,68 @@ class FullBandwidthLM(nn.Module):
         if not (isinstance(base, dict) and isinstance(base.get("model_type"), str)
                 and isinstance(fusion, dict) and isinstance(fusion.get("enabled"), bool)):
             raise UserError(f"corrupt checkpoint config {cfg_file}: needs base_config.model_type and fusion.enabled")
+        version = cfg.get("format_version")
+        if isinstance(version, bool) or version not in KNOWN_FORMAT_VERSIONS:
+            known = ", ".join(map(str, KNOWN_FORMAT_VERSIONS))
+            raise UserError(f"{cfg_file} has format_version {version!r}; this code reads only format_version {known} "
+                            f"(a checkpoint from another version of this project?)")
+        eps = fusion.get("eps", 1e-6)
+        if fusion["enabled"] and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1):
+            raise UserError(f"corrupt checkpoint config {cfg_file}: fusion.eps must be a number in (0, 1), got {eps!r}")
         return cfg
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "FullBandwidthLM":
-        from safetensors.torch import load_model
-
         path = Path(path)
         cfg = cls.read_config(path)
         base = dict(cfg["base_config"])
         model_type = base.pop("model_type")
         try:
             base_config = AutoConfig.for_model(model_type, **base)
-        except (ValueError, KeyError, TypeError) as e:
+        except Exception as e:  # ValueError/KeyError/TypeError, or HF's strict-dataclass validation errors
             raise UserError(f"cannot build the base model config of {path} (model_type={model_type!r}): "
-                            f"{str(e)[:200]}") from None
-        model = cls.from_config(base_config, fusion=cfg["fusion"]["enabled"])
+                            f"{one_line(e, 200)}") from None
+        fusion = cfg["fusion"]
+        d_model = getattr(base_config, "hidden_size", None)
+        if fusion["enabled"] and fusion.get("d_model", d_model) != d_model:
+            raise UserError(f"corrupt checkpoint config {path / 'config.json'}: fusion.d_model "
+                            f"{fusion.get('d_model')!r} differs from the base model's hidden size {d_model!r}")
         try:
-            missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
-        except Exception as e:  # safetensors raises several types for truncated/corrupt files
-            raise UserError(f"corrupt checkpoint weights {path / 'model.safetensors'}: {e}") from None
-        # Tied output weights are legitimately absent; anything else missing means a broken checkpoint.
-        tied = {k for k in missing if k.endswith("lm_head.weight") and model.lm.config.tie_word_embeddings}
-        if set(missing) - tied or unexpected:
-            raise UserError(f"checkpoint {path} does not match its config (missing {sorted(set(missing) - tied)[:3]}, "
-                            f"unexpected {sorted(unexpected)[:3]})")
+            lm = AutoModelForCausalLM.from_config(base_config)
+        except Exception as e:  # a config HF accepts but cannot build (e.g. heads that do not divide the width)
+            raise UserError(f"cannot build the model of {path} from its config.json: {one_line(e, 200)}") from None
+        model = cls(lm, fusion=fusion["enabled"], eps=float(fusion.get("eps", 1e-6)))
+        load_weights(model, path / "model.safetensors")
         model.eval()
         return model
+
+
+def load_weights(model: FullBandwidthLM, weights_file: Path) -> None:
+    """Load a checkpoint's model.safetensors into `model`, or UserError (one line) if it is unreadable, does not
+    match the model built from its config.json (names, shapes) or holds a NaN/inf."""
+    from safetensors.torch import load_file
+
+    try:
+        sd = load_file(str(weights_file))
+    except Exception as e:  # safetensors raises several types for truncated/corrupt files
+        raise UserError(f"corrupt checkpoint weights {weights_file}: {one_line(e)}") from None
+    own = model.state_dict()
+    # Tied weights (one tensor under two names, e.g. the LM head and the input embedding) are stored once, under
+    # either name; anything else missing is a broken checkpoint.
+    def storage(t):
+        return t.untyped_storage().data_ptr() if t.numel() else None
+
+    stored = {storage(own[k]) for k in own.keys() & sd.keys()} - {None}
+    tied = {k for k in own.keys() - sd.keys() if storage(own[k]) in stored}
+    missing, unexpected = sorted(own.keys() - sd.keys() - tied), sorted(sd.keys() - own.keys())
+    if missing or unexpected:
+        raise UserError(f"checkpoint {weights_file.parent} does not match its config ({len(missing)} missing: "
+                        f"{missing[:3]}, {len(unexpected)} unexpected: {unexpected[:3]})")
+    wrong = [k for k in sorted(sd) if sd[k].shape != own[k].shape]
+    if wrong:
+        k = wrong[0]
+        raise UserError(f"corrupt checkpoint weights {weights_file}: {len(wrong)} tensor{'s' * (len(wrong) > 1)} of "
+                        f"the wrong shape for its config.json, first {k}: {list(sd[k].shape)} in the file, "
+                        f"{list(own[k].shape)} in the model")
+    check_finite_weights(sd, str(weights_file))
+    model.load_state_dict(sd, strict=False)

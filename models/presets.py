@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -25,6 +26,28 @@ def parse_schedule(s: str) -> tuple[float, ...]:
 
 # (registers, writes per register) of the multi_register curriculum, easiest first; the task is 8 x {2, 4, 8}.
 REGISTER_LEVELS = ((2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 2), (8, 4), (8, 8))
+
+
+# Bounds of a recipe's values, from a preset or a flag alike (models.train shows them in --help).
+MAX_STEPS = 10_000_000
+MAX_PASSES = 16  # weights in a schedule: every pass keeps its activations for the backward pass
+MAX_DISTRACTORS = 1024  # largest N of the distractor mixture (the tasks' grid ends at 256)
+INT_LIMITS = {  # name: (lo, hi), inclusive
+    "n_layers": (1, 1024), "d_model": (1, 65536), "n_heads": (1, 1024), "n_kv_heads": (1, 1024),
+    "d_ff": (1, 1_048_576), "max_len": (1, 1_048_576),
+    "steps": (1, MAX_STEPS), "warmup": (0, MAX_STEPS), "eval_every": (1, MAX_STEPS), "save_every": (1, MAX_STEPS),
+    "batch_tokens": (1, 1_000_000), "seq_len": (1, 1_048_576), "curriculum_seq_len": (1, 1_048_576),
+    "curriculum_steps": (0, MAX_STEPS), "curriculum_max_n": (0, MAX_DISTRACTORS),
+    "register_curriculum": (0, MAX_STEPS), "reads": (0, 64), "warm_passes": (0, 256),
+    "consistency_window": (0, 4096), "seed": (0, 2**32 - 1),
+}
+FLOAT_LIMITS = {  # name: (lo, hi, lo_open, hi_open)
+    "lam": (0.0, 1000.0, False, False), "noise": (0.0, 10.0, False, False), "prefix_mix": (0.0, 1.0, False, False),
+    "label_weight": (0.0, 1000.0, False, False), "gate_std": (0.0, 100.0, True, False),
+    "warm_prob": (0.0, 1.0, False, False), "fixed_point_prob": (0.0, 1.0, False, False),
+    "fixed_point_tol": (0.0, 1.0, False, True), "consistency": (0.0, 1000.0, False, False),
+    "lr": (0.0, 1.0, True, False), "weight_decay": (0.0, 1.0, False, False),
+}
 
 
 @dataclass
@@ -92,56 +115,64 @@ class TrainConfig:
     base: str | None = None  # warm start: preset name or checkpoint dir (fresh fusion, fresh optimizer)
 
     def __post_init__(self):
+        # Every value is checked here, whether it comes from a preset, a flag or a caller, so that a bad one is a
+        # one-line error before any work (a NaN weight once trained a NaN checkpoint, a NaN task share looped
+        # forever, a huge batch grew memory without bound). The bounds are in LIMITS (and in --help).
+        for name, (lo, hi) in INT_LIMITS.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise UserError(f"{name} must be an integer in {lo}..{hi}, got {v!r}")
+        for name, (lo, hi, lo_open, hi_open) in FLOAT_LIMITS.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo or v > hi \
+                    or (lo_open and v == lo) or (hi_open and v == hi):
+                raise UserError(f"{name} must be a finite number in {'(' if lo_open else '['}{lo}, {hi}"
+                                f"{')' if hi_open else ']'}, got {v!r}")
         self.probs = parse_schedule(self.schedule)
+        if not all(math.isfinite(p) for p in self.probs) or len(self.probs) > MAX_PASSES:
+            raise UserError(f"bad schedule {self.schedule!r}: at most {MAX_PASSES} finite weights (of 1, 2, 3... "
+                            "passes), e.g. 75/22/3")
         if self.arch not in ("qwen3", "gpt2"):
             raise UserError(f"unknown arch {self.arch!r} (qwen3 or gpt2)")
-        for name in ("n_layers", "d_model", "n_heads", "steps", "batch_tokens"):
-            if int(getattr(self, name)) <= 0:
-                raise UserError(f"{name} must be positive")
-        if self.warm_passes < 0 or not 0 <= self.warm_prob <= 1:
-            raise UserError("warm_passes must be >= 0 and warm_prob in [0, 1]")
-        if not 0 <= self.fixed_point_prob <= 1:
-            raise UserError(f"fixed_point_prob must be in [0, 1], got {self.fixed_point_prob}")
-        if not 0 <= self.fixed_point_tol < 1:
-            raise UserError(f"fixed_point_tol must be in [0, 1), got {self.fixed_point_tol}")
-        if self.consistency < 0:
-            raise UserError(f"consistency must be >= 0, got {self.consistency}")
+        if self.seq_len > self.max_len or self.curriculum_seq_len > self.max_len:
+            raise UserError(f"seq_len ({self.seq_len}) and curriculum_seq_len ({self.curriculum_seq_len}) must be at "
+                            f"most the model's max_len ({self.max_len})")
         if self.consistency_layers not in ("top", "all"):
             raise UserError(f"consistency_layers must be 'top' or 'all', got {self.consistency_layers!r}")
-        if self.consistency_window < 0:
-            raise UserError(f"consistency_window must be >= 0, got {self.consistency_window}")
         self.lr_legs = tuple(self.lr_legs)
         ends = (*self.lr_legs, self.steps)
-        if any(not isinstance(e, int) or e <= self.warmup for e in self.lr_legs) or \
+        if any(isinstance(e, bool) or not isinstance(e, int) or e <= self.warmup for e in self.lr_legs) or \
                 any(a >= b for a, b in zip(ends, ends[1:])):
             raise UserError(f"lr_legs must be increasing steps after the warm-up ({self.warmup}) and before "
                             f"steps ({self.steps}), got {list(self.lr_legs)}")
         if self.gate_init not in ("default", "unit"):
             raise UserError(f"gate_init must be 'default' or 'unit', got {self.gate_init!r}")
-        if self.gate_std <= 0:
-            raise UserError(f"gate_std must be > 0, got {self.gate_std}")
-        if self.noise < 0 or not 0 <= self.prefix_mix <= 1 or self.lr <= 0:
-            raise UserError("noise must be >= 0, prefix_mix in [0, 1], lr > 0")
-        self.distractors = {int(k): float(v) for k, v in self.distractors.items()}
-        if not self.distractors or any(k < 0 or v < 0 for k, v in self.distractors.items()) \
-                or sum(self.distractors.values()) <= 0:
-            raise UserError("distractors must map N >= 0 to non-negative weights with a positive sum")
+        try:
+            self.distractors = {int(k): float(v) for k, v in dict(self.distractors).items()}
+        except (TypeError, ValueError):
+            raise UserError(f"distractors must map N to a weight, got {self.distractors!r}") from None
+        if not self.distractors or any(not 0 <= k <= MAX_DISTRACTORS or not math.isfinite(v) or v < 0
+                                       for k, v in self.distractors.items()) or sum(self.distractors.values()) <= 0:
+            raise UserError(f"distractors must map N in 0..{MAX_DISTRACTORS} to finite non-negative weights with a "
+                            f"positive sum, got {self.distractors}")
         from tasks import TASKS
+        self.tasks = tuple(self.tasks)
         bad = [t for t in self.tasks if t not in TASKS]
         if bad or not self.tasks:
-            raise UserError(f"unknown task(s) {', '.join(bad) or '(none)'}; valid tasks: {', '.join(TASKS)}")
+            raise UserError(f"unknown task(s) {', '.join(map(str, bad)) or '(none)'}; valid tasks: {', '.join(TASKS)}")
         if self.task_weights is not None:
-            self.task_weights = tuple(float(w) for w in self.task_weights)
-            if len(self.task_weights) != len(self.tasks) or min(self.task_weights) <= 0:
-                raise UserError("task_weights needs one positive weight per task")
-        if self.reads < 0 or (self.reads and self.packing):
+            try:
+                self.task_weights = tuple(float(w) for w in self.task_weights)
+            except (TypeError, ValueError):
+                raise UserError("task_weights needs one positive weight per task") from None
+            if len(self.task_weights) != len(self.tasks) or \
+                    any(not math.isfinite(w) or w <= 0 for w in self.task_weights) or \
+                    not math.isfinite(sum(self.task_weights)):
+                raise UserError(f"task_weights needs one positive weight per task (finite), got {list(self.task_weights)}")
+        if self.reads and self.packing:
             raise UserError("reads must be >= 0 and needs unpacked batches (--no-packing)")
         if self.targets not in ("all", "labels"):
             raise UserError(f"targets must be 'all' or 'labels', got {self.targets!r}")
-        if self.register_curriculum < 0:
-            raise UserError("register_curriculum must be >= 0 (steps)")
-        if self.seq_len <= 0 or self.curriculum_seq_len <= 0 or self.curriculum_steps < 0:
-            raise UserError("seq_len and curriculum_seq_len must be positive, curriculum_steps >= 0")
 
     @property
     def max_passes(self) -> int:
@@ -208,15 +239,18 @@ def load_model(name_or_path: str):
     """Load a model by shipped preset name, full-bandwidth checkpoint dir, or plain HF model dir.
 
     Returns (FullBandwidthLM, tokenizer or None, name). A plain HF LM is wrapped without a fusion module.
+    Anything unreadable or inconsistent (config, weights, NaN/inf weights, tokenizer) is one UserError line.
     """
-    from models.full_bandwidth import FullBandwidthLM
+    from models.full_bandwidth import FullBandwidthLM, check_finite_weights
 
     p = Path(name_or_path)
     # --- optional real pretrained model (SPEC section 6), owned by models/smollm2.py ---
     if not p.exists() and name_or_path == "smollm2-135m":
         from models.smollm2 import load_smollm2
 
-        return load_smollm2()
+        model, tok, name = load_smollm2()
+        check_finite_weights(model, name)
+        return model, tok, name
     # ---
     if not p.exists() and name_or_path in PRESETS:
         p = checkpoint_dir(name_or_path)
@@ -226,21 +260,57 @@ def load_model(name_or_path: str):
     if not p.exists():
         raise UserError(f"unknown model {name_or_path!r}: not a preset ({', '.join(k for k in PRESETS if k != 'smoke')}) "
                         f"nor an existing directory")
+    if not p.is_dir():
+        raise UserError(f"model {name_or_path!r}: {p} is a file, not a model directory")
     cfg_file = p / "config.json"
-    if cfg_file.is_file() and '"full-bandwidth-lm"' in cfg_file.read_text(errors="replace"):
+    if not cfg_file.is_file():
+        raise UserError(f"{p} is not a model directory: it has no config.json")
+    if '"full-bandwidth-lm"' in cfg_file.read_text(errors="replace"):
         model = FullBandwidthLM.from_pretrained(p)
     else:
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
+        model = FullBandwidthLM(_load_hf_lm(p), fusion=False).eval()
+    return model, _load_tokenizer(p, model), p.name
 
-        hf_logging.disable_progress_bar()  # a per-shard bar is noise for the small models loaded here
-        try:
-            lm = AutoModelForCausalLM.from_pretrained(str(p))
-        except (OSError, ValueError) as e:
-            raise UserError(f"cannot load a model from {p}: {str(e).splitlines()[0]}") from None
-        model = FullBandwidthLM(lm, fusion=False).eval()
-    tok = None
-    if (p / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
+
+def _load_hf_lm(p: Path):
+    """A plain HF causal LM from `p`; UserError if it cannot be read, has missing/mis-shaped weights or NaN/inf."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from models.full_bandwidth import check_finite_weights, one_line
+
+    hf_logging.disable_progress_bar()  # a per-shard bar is noise for the small models loaded here
+    try:
+        lm, info = AutoModelForCausalLM.from_pretrained(str(p), output_loading_info=True)
+    except Exception as e:  # OSError/ValueError, HF config validation errors, safetensors errors on corrupt files
+        raise UserError(f"cannot load a model from {p}: {one_line(e)}") from None
+    # HF fills missing or mis-shaped weights with fresh random init and only warns: refuse them here.
+    missing = sorted(set(info.get("missing_keys") or ()))
+    mismatched = list(info.get("mismatched_keys") or ())
+    if missing or mismatched:
+        what = f"{len(missing)} missing weights, first {missing[0]}" if missing else \
+            f"{len(mismatched)} weights of the wrong shape, first {mismatched[0][0]}"
+        raise UserError(f"corrupt model weights in {p}: {what}")
+    check_finite_weights(lm, str(p))
+    return lm
+
+
+def _load_tokenizer(p: Path, model):
+    """The tokenizer saved beside the model (None if there is no tokenizer.json); UserError if it is unreadable or
+    holds token ids the model's embedding does not have."""
+    if not (p / "tokenizer.json").is_file():
+        return None
+    from transformers import PreTrainedTokenizerFast
+
+    from models.full_bandwidth import one_line
+
+    try:
         tok = PreTrainedTokenizerFast.from_pretrained(str(p))
-    return model, tok, p.name
+        ids = list(tok.get_vocab().values())
+    except Exception as e:  # JSONDecodeError, KeyError, TypeError, tokenizers' own Exception for wrong structure
+        raise UserError(f"corrupt tokenizer in {p}: {one_line(e, 200)}") from None
+    vocab = model.lm.get_input_embeddings().weight.shape[0]
+    if not ids or max(ids) >= vocab:
+        raise UserError(f"tokenizer in {p} does not fit its model: token ids up to {max(ids, default=None)}, "
+                        f"the model's embedding has {vocab} rows")
+    return tok

@@ -7,13 +7,23 @@
 Loss: L = NTP(pass 1) + lambda/(K-1) * sum_{k=2..K} NTP(pass k); pass k>1 fuses pass k-1's top states shifted
 right by one; gradients flow through every pass (nothing detached). K is drawn per batch from the schedule.
 Every batch is a pure function of (seed, step, rank), so `--resume` continues bit-identically.
+Every flag is checked before any work; a run holds a lock on --out, stops at the first non-finite loss, gradient
+or weight without saving it, and with --overwrite replaces an earlier run only once its own last checkpoint is
+written (models.train.RunOutput).
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import errno
+import hashlib
 import json
 import math
 import os
+import shutil
+import stat
+import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,16 +33,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from common.cli import Parser, float_in, int_in, output_dir
 from common.errors import UserError, cli_entry
+from common.io import DirLock, atomic_write, json_text, remove_stale_tmp
 from models.configs import gpt2_config, qwen3_config
-from models.full_bandwidth import FullBandwidthLM, embedding_rms
-from models.presets import PRESETS, REGISTER_LEVELS, TrainConfig, checkpoint_dir, get_preset
+from models.full_bandwidth import FullBandwidthLM, embedding_rms, load_weights
+from models.presets import (FLOAT_LIMITS, INT_LIMITS, MAX_DISTRACTORS, MAX_PASSES, MAX_STEPS, PRESETS, REGISTER_LEVELS,
+                            TrainConfig, checkpoint_dir, get_preset)
 from models.prefill import _shift_state, fixed_point_top, pad_left, prefill_many
 from tasks import build_tokenizer, label_token_ids, make_dataset
 from tasks.samples import REGISTERS, WRITES_CHOICES
 
 FIXED_POINT = -1  # Batch.warm value: pass 2 fuses the fixed-point states (models.prefill.fixed_point_top)
-STATE_FILE = "trainer_state.pt"
+STATE_FILE = "trainer_state.safetensors"  # optimizer state + step: tensors and JSON, no pickle
+LEGACY_STATE_FILE = "trainer_state.pt"  # an earlier version's pickle: never loaded (see load_resume)
 LOG_FILE = "train_log.json"
 
 
@@ -347,20 +361,98 @@ def quick_eval(model, tok, cfg: TrainConfig) -> dict:
 
 
 # ----- checkpoints -------------------------------------------------------------------------------------------
+# The trainer state is tensors + JSON (safetensors with a JSON header), never a pickle: loading a pickle runs
+# whatever code it names, so a crafted trainer_state.pt ran code on --resume. It is written last and records the
+# digests of the model and log files it belongs to, so a save cut short (model newer than the optimizer) is
+# refused on --resume instead of continuing from a mismatched pair.
+STATE_FORMAT = "fbt-trainer-state/1"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _flatten(obj, tensors: dict):
+    """A state dict as JSON-able data, its tensors moved into `tensors` (named t0, t1, ...)."""
+    if torch.is_tensor(obj):
+        key = f"t{len(tensors)}"
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {"__tensor__": key}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_flatten(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [_flatten(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _flatten(v, tensors) for k, v in obj.items()}
+        if all(isinstance(k, int) and not isinstance(k, bool) for k in obj):  # optimizer state: by param index
+            return {"__int_keys__": {str(k): _flatten(v, tensors) for k, v in obj.items()}}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot store a {type(obj).__name__} in the trainer state")
+
+
+def _unflatten(obj, tensors: dict):
+    if isinstance(obj, list):
+        return [_unflatten(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if set(obj) == {"__tensor__"}:
+            return tensors[obj["__tensor__"]]
+        if set(obj) == {"__tuple__"}:
+            return tuple(_unflatten(v, tensors) for v in obj["__tuple__"])
+        if set(obj) == {"__int_keys__"}:
+            return {int(k): _unflatten(v, tensors) for k, v in obj["__int_keys__"].items()}
+        return {k: _unflatten(v, tensors) for k, v in obj.items()}
+    return obj
+
+
+def _remove_stale(out: Path) -> None:
+    """Temporaries a killed earlier save left in `out` (SIGKILL skips every cleanup)."""
+    remove_stale_tmp(out)
+    for name in ("model.safetensors.tmp", "config.json.tmp"):  # an earlier version's save_pretrained temporaries
+        (out / name).unlink(missing_ok=True)
+    for p in out.glob(".tokenizer.*.tmp"):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def save_checkpoint(model, tok, opt, cfg, step, log, out: Path):
-    model.save_pretrained(out, tokenizer=tok)
-    state = {"step": step, "optimizer": opt.state_dict(), "config": cfg.to_dict()}
-    torch.save(state, out / (STATE_FILE + ".tmp"))
-    (out / (STATE_FILE + ".tmp")).replace(out / STATE_FILE)
-    (out / (LOG_FILE + ".tmp")).write_text(json.dumps(log, indent=1))
-    (out / (LOG_FILE + ".tmp")).replace(out / LOG_FILE)
+    """Model, tokenizer, log, then the trainer state (last, with the digests of the model and the log)."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    model.save_pretrained(out, tokenizer=tok)  # atomic per file, no temporary left on any exit path
+    log_text = json_text(log).encode()
+    atomic_write(out / LOG_FILE, log_text)
+    tensors: dict = {}
+    meta = {"format": STATE_FORMAT, "step": step, "config": cfg.to_dict(), "optimizer": _flatten(opt.state_dict(), tensors),
+            "model_sha256": _sha256((out / "model.safetensors").read_bytes()), "log_sha256": _sha256(log_text)}
+    atomic_write(out / STATE_FILE, lambda tmp: save_file(tensors, tmp, metadata={"trainer_state": json_text(meta, None)}))
+    (out / LEGACY_STATE_FILE).unlink(missing_ok=True)  # an earlier version's pickle must not lie beside it
+
+
+def read_trainer_state(out: Path) -> tuple[dict, dict]:
+    """(metadata, tensors) of `out`'s trainer state; no code is run, whatever the file holds."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(out) / STATE_FILE), "pt") as f:
+        meta = json.loads((f.metadata() or {})["trainer_state"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT:
+        raise ValueError(f"{STATE_FILE} is not a {STATE_FORMAT} trainer state")
+    return meta, tensors
+
+
+def _check_resume_files(out: Path) -> None:
+    if not (out / STATE_FILE).is_file():
+        if (out / LEGACY_STATE_FILE).is_file():
+            raise UserError(f"--resume: {out} holds {LEGACY_STATE_FILE}, an earlier version's trainer state (a "
+                            "pickle, which can run code when loaded, so it is not loaded); start over with --overwrite")
+        raise UserError(f"--resume: no {STATE_FILE} in {out}")
 
 
 def load_resume(model, opt, cfg, out: Path):
-    from safetensors.torch import load_model as st_load
-    state_file = out / STATE_FILE
-    if not state_file.is_file():
-        raise UserError(f"--resume: no {STATE_FILE} in {out}")
+    _check_resume_files(out)
     saved = FullBandwidthLM.read_config(out)
     mine = model.lm.config.to_dict()
     keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads",
@@ -369,63 +461,228 @@ def load_resume(model, opt, cfg, out: Path):
     if diff:
         raise UserError(f"--resume: checkpoint in {out} has another architecture ({', '.join(diff)} differ)")
     try:
-        st_load(model, str(out / "model.safetensors"), strict=False)
-        state = torch.load(state_file, weights_only=False)
-        opt.load_state_dict(state["optimizer"])
-        log = json.loads((out / LOG_FILE).read_text()) if (out / LOG_FILE).is_file() else {"history": []}
+        meta, tensors = read_trainer_state(out)
+        for name, digest in (("model.safetensors", meta["model_sha256"]), (LOG_FILE, meta["log_sha256"])):
+            if not (out / name).is_file():
+                raise ValueError(f"no {name}")
+            if _sha256((out / name).read_bytes()) != digest:
+                raise ValueError(f"{name} is not the one {STATE_FILE} was saved with (a save cut short?)")
+        step = meta["step"]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"bad step {step!r}")
+        log = json.loads((out / LOG_FILE).read_text())
+        load_weights(model, out / "model.safetensors")  # names, shapes, finite values: one line each
+        opt.load_state_dict(_unflatten(meta["optimizer"], tensors))
     except Exception as e:
         raise UserError(f"--resume: corrupt checkpoint in {out}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
-    return state["step"], log
+    return step, log
+
+
+# ----- output directory --------------------------------------------------------------------------------------
+# Every file a run (or the evaluation and card written beside it) puts in its output directory.
+RUN_FILES = frozenset({"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
+                       "special_tokens_map.json", STATE_FILE, LEGACY_STATE_FILE, LOG_FILE, "eval.json",
+                       "MODEL_CARD.md"})
+
+
+def check_output(out: Path, resume: bool, overwrite: bool) -> bool:
+    """Refuse (read-only, before any work) what a run may not do to `out`. True: the run is staged beside `out`
+    and replaces it whole once complete (--overwrite over an earlier run); False: it writes into `out`."""
+    if resume:
+        if not out.is_dir():
+            raise UserError(f"--resume: no {STATE_FILE} in {out}")
+        _check_resume_files(out)
+        return False
+    if not out.is_dir():
+        return False
+    names = {p.name for p in out.iterdir() if not p.name.endswith(".tmp")}  # temporaries: a killed run's
+    ours = sorted(names & RUN_FILES)
+    if not ours:
+        return False
+    if not overwrite:
+        what = "a checkpoint" if "model.safetensors" in ours else f"files of an earlier run ({', '.join(ours)})"
+        raise UserError(f"{out} already holds {what}; use --resume to continue or --overwrite to replace it")
+    foreign = sorted(names - RUN_FILES)
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise UserError(f"--overwrite: {out} also holds {', '.join(foreign[:3])}{more}, which no training run "
+                        "writes; move them away or choose another --out")
+    parent = out.resolve().parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--overwrite: the new run is built beside {out} and swapped in at the end, but {parent} "
+                        "is not writable")
+    return True
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap the names of two directories: atomically where the kernel can (renameat2 RENAME_EXCHANGE), else
+    by three renames."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        fn = None
+    if fn is not None:
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        at_fdcwd, rename_exchange = -100, 2
+        if fn(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(b))
+    aside = a.with_name(a.name + ".old")
+    os.rename(b, aside)
+    try:
+        os.rename(a, b)
+    except BaseException:
+        os.rename(aside, b)
+        raise
+    os.rename(aside, a)
+
+
+class RunOutput:
+    """Where a run writes, for its duration (rank 0 only; other ranks write nothing).
+
+    `out` is locked (`common.io.DirLock`: a second run into it is refused). A staged run writes into a sibling
+    folder `.<name>.staging-*` (locked too) that `commit()` swaps in whole; on error or interrupt the staging
+    folder is removed and the earlier run in `out` stays as it was. Otherwise checkpoints go into `out` directly.
+    """
+
+    def __init__(self, out: Path, staged: bool, active: bool = True):
+        self.out, self.staged, self.active = Path(out), staged, active
+        self.target = self.out.resolve() if staged else self.out  # a symlinked --out: replace what it points to
+        self.path = self.out
+        self._locks: list[DirLock] = []
+
+    def _lock(self, path: Path) -> None:
+        lock = DirLock(path, "training run")
+        lock.__enter__()
+        self._locks.append(lock)
+
+    def __enter__(self):
+        if not self.active:
+            return self
+        self._lock(self.out)
+        try:
+            prefix = f".{self.target.name}.staging-"
+            for old in self.target.parent.iterdir():  # a killed run's (any live one would hold the lock on out)
+                if old.name.startswith(prefix) and old.is_dir() and not old.is_symlink():
+                    shutil.rmtree(old, ignore_errors=True)
+            _remove_stale(self.out)
+            if self.staged:
+                self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.target.parent))
+                os.chmod(self.path, stat.S_IMODE(self.target.stat().st_mode))  # mkdtemp's 0700 would stay
+                self._lock(self.path)
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def commit(self) -> None:
+        if self.active and self.staged:
+            try:
+                _exchange(self.path, self.target)  # self.path now holds the earlier run, removed on exit
+            except OSError as e:
+                raise UserError(f"could not move the new run into {self.out} ({e.strerror}); {self.out} still holds "
+                                "the earlier run") from None
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if self.active and self.staged and self.path != self.out:
+                shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            for lock in reversed(self._locks):
+                lock.__exit__(exc_type, exc, tb)
+            self._locks = []
+        return False
+
+
+def _first_nonfinite(model) -> str | None:
+    for name, p in model.named_parameters():
+        if not bool(torch.isfinite(p).all()):
+            return name
+    return None
+
+
+def _context_limit(lm) -> int | None:
+    c = lm.config
+    return getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
 
 
 # ----- main --------------------------------------------------------------------------------------------------
 def parse_mixture(s: str) -> dict:
-    """'0:0.3,8:0.7' -> {0: 0.3, 8: 0.7}."""
+    """'0:0.3,8:0.7' -> {0: 0.3, 8: 0.7}: N in 0..MAX_DISTRACTORS, finite weights >= 0."""
+    n_of, w_of = int_in(0, MAX_DISTRACTORS), float_in(0.0)
     try:
-        return {int(k): float(v) for k, v in (part.split(":") for part in s.split(",") if part.strip())}
-    except ValueError:
-        raise UserError(f"bad --distractors {s!r}: use N:weight pairs, e.g. 0:0.3,8:0.3,32:0.3,128:0.1") from None
+        return {n_of(k): w_of(v) for k, v in (part.split(":") for part in s.split(",") if part.strip())}
+    except (ValueError, argparse.ArgumentTypeError):
+        raise UserError(f"bad --distractors {s!r}: use N:weight pairs, N in 0..{MAX_DISTRACTORS} and finite weights "
+                        ">= 0, e.g. 0:0.3,8:0.3,32:0.3,128:0.1") from None
+
+
+def _int(name: str):  # the flag's type: an integer within the recipe's bounds (models.presets.INT_LIMITS)
+    return int_in(*INT_LIMITS[name])
+
+
+def _float(name: str):  # a finite float within models.presets.FLOAT_LIMITS
+    lo, hi, lo_open, hi_open = FLOAT_LIMITS[name]
+    return float_in(lo, hi, lo_open=lo_open, hi_open=hi_open)
+
+
+def _range(name: str) -> str:
+    """The bound of a flag as --help shows it, e.g. '1..10000000' or '[0, 1]'."""
+    if name in INT_LIMITS:
+        return "%d..%d" % INT_LIMITS[name]
+    lo, hi, lo_open, hi_open = FLOAT_LIMITS[name]
+    return f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m models.train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m models.train", description=__doc__)
     p.add_argument("--preset", default="tiny-fbt", help=f"training recipe ({', '.join(PRESETS)}); default tiny-fbt")
     p.add_argument("--out", help="output checkpoint dir (default checkpoints/<preset>)")
     p.add_argument("--resume", action="store_true", help="continue from the trainer state in --out")
-    p.add_argument("--overwrite", action="store_true", help="allow replacing an existing checkpoint in --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run in --out: the new run is built beside it and swapped in whole once "
+                        "its last checkpoint is written (an error or interrupt leaves the earlier run as it was)")
     p.add_argument("--base", help="warm start from an HF causal LM dir or preset (tokenizer of the base is kept)")
-    p.add_argument("--steps", type=int, help="total optimizer steps (overrides the preset)")
-    p.add_argument("--schedule", help="pass-count weights, e.g. 75/22/3 (overrides the preset)")
-    p.add_argument("--noise", type=float, help="uniform state noise sigma (default 0.02)")
-    p.add_argument("--lam", type=float, help="lambda, weight of the later passes")
-    p.add_argument("--label-weight", type=float, help="loss weight of the label token")
+    p.add_argument("--steps", type=_int("steps"), help=f"total optimizer steps (overrides the preset); {_range('steps')}")
+    p.add_argument("--schedule", help=f"pass-count weights, e.g. 75/22/3 (overrides the preset); finite, at most "
+                                      f"{MAX_PASSES}")
+    p.add_argument("--noise", type=_float("noise"), help=f"uniform state noise sigma (default 0.02); {_range('noise')}")
+    p.add_argument("--lam", type=_float("lam"), help=f"lambda, weight of the later passes; {_range('lam')}")
+    p.add_argument("--label-weight", type=_float("label_weight"),
+                   help=f"loss weight of the label token; {_range('label_weight')}")
     p.add_argument("--targets", choices=["all", "labels"], help="loss targets: every token (labels weighted by "
                    "--label-weight) or the label tokens alone")
-    p.add_argument("--prefix-mix", type=float, help="probability of an unfused prefix per row")
+    p.add_argument("--prefix-mix", type=_float("prefix_mix"),
+                   help=f"probability of an unfused prefix per row; {_range('prefix_mix')}")
     p.add_argument("--gate-init", choices=["default", "unit"],
                    help="init of the fusion gate W_G: nn.Linear's default, or scaled to unit pre-activation std")
-    p.add_argument("--gate-std", type=float,
+    p.add_argument("--gate-std", type=_float("gate_std"),
                    help="with --gate-init unit: std of the gate's pre-activation at init (default 1; larger = a "
-                        "stronger token code in the fused input)")
+                        f"stronger token code in the fused input); {_range('gate_std')}")
     p.add_argument("--lr-legs", help="comma-separated ends of earlier legs, e.g. 1500,3000: the cosine decays "
                    "toward each in turn, as a run resumed with a larger --steps at each ('' = one cosine; "
                    "default: the preset's, minus legs that do not end before --steps)")
-    p.add_argument("--warm-passes", type=int, help="max extra no-grad Jacobi passes before pass 2 (recipe option)")
-    p.add_argument("--warm-prob", type=float, help="probability of warm passes in a multi-pass batch")
-    p.add_argument("--fixed-point-prob", type=float,
+    p.add_argument("--warm-passes", type=_int("warm_passes"),
+                   help=f"max extra no-grad Jacobi passes before pass 2 (recipe option); {_range('warm_passes')}")
+    p.add_argument("--warm-prob", type=_float("warm_prob"),
+                   help=f"probability of warm passes in a multi-pass batch; {_range('warm_prob')}")
+    p.add_argument("--fixed-point-prob", type=_float("fixed_point_prob"),
                    help="probability that a multi-pass batch starts its fused passes from the exact fixed point of "
-                        "the feedback map (the recurrent-full states; no gradient through it); default 0 = off")
-    p.add_argument("--fixed-point-tol", type=float,
+                        "the feedback map (the recurrent-full states; no gradient through it); default 0 = off; "
+                        f"{_range('fixed_point_prob')}")
+    p.add_argument("--fixed-point-tol", type=_float("fixed_point_tol"),
                    help="fixed-point start: try up to 16 Jacobi passes first and keep them once the largest relative "
                         "state change is below this (cheaper where the map contracts); default 0 = always the exact "
-                        "one-token-step recurrence")
-    p.add_argument("--consistency", type=float,
+                        f"one-token-step recurrence; {_range('fixed_point_tol')}")
+    p.add_argument("--consistency", type=_float("consistency"),
                    help="weight of the state-consistency loss: each fused pass's top state is pulled toward the "
-                        "standard pass's (detached) at every fused position, relative squared error; default 0 = off")
-    p.add_argument("--consistency-window", type=int,
+                        "standard pass's (detached) at every fused position, relative squared error; default 0 = off; "
+                        f"{_range('consistency')}")
+    p.add_argument("--consistency-window", type=_int("consistency_window"),
                    help="add the consistency term again over the last W positions before each label target alone "
-                        "(where a standard pass holds the answer); default 0 = off")
+                        f"(where a standard pass holds the answer); default 0 = off; {_range('consistency_window')}")
     p.add_argument("--consistency-layers", choices=["top", "all"],
                    help="states the consistency term compares: the top state (default) or every block's output "
                         "(mean of the per-block relative errors)")
@@ -435,34 +692,44 @@ def parse_args(argv):
                    help="pack several samples per row (--no-packing: one sample per row, a micro-batch per task)")
     p.add_argument("--skip-values", action=argparse.BooleanOptionalAction, default=None,
                    help="no loss on the random value symbols (digits, register names); labels stay targets")
-    p.add_argument("--batch-tokens", type=int, help="approximate tokens per batch per process")
-    p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--batch-tokens", type=_int("batch_tokens"),
+                   help=f"approximate tokens per batch per process; {_range('batch_tokens')}")
+    p.add_argument("--lr", type=_float("lr"), help=f"peak learning rate; {_range('lr')}")
     p.add_argument("--tasks", help="comma-separated training tasks (default: all three)")
-    p.add_argument("--distractors", help="N mixture as N:weight pairs, e.g. 0:0.3,8:0.3,32:0.3,128:0.1")
+    p.add_argument("--distractors", help="N mixture as N:weight pairs, e.g. 0:0.3,8:0.3,32:0.3,128:0.1; N in "
+                                         f"0..{MAX_DISTRACTORS}, finite weights >= 0 with a positive sum")
     p.add_argument("--task-weights", help="share of each step's tokens per task, one weight per training task in "
-                                          "order, e.g. 0.3,0.1,0.6 (unpacked only; default: the preset's)")
-    p.add_argument("--reads", type=int, help="answered queries inserted into each multi_register training sample "
-                                             "(dense supervision of the latest-write lookup; unpacked only)")
-    p.add_argument("--register-curriculum", type=int, help="steps over which multi_register training samples ramp "
-                   "from 2-register one-write lookups to the task (8 registers, 2/4/8 writes); 0 = off")
-    p.add_argument("--seq-len", type=int, help="packed row length in tokens")
-    p.add_argument("--curriculum-steps", type=int, help="initial 1-pass steps on short samples")
-    p.add_argument("--curriculum-max-n", type=int, help="largest N during the curriculum")
-    p.add_argument("--curriculum-seq-len", type=int, help="packed row length during the curriculum")
-    p.add_argument("--seed", type=int, help="data and init seed")
-    p.add_argument("--eval-every", type=int, help="steps between evaluations")
-    p.add_argument("--save-every", type=int, help="steps between checkpoints")
-    p.add_argument("--stop-at", type=int, help="stop (with a checkpoint) after this step, keeping the learning-rate "
-                                                "schedule of --steps; continue later with --resume, possibly under "
-                                                "another preset (a shared 1-pass phase)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: all)")
+                                          "order, e.g. 0.3,0.1,0.6 (unpacked only; default: the preset's); finite, > 0")
+    p.add_argument("--reads", type=_int("reads"),
+                   help="answered queries inserted into each multi_register training sample (dense supervision of "
+                        f"the latest-write lookup; unpacked only); {_range('reads')}")
+    p.add_argument("--register-curriculum", type=_int("register_curriculum"),
+                   help="steps over which multi_register training samples ramp from 2-register one-write lookups to "
+                        f"the task (8 registers, 2/4/8 writes); 0 = off; {_range('register_curriculum')}")
+    p.add_argument("--seq-len", type=_int("seq_len"),
+                   help=f"packed row length in tokens; {_range('seq_len')} and at most the model's context (max_len; "
+                        "the base's with --base)")
+    p.add_argument("--curriculum-steps", type=_int("curriculum_steps"),
+                   help=f"initial 1-pass steps on short samples; {_range('curriculum_steps')}")
+    p.add_argument("--curriculum-max-n", type=_int("curriculum_max_n"),
+                   help=f"largest N during the curriculum; {_range('curriculum_max_n')}")
+    p.add_argument("--curriculum-seq-len", type=_int("curriculum_seq_len"),
+                   help=f"packed row length during the curriculum; {_range('curriculum_seq_len')} and at most the "
+                        "model's context, as --seq-len")
+    p.add_argument("--seed", type=_int("seed"), help=f"data and init seed; {_range('seed')}")
+    p.add_argument("--eval-every", type=_int("eval_every"), help=f"steps between evaluations; {_range('eval_every')}")
+    p.add_argument("--save-every", type=_int("save_every"), help=f"steps between checkpoints; {_range('save_every')}")
+    p.add_argument("--stop-at", type=int_in(1, MAX_STEPS),
+                   help="stop (with a checkpoint) after this step, keeping the learning-rate schedule of --steps; "
+                        "continue later with --resume, possibly under another preset (a shared 1-pass phase); "
+                        "1..the total steps")
+    p.add_argument("--threads", type=int_in(1, 256), help="torch CPU threads (default: all); 1..256")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p.parse_args(argv)
 
 
-@cli_entry
-def main(argv=None):
-    args = parse_args(argv)
+def config_of(args) -> TrainConfig:
+    """The recipe: the preset with the flags' overrides, validated (TrainConfig checks itself)."""
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
                                           "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob", "fixed_point_prob", "fixed_point_tol", "consistency", "consistency_window", "consistency_layers",
@@ -496,7 +763,21 @@ def main(argv=None):
         over["tie_embeddings"] = False
     if args.skip_values is not None:
         over["skip_values"] = args.skip_values
-    cfg = replace(cfg, **over)
+    if args.base:
+        over["base"] = args.base
+    return replace(cfg, **over)
+
+
+@cli_entry
+def main(argv=None):
+    # Everything is checked before any work and before the output directory is touched.
+    args = parse_args(argv)
+    cfg = config_of(args)
+    stop = cfg.steps if args.stop_at is None else args.stop_at
+    if not 0 < stop <= cfg.steps:
+        raise UserError(f"--stop-at must be in 1..{cfg.steps} (the total steps), got {args.stop_at}")
+    out = output_dir(args.out if args.out is not None else checkpoint_dir(args.preset))
+    staged = check_output(out, args.resume, args.overwrite)
     if args.threads:
         torch.set_num_threads(args.threads)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -504,91 +785,99 @@ def main(argv=None):
     if world > 1:
         import torch.distributed as dist
         dist.init_process_group("gloo")
-    out = Path(args.out) if args.out else checkpoint_dir(args.preset)
-    if not args.resume and (out / "model.safetensors").exists():
-        if not args.overwrite:
-            raise UserError(f"{out} already holds a checkpoint; use --resume to continue or --overwrite to replace it")
-        if rank == 0:  # files that describe the old model must not survive beside the new one
-            for stale in (STATE_FILE, LOG_FILE, "eval.json", "MODEL_CARD.md"):
-                (out / stale).unlink(missing_ok=True)
 
     tok = build_tokenizer()
-    if args.base:
-        cfg = replace(cfg, base=args.base)
     if cfg.base:
         from models.presets import load_model
-        _, tok, _ = load_model(cfg.base)
+        base, tok, _ = load_model(cfg.base)
         if tok is None:
             raise UserError(f"--base {cfg.base}: no tokenizer found beside the model")
+        limit = _context_limit(base.lm)
+        if limit and max(cfg.seq_len, cfg.curriculum_seq_len) > limit:
+            raise UserError(f"seq_len ({cfg.seq_len}) and curriculum_seq_len ({cfg.curriculum_seq_len}) must be at "
+                            f"most the context of --base {cfg.base} ({limit})")
+        del base
     model = build_model(cfg, len(tok), cfg.base)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    step, log = 0, {"config": cfg.to_dict(), "history": [], "evals": []}
-    if args.resume:
-        step, log = load_resume(model, opt, cfg, out)
-        if log.get("config") != cfg.to_dict():
-            # Continuing under another recipe (e.g. a 1-pass phase shared by several presets, whose batches
-            # are identical by construction): keep a record of what ran when.
-            log.setdefault("config_changes", []).append({"step": step, "previous": log.get("config")})
-            log["config"] = cfg.to_dict()
-    t0 = time.time() - log.get("wall_s", 0.0)
-    from tqdm import tqdm
-    bar = tqdm(total=cfg.steps, initial=step, disable=args.no_progress or rank != 0, dynamic_ncols=True)
-    run_loss: dict[int, float] = {}
-    tokens_seen, tick = 0, time.time()
-    stop = cfg.steps if args.stop_at is None else args.stop_at
-    if not 0 < stop <= cfg.steps:
-        raise UserError(f"--stop-at must be in 1..{cfg.steps} (the total steps), got {args.stop_at}")
-    while step < stop:
-        micro = make_batches(cfg, tok, step, rank, world)
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 97 + rank)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(cfg, step)
-        opt.zero_grad(set_to_none=False)
-        loss, parts, cons_sum = 0.0, None, {}
-        for mb in micro:  # gradient accumulation: the step's loss is the mean over its micro-batches
-            ex: dict = {}
-            l_mb, p_mb = multipass_loss(model, mb.ids, mb.mask, mb.k, cfg, mb.fuse_from, gen, mb.warm, mb.label_pos,
-                                        mb.skip_pos, extras=ex)
-            for j, c in enumerate(ex.get("consistency", [])):
-                cons_sum[j] = cons_sum.get(j, 0.0) + c.item() / len(micro)
-            (l_mb / len(micro)).backward()
-            loss = loss + l_mb.detach() / len(micro)
-            parts = [x.detach() / len(micro) for x in p_mb] if parts is None else \
-                [a + x.detach() / len(micro) for a, x in zip(parts, p_mb)]
-        k, n = micro[0].k, "; ".join(mb.desc for mb in micro)
-        mask = torch.cat([mb.mask.flatten() for mb in micro])
-        if world > 1:
-            import torch.distributed as dist
-            for p in model.parameters():
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
-                p.grad /= world
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        tokens_seen += int(mask.sum()) * k
-        lv = loss.item()
-        run_loss[k] = 0.9 * run_loss.get(k, lv) + 0.1 * lv
-        if rank == 0:
-            log["history"].append({"step": step, "passes": k, "batch": n, "loss": round(lv, 5),
-                                   "pass_losses": [round(x.item(), 5) for x in parts],
-                                   **({"consistency": [round(cons_sum[j], 5) for j in sorted(cons_sum)]}
-                                      if cons_sum else {})})
-            el = time.time() - tick
-            bar.set_postfix({**{f"loss{kk}": f"{v:.3f}" for kk, v in sorted(run_loss.items())},
-                             "tok/s": f"{tokens_seen / max(el, 1e-9):.0f}"})
-            bar.update(1)
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                ev = quick_eval(model, tok, cfg)
-                log["evals"].append({"step": step, "wall_s": round(time.time() - t0, 1), "label_acc": ev})
-                bar.write(f"step {step}: " + "; ".join(
-                    f"{t} " + " ".join(f"{m}={a:.2f}" for m, a in r.items()) for t, r in ev.items()))
-            if step % cfg.save_every == 0 or step in (cfg.steps, stop):
-                log["wall_s"] = round(time.time() - t0, 1)
-                save_checkpoint(model, tok, opt, cfg, step, log, out)
-    bar.close()
+    with RunOutput(out, staged, active=rank == 0) as dest:
+        step, log = 0, {"config": cfg.to_dict(), "history": [], "evals": []}
+        if args.resume:
+            step, log = load_resume(model, opt, cfg, out)
+            if log.get("config") != cfg.to_dict():
+                # Continuing under another recipe (e.g. a 1-pass phase shared by several presets, whose batches
+                # are identical by construction): keep a record of what ran when.
+                log.setdefault("config_changes", []).append({"step": step, "previous": log.get("config")})
+                log["config"] = cfg.to_dict()
+        saved = step if args.resume else None
+        t0 = time.time() - log.get("wall_s", 0.0)
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.steps, initial=step, disable=args.no_progress or rank != 0, dynamic_ncols=True)
+        run_loss: dict[int, float] = {}
+        tokens_seen, tick = 0, time.time()
+        try:
+            while step < stop:
+                micro = make_batches(cfg, tok, step, rank, world)
+                gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 97 + rank)
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(cfg, step)
+                opt.zero_grad(set_to_none=False)
+                loss, parts, cons_sum = 0.0, None, {}
+                for mb in micro:  # gradient accumulation: the step's loss is the mean over its micro-batches
+                    ex: dict = {}
+                    l_mb, p_mb = multipass_loss(model, mb.ids, mb.mask, mb.k, cfg, mb.fuse_from, gen, mb.warm,
+                                                mb.label_pos, mb.skip_pos, extras=ex)
+                    for j, c in enumerate(ex.get("consistency", [])):
+                        cons_sum[j] = cons_sum.get(j, 0.0) + c.item() / len(micro)
+                    (l_mb / len(micro)).backward()
+                    loss = loss + l_mb.detach() / len(micro)
+                    parts = [x.detach() / len(micro) for x in p_mb] if parts is None else \
+                        [a + x.detach() / len(micro) for a, x in zip(parts, p_mb)]
+                k, n = micro[0].k, "; ".join(mb.desc for mb in micro)
+                mask = torch.cat([mb.mask.flatten() for mb in micro])
+                if world > 1:
+                    import torch.distributed as dist
+                    for p in model.parameters():
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
+                        dist.all_reduce(p.grad)
+                        p.grad /= world
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+                lv = float(loss)
+                bad = None if math.isfinite(lv) and math.isfinite(grad_norm) else \
+                    f"loss {lv}, gradient norm {grad_norm}"
+                if bad is None:
+                    opt.step()
+                    name = _first_nonfinite(model)
+                    bad = None if name is None else f"parameter {name} after the update"
+                if bad is not None:  # a NaN/inf run is stopped, never saved
+                    kept = (f"{out} still holds the earlier run" if staged else
+                            f"the last checkpoint in {out} is step {saved}" if saved else "nothing was saved")
+                    raise UserError(f"training diverged at step {step + 1}: non-finite {bad}; stopped ({kept})")
+                step += 1
+                tokens_seen += int(mask.sum()) * k
+                run_loss[k] = 0.9 * run_loss.get(k, lv) + 0.1 * lv
+                if rank == 0:
+                    log["history"].append({"step": step, "passes": k, "batch": n, "loss": round(lv, 5),
+                                           "pass_losses": [round(x.item(), 5) for x in parts],
+                                           **({"consistency": [round(cons_sum[j], 5) for j in sorted(cons_sum)]}
+                                              if cons_sum else {})})
+                    el = time.time() - tick
+                    bar.set_postfix({**{f"loss{kk}": f"{v:.3f}" for kk, v in sorted(run_loss.items())},
+                                     "tok/s": f"{tokens_seen / max(el, 1e-9):.0f}"})
+                    bar.update(1)
+                    if step % cfg.eval_every == 0 or step == cfg.steps:
+                        ev = quick_eval(model, tok, cfg)
+                        log["evals"].append({"step": step, "wall_s": round(time.time() - t0, 1), "label_acc": ev})
+                        bar.write(f"step {step}: " + "; ".join(
+                            f"{t} " + " ".join(f"{m}={a:.2f}" for m, a in r.items()) for t, r in ev.items()))
+                    if step % cfg.save_every == 0 or step in (cfg.steps, stop):
+                        log["wall_s"] = round(time.time() - t0, 1)
+                        save_checkpoint(model, tok, opt, cfg, step, log, dest.path)
+                        saved = step
+        finally:
+            bar.close()
+        dest.commit()
     if rank == 0:
         print(f"done: {step} steps in {time.time() - t0:.0f}s -> {out}")
     if world > 1:

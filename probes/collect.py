@@ -19,8 +19,11 @@ Layout of collected activations: ``float32 [samples, depths, d_model]``, depth 0
 the samples given (batches are formed by length internally and put back in order).
 
 On-disk cache (:class:`ActivationCache`): one ``<key>.npz`` per (model weights hash, dataset fingerprint,
-tokenizer hash, mode, position, collector version), written atomically (temporary file + ``os.replace``),
-reused when the key matches. Exports (:func:`save_activations`): ``<stem>.npz`` holding ``resid``
+tokenizer hash, mode, position, collector version), written atomically (``common.io.atomic_write``: a
+temporary file of a unique name + ``os.replace``), reused when the key matches. Concurrent processes are safe
+without a lock: a reader opens either the old complete file or the new complete one (a file it holds open
+stays intact when replaced), two writers of one entry write the same bytes and the last rename wins, and an
+unreadable entry is a miss. Exports (:func:`save_activations`): ``<stem>.npz`` holding ``resid``
 [samples, depths, d_model] float32 plus ``label``, ``group_id``, ``pair_id``, ``n_distractors``, ``writes``,
 ``n_tokens`` (int64 [samples]), and ``<stem>.json`` beside it with ``meta`` (model, mode, depth convention)
 and ``samples`` (one dict per row of ``resid``: index, task, text, label, pair_id, group_id, n_distractors,
@@ -31,9 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import nnsight
@@ -42,6 +43,7 @@ import torch
 from nnsight import NNsight
 
 from common.errors import UserError
+from common.io import atomic_write
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
 from models.prefill import pad_left, parse_mode, prefill_many
 
@@ -281,20 +283,6 @@ def cache_key(weights: str, dataset: str, tokenizer: str, mode: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def _atomic_write(path: Path, write) -> None:
-    """Write via ``write(tmp_path)`` to a temporary file in the same directory, then rename over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 class ActivationCache:
     """``<dir>/<key>.npz`` files holding ``resid`` float32 [samples, depths, d_model]."""
 
@@ -324,7 +312,7 @@ class ActivationCache:
             with open(tmp, "wb") as f:
                 np.savez(f, resid=np.ascontiguousarray(resid, dtype=np.float32))
 
-        _atomic_write(p, write)
+        atomic_write(p, write)
         return p
 
 
@@ -386,6 +374,6 @@ def save_activations(directory: str | Path, stem: str, resid: np.ndarray, sample
         "meta": meta,
         "samples": [dict(index=i, **dataclasses.asdict(s)) for i, s in enumerate(samples)],
     }
-    _atomic_write(npz, write_npz)
-    _atomic_write(js, lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n"))
+    atomic_write(npz, write_npz)
+    atomic_write(js, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return npz, js

@@ -3,11 +3,18 @@
 For each distractor count N the task's dataset is generated (seeded), tokenized, the residual stream at the
 final token is collected through nnsight for every depth and mode (probes.collect, cached on disk), and a
 linear probe is scored per depth with group-held-out CV (probes.linear). Writes to --out
-(default figures/<model>/<task>/):
+(default <project root>/figures/<model>/<task>/, beside interventions.run's causal_report.*):
 
     probes.json         {"meta": {...}, "results": [...]}  (schema below)
     depth_curves.html   self-contained interactive depth curves (analysis.depth_curves)
     activations/        only with --save-activations: N<N>_<mode>.npz + .json (layout in probes.collect)
+
+Modes are canonicalised and de-duplicated once (fused-0 and recurrent-0 are standard; recirc modes by their
+canonical name); rows, activations and meta.run.modes use the canonical names. The output directory is locked
+for the run (a second run into it is refused); new files are written to temporaries and replace the old ones
+only when all are complete; a run that is refused or fails leaves an earlier run's results untouched. A
+successful run leaves exactly its own files (activations/ only with --save-activations); other tools' files
+in the folder (causal_report.*) are never touched.
 
 probes.json
     meta     schema, run (the settings that define this run: task, model, weights hash, modes, distractors,
@@ -21,7 +28,6 @@ probes.json
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
@@ -31,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.cli import Parser, int_in, int_list, output_dir, safe_name
 from common.errors import UserError, cli_entry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,17 +53,15 @@ DEFAULT_DISTRACTORS = {"completion": (0, 32, 128), "memory": (8, 32, 128), "mult
 DEFAULT_N_PAIRS = 96
 MAX_DISTRACTORS = 256
 MIN_PAIRS, MAX_PAIRS = 5, 5000
+MAX_SEED = 2**32 - 1  # sklearn / numpy RandomState accept 0..2**32-1 (the probe's random_state)
+MAX_BATCH = 4096
+MAX_BOOT = 100_000
+OUTPUTS = ("probes.json", "depth_curves.html", "activations")  # every file a probes run owns in --out
 SCHEMA = "fbprobe.probes/1"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one-line error, exit 2 (via cli_entry), no usage dump
-        raise UserError(message)
-
-
 def parse_args(argv):
-    p = _Parser(prog="python -m probes.run", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m probes.run", description=__doc__)
     p.add_argument("--task", required=True, help="completion, memory or multi_register")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="preset name, full-bandwidth checkpoint dir or HF model dir (default tiny-fbt)")
@@ -66,57 +71,50 @@ def parse_args(argv):
                    help="also probe the model under training-free recirculation (models.recirculation, exact "
                         "sequential prefill): depth S mixed into depth D with weight ALPHA; repeatable. Adds a mode "
                         "named recirc-S:D:ALPHA:MODE beside --modes")
-    p.add_argument("--distractors", help="comma-separated distractor counts N (0..256); default per task")
-    p.add_argument("--n-pairs", type=int, default=DEFAULT_N_PAIRS, help=f"pairs per N (default {DEFAULT_N_PAIRS})")
-    p.add_argument("--seed", type=int, default=0, help="dataset and probe seed (default 0)")
-    p.add_argument("--out", help="output dir (default figures/<model>/<task>/)")
-    p.add_argument("--overwrite", action="store_true", help="replace results of a different run in --out")
+    p.add_argument("--distractors",
+                   help=f"comma-separated distractor counts N (0..{MAX_DISTRACTORS}); default per task")
+    p.add_argument("--n-pairs", type=int_in(MIN_PAIRS, MAX_PAIRS), default=DEFAULT_N_PAIRS,
+                   help=f"pairs per N, {MIN_PAIRS}..{MAX_PAIRS} (default {DEFAULT_N_PAIRS})")
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
+                   help=f"dataset and probe seed, 0..{MAX_SEED} (default 0)")
+    p.add_argument("--out", help="output dir (default <project root>/figures/<model>/<task>/)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace results of a different run in --out (its probes.json, depth_curves.html and "
+                        "activations/; never another tool's files)")
     p.add_argument("--save-activations", action="store_true", help="export activations to <out>/activations/")
-    p.add_argument("--cache-dir", default=str(ROOT / ".cache" / "activations"),
-                   help="activation cache dir (default .cache/activations)")
+    p.add_argument("--cache-dir", default=None,
+                   help="activation cache dir (default <project root>/.cache/activations)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the activation cache")
-    p.add_argument("--batch-size", type=int, default=32, help="rows per nnsight trace (default 32)")
-    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the 95%% CI")
+    p.add_argument("--batch-size", type=int_in(1, MAX_BATCH), default=32,
+                   help=f"rows per nnsight trace, 1..{MAX_BATCH} (default 32)")
+    p.add_argument("--n-boot", type=int_in(1, MAX_BOOT), default=1000,
+                   help=f"bootstrap resamples for the 95%% CI, 1..{MAX_BOOT} (default 1000)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p.parse_args(argv)
 
 
 # ----------------------------------------------------------------------------------------------------------
-def _parse_modes(s, task, fusion=True):
+def _parse_modes(s) -> list[str] | None:
+    """--modes -> canonical, de-duplicated mode names in the order given (None: the task's default)."""
     from probes.collect import canonical_modes
 
     if s is None:
-        # Without a fusion module only standard prefill exists (recurrent modes need a trained fusion).
-        return list(DEFAULT_MODES[task]) if fusion else ["standard"]
+        return None
     items = [x.strip() for x in s.split(",") if x.strip()]
     if not items:
         raise UserError("--modes is empty")
-    canonical_modes(items)  # validates (UserError on an unknown mode)
-    out = []
-    for m in items:
-        if m not in out:
-            out.append(m)
-    return out
+    return canonical_modes(items)  # UserError on an unknown mode or an out-of-range fused-n / recurrent-k
+
+
+def _default_modes(task, fusion=True) -> list[str]:
+    # Without a fusion module only standard prefill exists (recurrent modes need a trained fusion).
+    return list(DEFAULT_MODES[task]) if fusion else ["standard"]
 
 
 def _parse_distractors(s, task):
     if s is None:
         return list(DEFAULT_DISTRACTORS[task])
-    out = []
-    for x in s.split(","):
-        x = x.strip()
-        if not x:
-            continue
-        try:
-            n = int(x)
-        except ValueError:
-            raise UserError(f"--distractors: {x!r} is not an integer") from None
-        if not 0 <= n <= MAX_DISTRACTORS:
-            raise UserError(f"--distractors: N={n} out of range (0..{MAX_DISTRACTORS})")
-        if n not in out:
-            out.append(n)
-    if not out:
-        raise UserError("--distractors is empty")
+    out = int_list(s, "--distractors", 0, MAX_DISTRACTORS)
     if task == "memory" and 0 in out:
         raise UserError("memory with N=0 has a single CV group (every scratch context is empty), so grouped "
                         "cross-validation cannot run; use N >= 8")
@@ -207,8 +205,8 @@ def main(argv=None):
     if args.task not in TASKS:
         raise UserError(f"unknown task {args.task!r}; valid tasks: {', '.join(TASKS)}")
     task = args.task
-    modes = _parse_modes(args.modes, task)  # validated now; re-derived once the model is known
-    from probes.collect import RECIRC_PREFIX, recirc_spec
+    requested = _parse_modes(args.modes)  # canonical once, here; the default depends on the model
+    from probes.collect import RECIRC_PREFIX, is_recirc, recirc_spec
 
     recirc = []
     for r in args.recirculate:
@@ -216,16 +214,17 @@ def main(argv=None):
         if spec.name not in recirc:
             recirc.append(spec.name)
     distractors = _parse_distractors(args.distractors, task)
-    if not MIN_PAIRS <= args.n_pairs <= MAX_PAIRS:
-        raise UserError(f"--n-pairs {args.n_pairs} out of range ({MIN_PAIRS}..{MAX_PAIRS})")
-    if args.batch_size < 1:
-        raise UserError("--batch-size must be positive")
+    # Output locations are checked before any work (an explicit --out now; the default once the model is named).
+    out_arg = output_dir(args.out, "--out") if args.out is not None else None
+    if args.cache_dir is not None and str(args.cache_dir).strip() == "":
+        raise UserError("--cache-dir is empty: give a directory")
+    cache_dir = ROOT / ".cache" / "activations" if args.cache_dir is None else Path(args.cache_dir)
+    if not args.no_cache:
+        output_dir(cache_dir, "--cache-dir")
 
     from probes.linear import ProbeConfig, check_groups
 
-    config = ProbeConfig(n_boot=args.n_boot, random_state=args.seed) if args.seed >= 0 else None
-    if config is None:
-        raise UserError(f"--seed must be a non-negative integer (got {args.seed})")
+    config = ProbeConfig(n_boot=args.n_boot, random_state=args.seed)
 
     # Everything cheap is validated before the model is loaded or anything is written.
     from tasks import make_dataset, tokenize_samples
@@ -248,102 +247,116 @@ def main(argv=None):
     import torch
 
     from models.presets import load_model
-    from probes.collect import ActivationCache, Collector, collect_with_cache, save_activations, tokenizer_hash, \
-        weights_hash
+    from probes.collect import ActivationCache, Collector, canonical_modes, collect_with_cache, save_activations, \
+        tokenizer_hash, weights_hash
 
-    model, tok, model_name = load_model(args.model)
+    model, tok, loaded_name = load_model(args.model)
     model = model.eval().float()
-    modes = _parse_modes(args.modes, task, fusion=model.has_fusion)
+    # A path ending in '..' (or '.') names no folder: derive the name from the resolved path instead.
+    model_name = safe_name(args.model if loaded_name in ("", ".", "..") else loaded_name)
+    modes = requested if requested is not None else _default_modes(task, model.has_fusion)
     if not model.has_fusion:
-        from probes.collect import canonical_modes
-        bad = [m for m, c in zip(modes, canonical_modes(modes)) if c != "standard"]
+        bad = [m for m in modes if m != "standard" and not is_recirc(m)]
         if bad:
             raise UserError(f"model {model_name!r} has no fusion module: only the standard mode is available "
                             f"(got {', '.join(bad)})")
-    for name in recirc:
-        recirc_spec(name, model.n_layers)  # depth range against this model
-    modes = modes + [m for m in recirc if m not in modes]
+    modes = canonical_modes(modes + recirc)  # the one list of canonical names every row is keyed by
+    for name in modes:
+        if is_recirc(name):
+            recirc_spec(name, model.n_layers)  # depth range against this model
     tok = _tokenizer_for(model, tok)
     w_hash = weights_hash(model)
-    out = Path(args.out) if args.out else ROOT / "figures" / model_name / task
+    out = out_arg if out_arg is not None else output_dir(ROOT / "figures" / model_name / task, "--out")
     run_sig = {"task": task, "model": model_name, "weights": w_hash, "modes": modes, "distractors": distractors,
                "n_pairs": args.n_pairs, "seed": args.seed, "probe": config.to_dict(),
                "tokenizer": tokenizer_hash(tok)}
-    _check_out_dir(out, run_sig, args.overwrite)
+    from common.io import DirLock
 
-    torch.manual_seed(args.seed)
-    collector = Collector(model, batch_size=args.batch_size, pad_id=tok.pad_token_id or 0,
-                          progress=not args.no_progress)
-    cache = None if args.no_cache else ActivationCache(args.cache_dir)
-    from tasks import dataset_fingerprint
+    _check_out_dir(out, run_sig, args.overwrite)  # refuse early, before taking the lock ...
+    with DirLock(out):
+        _check_out_dir(out, run_sig, args.overwrite)  # ... and again under it: another run may just have written
+        from common.io import remove_stale_tmp
+        from common.staged import Staged, remove_stale_tmp_dirs
 
-    results, warnings, ds_meta, exports = [], [], {}, []
-    for n in distractors:
-        ids, samples = tokenize_samples(datasets[n], tok)
-        y = np.array([s.label for s in samples])
-        groups = np.array([s.group_id for s in samples])
-        lengths = [len(r) for r in ids]
-        ds_meta[str(n)] = {"fingerprint": dataset_fingerprint(samples), "n_samples": len(samples),
-                           "n_groups": int(len(np.unique(groups))), "min_tokens": min(lengths),
-                           "max_tokens": max(lengths)}
-        acts, status = collect_with_cache(collector, ids, samples, modes, tok, cache, weights=w_hash,
-                                          desc=f"{task} N={n}")
-        if not args.no_progress:
-            print(f"[{task} N={n}] activations: " + ", ".join(f"{m} {s}" for m, s in status.items()),
-                  file=sys.stderr)
-        from probes.collect import canonical_modes
+        remove_stale_tmp(out)  # temporaries of a killed earlier run (this process holds the lock)
+        remove_stale_tmp_dirs(out)
+        torch.manual_seed(args.seed)
+        collector = Collector(model, batch_size=args.batch_size, pad_id=tok.pad_token_id or 0,
+                              progress=not args.no_progress)
+        cache = None if args.no_cache else ActivationCache(cache_dir)
+        from tasks import dataset_fingerprint
 
-        for mode, cmode in zip(modes, canonical_modes(modes)):
-            a = acts[cmode]
-            scores = _score_depths(a, y, groups, config, f"{task} N={n} {mode}")
-            results += _result_rows(task, model_name, mode, n, scores)
-            if cmode == "standard":
-                s0 = scores[0]
-                if not s0.ci_low <= 0.5 <= s0.ci_high:
-                    msg = (f"LEAKAGE: standard-prefill depth-0 accuracy {s0.accuracy:.3f} "
-                           f"(95% CI {s0.ci_low:.3f}..{s0.ci_high:.3f}) is not at chance for {task} N={n}: "
-                           f"all prompts end with the same token, so this is a bug")
-                    warnings.append({"kind": "leakage", "task": task, "mode": mode, "n_distractors": n,
-                                     "depth": 0, "accuracy": s0.accuracy, "ci_low": s0.ci_low,
-                                     "ci_high": s0.ci_high, "message": msg})
-                    bar = "!" * 100
-                    print(f"{bar}\n{msg}\n{bar}", file=sys.stderr)
-            if task == "multi_register":
-                for w in sorted({s.writes for s in samples}):
-                    sel = np.array([s.writes == w for s in samples])
-                    sc_w = _score_depths(a[sel], y[sel], groups[sel], config, f"{task} N={n} {mode} writes={w}")
-                    results += _result_rows(task, model_name, mode, n, sc_w, writes=w)
-            if args.save_activations:
-                exports.append((f"N{n}_{cmode}", a, samples, {"model": model_name, "task": task, "mode": cmode,
-                                                              "n_distractors": n, "seed": args.seed}))
+        results, warnings, ds_meta, exports = [], [], {}, []
+        for n in distractors:
+            ids, samples = tokenize_samples(datasets[n], tok)
+            y = np.array([s.label for s in samples])
+            groups = np.array([s.group_id for s in samples])
+            lengths = [len(r) for r in ids]
+            ds_meta[str(n)] = {"fingerprint": dataset_fingerprint(samples), "n_samples": len(samples),
+                               "n_groups": int(len(np.unique(groups))), "min_tokens": min(lengths),
+                               "max_tokens": max(lengths)}
+            acts, status = collect_with_cache(collector, ids, samples, modes, tok, cache, weights=w_hash,
+                                              desc=f"{task} N={n}")
+            if not args.no_progress:
+                print(f"[{task} N={n}] activations: " + ", ".join(f"{m} {s}" for m, s in status.items()),
+                      file=sys.stderr)
 
-    meta = {
-        "schema": SCHEMA,
-        "run": run_sig,
-        "model": {"name": model_name, "path": str(args.model), "n_layers": model.n_layers,
-                  "d_model": model.d_model, "fusion": model.has_fusion, "weights_sha256": w_hash},
-        "datasets": ds_meta,
-        "tokenizer_sha256": run_sig["tokenizer"],
-        "versions": _versions(),
-        "seed": args.seed,
-        "probe": config.to_dict(),
-        "depths": "0 = input of block 0 (embedding or fused input); l = output of block l (L before the final norm)",
-        "warnings": warnings,
-        "wall_time_s": None,
-    }
-    doc = {"meta": meta, "results": results}
+            for mode in modes:  # canonical names: acts, rows and exports are keyed by the same name
+                a = acts[mode]
+                scores = _score_depths(a, y, groups, config, f"{task} N={n} {mode}")
+                results += _result_rows(task, model_name, mode, n, scores)
+                if mode == "standard":
+                    s0 = scores[0]
+                    if not s0.ci_low <= 0.5 <= s0.ci_high:
+                        msg = (f"LEAKAGE: standard-prefill depth-0 accuracy {s0.accuracy:.3f} "
+                               f"(95% CI {s0.ci_low:.3f}..{s0.ci_high:.3f}) is not at chance for {task} N={n}: "
+                               f"all prompts end with the same token, so this is a bug")
+                        warnings.append({"kind": "leakage", "task": task, "mode": mode, "n_distractors": n,
+                                         "depth": 0, "accuracy": s0.accuracy, "ci_low": s0.ci_low,
+                                         "ci_high": s0.ci_high, "message": msg})
+                        bar = "!" * 100
+                        print(f"{bar}\n{msg}\n{bar}", file=sys.stderr)
+                if task == "multi_register":
+                    for w in sorted({s.writes for s in samples}):
+                        sel = np.array([s.writes == w for s in samples])
+                        sc_w = _score_depths(a[sel], y[sel], groups[sel], config, f"{task} N={n} {mode} writes={w}")
+                        results += _result_rows(task, model_name, mode, n, sc_w, writes=w)
+                if args.save_activations:
+                    exports.append((f"N{n}_{mode}", a, samples, {"model": model_name, "task": task, "mode": mode,
+                                                                 "n_distractors": n, "seed": args.seed}))
 
-    from analysis.depth_curves import write_depth_curves
-    from probes.collect import _atomic_write
+        meta = {
+            "schema": SCHEMA,
+            "run": run_sig,
+            "model": {"name": model_name, "path": str(args.model), "n_layers": model.n_layers,
+                      "d_model": model.d_model, "fusion": model.has_fusion, "weights_sha256": w_hash},
+            "datasets": ds_meta,
+            "tokenizer_sha256": run_sig["tokenizer"],
+            "versions": _versions(),
+            "seed": args.seed,
+            "probe": config.to_dict(),
+            "depths": "0 = input of block 0 (embedding or fused input); "
+                      "l = output of block l (L before the final norm)",
+            "warnings": warnings,
+            "wall_time_s": None,
+        }
+        doc = {"meta": meta, "results": results}
 
-    out.mkdir(parents=True, exist_ok=True)
-    for stem, a, samples, m in exports:
-        save_activations(out / "activations", stem, a, samples, m)
-    write_depth_curves(doc, out / "depth_curves.html")
-    meta["wall_time_s"] = round(time.perf_counter() - t0, 3)
-    _atomic_write(out / "probes.json", lambda tmp: Path(tmp).write_text(_json_dumps(doc)))
-    _print_summary(doc, out)
-    return 0
+        from analysis.depth_curves import render_html
+
+        # Every new file goes to a temporary first; the old run's files are replaced (and an old activations/ of a
+        # run without --save-activations removed) only once all new ones are complete. probes.json goes last.
+        with Staged(out) as st:
+            if exports:
+                adir = st.dir("activations")
+                for stem, a, samples, m in exports:
+                    save_activations(adir, stem, a, samples, m)
+            st.file("depth_curves.html", render_html(doc))
+            meta["wall_time_s"] = round(time.perf_counter() - t0, 3)
+            st.file("probes.json", _json_dumps(doc))
+            st.commit(remove=OUTPUTS)
+        _print_summary(doc, out)
+        return 0
 
 
 def _print_summary(doc, out):

@@ -161,3 +161,10 @@ def test_remove_owned(tmp_path):
     (tmp_path / "causal_report.json").write_text("x")
     remove_owned(tmp_path, ["probes.json", "activations", "missing"], keep=("probes.json",))
     assert sorted(os.listdir(tmp_path)) == ["causal_report.json", "probes.json"]
+
+
+def test_output_file_directly_under_a_pseudo_file_system():
+    if not Path("/proc").is_dir():
+        pytest.skip("no /proc on this system")
+    with pytest.raises(UserError):
+        output_file("/proc/x")

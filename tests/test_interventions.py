@@ -191,9 +191,14 @@ def _cli(argv, capsys):
     (["--mode", "fused-2"], "not supported"),
     (["--mode", "bogus"], "unknown prefill mode"),
     (["--model", "no-such-model-xyz"], "unknown model"),
-    (["--n-pairs", "3"], "--n-pairs must be in"),
-    (["--n-pairs", "100000"], "--n-pairs must be in"),
-    (["--n-pairs", "many"], "--n-pairs must be an integer"),
+    (["--n-pairs", "3"], "--n-pairs: must be an integer in 10..5000"),
+    (["--n-pairs", "100000"], "--n-pairs: must be an integer in 10..5000"),
+    (["--n-pairs", "many"], "--n-pairs: must be an integer"),
+    (["--seed", "4294967296"], "--seed: must be an integer in 0..2147483647"),
+    (["--subspace-rank", "0"], "--subspace-rank: must be an integer in 1..64"),
+    (["--distractors", "-1"], "--distractors: must be an integer in 0..1024"),
+    (["--out", ""], "--out is empty"),
+    (["--out", "/proc/x/y"], "--out /proc/x/y"),
     (["--no-such-flag"], "unrecognized arguments"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(argv, needle, capsys):

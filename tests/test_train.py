@@ -26,7 +26,7 @@ from models.full_bandwidth import FullBandwidthLM, decoder_layers
 from models.presets import get_preset
 
 ROOT = Path(__file__).resolve().parent.parent
-CKPT_FILES = ("model.safetensors", "config.json", "trainer_state.pt", "train_log.json")
+CKPT_FILES = ("model.safetensors", "config.json", "trainer_state.safetensors", "train_log.json")
 FAST = ["--preset", "smoke", "--threads", "1", "--no-progress"]
 
 
@@ -488,10 +488,10 @@ def test_resume_continues_bit_identically(runs):
     assert [h["step"] for h in log_b["history"]] == [1, 2, 3, 4]
     assert log_a["history"] == log_b["history"]  # losses per step and per pass, batches, pass counts
     assert "config_changes" not in log_b, "a plain resume is not a change of recipe"
-    sa = torch.load(runs["straight"] / "trainer_state.pt", weights_only=False)
-    sb = torch.load(runs["split"] / "trainer_state.pt", weights_only=False)
+    sa, sb = (train._unflatten(m["optimizer"], t) | {"step": m["step"]}
+              for m, t in (train.read_trainer_state(runs[r]) for r in ("straight", "split")))
     assert sa["step"] == sb["step"] == 4
-    for pa, pb in zip(sa["optimizer"]["state"].values(), sb["optimizer"]["state"].values()):
+    for pa, pb in zip(sa["state"].values(), sb["state"].values()):
         assert all(torch.equal(pa[n], pb[n]) for n in pa)
     # Training did move the weights between step 2 and 4 (a resume that silently did nothing would fail above
     # only if the straight run were also a no-op).
@@ -613,11 +613,11 @@ def test_existing_checkpoint_needs_overwrite(runs, tmp_path, capsys):
 
 
 def test_resume_without_checkpoint(tmp_path, capsys):
-    _expect_error(FAST + ["--out", str(tmp_path / "nothing"), "--resume"], capsys, "--resume: no trainer_state.pt")
+    _expect_error(FAST + ["--out", str(tmp_path / "nothing"), "--resume"], capsys, "--resume: no trainer_state.safetensors")
     assert not (tmp_path / "nothing" / "model.safetensors").exists()
 
 
-@pytest.mark.parametrize("victim", ["model.safetensors", "trainer_state.pt", "train_log.json"])
+@pytest.mark.parametrize("victim", ["model.safetensors", "trainer_state.safetensors", "train_log.json"])
 def test_resume_from_truncated_checkpoint(runs, tmp_path, capsys, victim):
     out = tmp_path / "ckpt"
     shutil.copytree(runs["stopped"], out)
@@ -682,7 +682,7 @@ def test_torchrun_two_processes_on_cpu(tmp_path):
     assert model.has_fusion
     log = json.loads((out / "train_log.json").read_text())
     assert [h["step"] for h in log["history"]] == [1, 2]
-    assert torch.load(out / "trainer_state.pt", weights_only=False)["step"] == 2
+    assert train.read_trainer_state(out)[0]["step"] == 2
 
 
 def test_untied_model_round_trips(tmp_path):
