@@ -264,6 +264,13 @@ def fixed_point_top(model: FullBandwidthLM, input_ids: torch.Tensor, attention_m
     return _recurrent(model, input_ids, attention_mask, k, torch.arange(T), None, fuse_mask, gate)[3]
 
 
+def recurrent_logits(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Logits [batch, T, vocab] of recurrent-full at every position, differentiable: the trainer's recurrent
+    objective backpropagates through the whole recurrence (every cached one-token step), not a Jacobi horizon."""
+    T = input_ids.shape[1]
+    return _recurrent(model, input_ids, attention_mask, None, torch.arange(T), None)[2]
+
+
 def _recurrent(model, ids, mask, k, cols, rec, fuse_mask=None, gate=None):
     """Standard prefill with cache, crop the last k columns, recompute them sequentially with feedback.
 

@@ -39,7 +39,8 @@ INT_LIMITS = {  # name: (lo, hi), inclusive
     "batch_tokens": (1, 1_000_000), "seq_len": (1, 1_048_576), "curriculum_seq_len": (1, 1_048_576),
     "curriculum_steps": (0, MAX_STEPS), "curriculum_max_n": (0, MAX_DISTRACTORS),
     "register_curriculum": (0, MAX_STEPS), "reads": (0, 64), "warm_passes": (0, 256),
-    "consistency_window": (0, 4096), "seed": (0, 2**32 - 1),
+    "consistency_window": (0, 4096), "seed": (0, 2**32 - 1), "length_doubling": (0, MAX_STEPS),
+    "length_start": (1, MAX_DISTRACTORS),
 }
 FLOAT_LIMITS = {  # name: (lo, hi, lo_open, hi_open)
     "lam": (0.0, 1000.0, False, False), "noise": (0.0, 10.0, False, False), "prefix_mix": (0.0, 1.0, False, False),
@@ -113,6 +114,15 @@ class TrainConfig:
     eval_every: int = 250
     save_every: int = 250
     base: str | None = None  # warm start: preset name or checkpoint dir (fresh fusion, fresh optimizer)
+    # "recurrent": each batch runs recurrent-full (every position fused with the previous position's top state of
+    # the same run) and backpropagates through the whole recurrence; "multipass": the Jacobi objective above.
+    objective: str = "multipass"
+    # state-tracking tasks (parity, shell_game): the running value is the target at the last token of every update
+    # line (a loss target only, never a token of the input), beside the final label
+    dense_targets: bool = False
+    # length curriculum: N <= length_start * 2**(step // length_doubling) (within `distractors`); 0 = off
+    length_doubling: int = 0
+    length_start: int = 4
 
     def __post_init__(self):
         # Every value is checked here, whether it comes from a preset, a flag or a caller, so that a bad one is a
@@ -155,11 +165,18 @@ class TrainConfig:
                                        for k, v in self.distractors.items()) or sum(self.distractors.values()) <= 0:
             raise UserError(f"distractors must map N in 0..{MAX_DISTRACTORS} to finite non-negative weights with a "
                             f"positive sum, got {self.distractors}")
-        from tasks import TASKS
+        from tasks import ALL_TASKS, TRACKING_TASKS
         self.tasks = tuple(self.tasks)
-        bad = [t for t in self.tasks if t not in TASKS]
+        bad = [t for t in self.tasks if t not in ALL_TASKS]
         if bad or not self.tasks:
-            raise UserError(f"unknown task(s) {', '.join(map(str, bad)) or '(none)'}; valid tasks: {', '.join(TASKS)}")
+            raise UserError(f"unknown task(s) {', '.join(map(str, bad)) or '(none)'}; valid tasks: {', '.join(ALL_TASKS)}")
+        if self.objective not in ("multipass", "recurrent"):
+            raise UserError(f"objective must be 'multipass' or 'recurrent', got {self.objective!r}")
+        if self.dense_targets and (self.packing or any(t not in TRACKING_TASKS for t in self.tasks)):
+            raise UserError("dense_targets needs unpacked batches (--no-packing) and state-tracking tasks only "
+                            f"({', '.join(TRACKING_TASKS)})")
+        if any(t in TRACKING_TASKS for t in self.tasks) and min(self.distractors) < 1:
+            raise UserError("the state-tracking tasks need N >= 1 update lines: drop N = 0 from distractors")
         if self.task_weights is not None:
             try:
                 self.task_weights = tuple(float(w) for w in self.task_weights)
@@ -182,7 +199,8 @@ class TrainConfig:
         d = asdict(self)
         for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0),
                           ("fixed_point_tol", 0.0), ("consistency", 0.0), ("consistency_window", 0),
-                          ("consistency_layers", "top"), ("gate_std", 1.0)):
+                          ("consistency_layers", "top"), ("gate_std", 1.0), ("objective", "multipass"),
+                          ("dense_targets", False), ("length_doubling", 0), ("length_start", 4)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged
@@ -220,6 +238,14 @@ PRESETS: dict[str, TrainConfig] = {
     "tiny-fbt-no3": TrainConfig(schedule="75/25", steps=4000, **_FEEDBACK),
 }
 # A few-second recipe for tests and smoke runs.
+# State tracking past the model's depth (docs/recipe.md, "tracking"): the same data, steps and architecture for
+# both; the feedback model trains through its recurrence, the twin is the same network's standard pass.
+_TRACK = dict(tasks=("parity", "shell_game"), packing=False, dense_targets=True, targets="labels", schedule="1",
+              distractors={n: 1.0 for n in range(1, 65)}, length_doubling=100, length_start=4, curriculum_steps=0,
+              batch_tokens=4096, lr=1e-3, warmup=100, steps=800, gate_init="unit", gate_std=3.0, prefix_mix=0.0,
+              noise=0.0, eval_every=100, save_every=100)
+PRESETS["tiny-fbt-track"] = TrainConfig(objective="recurrent", **_TRACK)
+PRESETS["tiny-std-track"] = TrainConfig(**_TRACK)
 PRESETS["smoke"] = replace(TrainConfig(), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,
                            steps=4, batch_tokens=256, seq_len=128, curriculum_steps=0, eval_every=2, save_every=2,
                            distractors={0: 0.5, 8: 0.5}, warmup=1)

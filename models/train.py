@@ -40,7 +40,7 @@ from models.configs import gpt2_config, qwen3_config
 from models.full_bandwidth import FullBandwidthLM, embedding_rms, load_weights
 from models.presets import (FLOAT_LIMITS, INT_LIMITS, MAX_DISTRACTORS, MAX_PASSES, MAX_STEPS, PRESETS, REGISTER_LEVELS,
                             TrainConfig, checkpoint_dir, get_preset)
-from models.prefill import _shift_state, fixed_point_top, pad_left, prefill_many
+from models.prefill import _shift_state, fixed_point_top, pad_left, prefill_many, recurrent_logits
 from tasks import build_tokenizer, label_token_ids, make_dataset
 from tasks.samples import REGISTERS, WRITES_CHOICES
 
@@ -60,6 +60,7 @@ class Batch(NamedTuple):
     desc: str
     label_pos: torch.Tensor  # [batch, pos] bool: the token at this column is a label word
     skip_pos: torch.Tensor | None = None  # [batch, pos] bool: a random task value, not a loss target
+    dense: torch.Tensor | None = None  # [batch, pos] target id of the logits AT each column (-100: none)
 
 
 def value_token_ids(tok) -> list[int]:
@@ -71,6 +72,9 @@ def value_token_ids(tok) -> list[int]:
 def _n_mixture(cfg: TrainConfig, step: int) -> tuple[list[int], np.ndarray]:
     """(N values, probabilities) for this step: the curriculum keeps only N <= curriculum_max_n."""
     distractors = cfg.distractors
+    if cfg.length_doubling:
+        top = cfg.length_start * 2 ** min(step // cfg.length_doubling, 30)
+        distractors = {n: w for n, w in distractors.items() if n <= top} or {min(distractors): 1.0}
     if step < cfg.curriculum_steps:
         distractors = {n: w for n, w in distractors.items() if n <= cfg.curriculum_max_n} or distractors
     ns = sorted(distractors)
@@ -173,10 +177,11 @@ def make_batches(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1
         n = int(rng.choice(ns, p=p_n))
         registers, writes = _register_level(cfg, step, rng) if task == "multi_register" else (len(REGISTERS), None)
         reads = cfg.reads if task == "multi_register" else 0
-        seqs = []
+        seqs, samples = [], []
         while True:
             sample = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes, reads=reads,
                                   registers=registers)[int(rng.integers(2))]
+            samples.append(sample)
             seqs.append(tok(sample.full_text, add_special_tokens=False)["input_ids"])
             if sum(map(len, seqs)) + len(seqs[-1]) > cfg.batch_tokens * share:
                 break
@@ -192,13 +197,35 @@ def make_batches(cfg: TrainConfig, tok, step: int, rank: int = 0, world: int = 1
             real[r, :len(sq)] = True
         if reads:
             label_pos |= _answer_pos(ids, tok)
+        dense = _dense_targets(samples, seqs, T, tok, task) if cfg.dense_targets else None
         skip_pos = ~real
         if cfg.skip_values:
             skip_pos |= _value_targets(ids, label_pos, tok)
         prefix = np.where(rng.random(len(seqs)) < cfg.prefix_mix, (rng.random(len(seqs)) * T).astype(int), 0)
         out.append(Batch(ids, torch.ones_like(ids), k, warm, torch.as_tensor(prefix),
-                         f"{task}/N={n}/k={k}", label_pos, skip_pos))
+                         f"{task}/N={n}/k={k}", label_pos, skip_pos, dense))
     return out
+
+
+def _dense_targets(samples, seqs, T: int, tok, task: str) -> torch.Tensor:
+    """[rows, T] target ids AT each column: the running value's label word at the last token of every update line
+    (line i + 1 of the prompt ends before its newline), and the answer at the prompt's last token; -100 elsewhere."""
+    words = label_token_ids(tok, task)
+    newline = tok("\n", add_special_tokens=False)["input_ids"]
+    if len(newline) != 1:
+        raise UserError("dense targets need a tokenizer with a newline token")
+    out = torch.full((len(seqs), T), -100, dtype=torch.long)
+    for r, (s, sq) in enumerate(zip(samples, seqs)):
+        ends = [j - 1 for j, t in enumerate(sq) if t == newline[0]]  # last token of each line
+        for i, j in enumerate(ends[1:1 + len(s.running)]):
+            out[r, j] = words[s.running[i]]
+        out[r, len(sq) - 2] = words[s.label]  # the prompt's final ":" predicts the answer (the row's last token)
+    return out
+
+
+def dense_loss(logits: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the logits at the columns that have a dense target."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), dense.reshape(-1), ignore_index=-100)
 
 
 # ----- loss --------------------------------------------------------------------------------------------------
@@ -221,8 +248,9 @@ def ntp_loss(logits, ids, mask, label_weight: float, label_pos=None, skip_pos=No
 
 
 def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, generator=None, warm: int = 0,
-                   label_pos=None, skip_pos=None, extras: dict | None = None):
+                   label_pos=None, skip_pos=None, extras: dict | None = None, dense=None):
     """Returns (total loss, [per-pass NTP losses]); `extras`, if given, receives the per-pass consistency terms.
+    `dense` [batch, pos]: target ids at each column (dense_loss) instead of the next-token targets.
 
     `warm` > 0 (recipe option, off in the paper's objective): before pass 2, run that many extra Jacobi passes
     without gradient starting from pass 1's states, so pass 2 sees states closer to the recurrent fixed point
@@ -236,6 +264,8 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     adds to C_k the same mean over the fused positions among the W before each label target alone.
     """
     def loss_of(logits):
+        if dense is not None:
+            return dense_loss(logits, dense)
         return ntp_loss(logits, ids, mask, cfg.label_weight, label_pos, skip_pos, cfg.targets == "labels")
 
     deep = k > 1 and cfg.consistency > 0 and cfg.consistency_layers == "all"
@@ -353,9 +383,12 @@ def label_accuracy(model, tok, task: str, n: int, modes, n_pairs: int = 32, seed
 def quick_eval(model, tok, cfg: TrainConfig) -> dict:
     model.eval()
     out = {}
+    from tasks import TRACKING_TASKS
     for task in cfg.tasks:
         out[task] = label_accuracy(model, tok, task, 8, ["standard", "recurrent-1", "fused-8", "recurrent-full"],
                                    n_pairs=16)
+        if task in TRACKING_TASKS:  # past the depth: where only the recurrence can carry the state
+            out[f"{task}@64"] = label_accuracy(model, tok, task, 64, ["standard", "recurrent-full"], n_pairs=16)
     model.train()
     return out
 
@@ -700,6 +733,15 @@ def parse_args(argv):
                                          f"0..{MAX_DISTRACTORS}, finite weights >= 0 with a positive sum")
     p.add_argument("--task-weights", help="share of each step's tokens per task, one weight per training task in "
                                           "order, e.g. 0.3,0.1,0.6 (unpacked only; default: the preset's); finite, > 0")
+    p.add_argument("--objective", choices=["multipass", "recurrent"],
+                   help="multipass: the Jacobi objective (pass k fuses pass k-1's states); recurrent: every batch runs "
+                        "recurrent-full and backpropagates through the whole recurrence (state tracking)")
+    p.add_argument("--dense-targets", action=argparse.BooleanOptionalAction, default=None,
+                   help="state-tracking tasks: the running value is a loss target at the end of every update line")
+    p.add_argument("--length-doubling", type=_int("length_doubling"),
+                   help=f"length curriculum: N <= length-start * 2**(step // this); 0 = off; {_range('length_doubling')}")
+    p.add_argument("--length-start", type=_int("length_start"),
+                   help=f"largest N in the first leg of the length curriculum; {_range('length_start')}")
     p.add_argument("--reads", type=_int("reads"),
                    help="answered queries inserted into each multi_register training sample (dense supervision of "
                         f"the latest-write lookup; unpacked only); {_range('reads')}")
@@ -733,7 +775,8 @@ def config_of(args) -> TrainConfig:
     cfg = get_preset(args.preset)
     over = {k: getattr(args, k) for k in ("steps", "schedule", "noise", "lam", "label_weight", "prefix_mix",
                                           "batch_tokens", "lr", "seed", "eval_every", "save_every", "warm_passes", "warm_prob", "fixed_point_prob", "fixed_point_tol", "consistency", "consistency_window", "consistency_layers",
-                                          "seq_len", "reads", "gate_init", "gate_std", "register_curriculum", "targets", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len")
+                                          "seq_len", "reads", "gate_init", "gate_std", "register_curriculum", "targets", "curriculum_steps", "curriculum_max_n", "curriculum_seq_len",
+                                          "objective", "dense_targets", "length_doubling", "length_start")
             if getattr(args, k) is not None}
     if args.tasks is not None:
         over["tasks"] = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
@@ -825,8 +868,14 @@ def main(argv=None):
                 loss, parts, cons_sum = 0.0, None, {}
                 for mb in micro:  # gradient accumulation: the step's loss is the mean over its micro-batches
                     ex: dict = {}
-                    l_mb, p_mb = multipass_loss(model, mb.ids, mb.mask, mb.k, cfg, mb.fuse_from, gen, mb.warm,
-                                                mb.label_pos, mb.skip_pos, extras=ex)
+                    if cfg.objective == "recurrent":  # backpropagation through the whole recurrence
+                        l_mb = dense_loss(recurrent_logits(model, mb.ids, mb.mask), mb.dense) if mb.dense is not None \
+                            else ntp_loss(recurrent_logits(model, mb.ids, mb.mask), mb.ids, mb.mask, cfg.label_weight,
+                                          mb.label_pos, mb.skip_pos, cfg.targets == "labels")
+                        p_mb = [l_mb]
+                    else:
+                        l_mb, p_mb = multipass_loss(model, mb.ids, mb.mask, mb.k, cfg, mb.fuse_from, gen, mb.warm,
+                                                    mb.label_pos, mb.skip_pos, extras=ex, dense=mb.dense)
                     for j, c in enumerate(ex.get("consistency", [])):
                         cons_sum[j] = cons_sum.get(j, 0.0) + c.item() / len(micro)
                     (l_mb / len(micro)).backward()
