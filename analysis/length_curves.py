@@ -1,0 +1,131 @@
+"""Accuracy against the number of update lines N, per task, for several models and modes: the separation figure.
+
+Input: eval.json documents written by ``python -m models.evaluate`` (rows: task, n_distractors, mode, accuracy,
+n_samples, optional ci_low / ci_high). One panel per task, x = N (log2 axis), y = label accuracy, one line per
+(model, mode) with its 95% CI as a band where the rows carry one, and the chance line at 1/K.
+
+The HTML embeds plotly.js (works offline) and uses a fixed div id, so the same inputs always give the same page;
+``--png`` renders it with headless Chromium (analysis.depth_curves.html_to_png).
+
+    python -m analysis.length_curves checkpoints/tiny-fbt-track/eval.json checkpoints/tiny-std-track/eval.json \\
+        --out docs/length_curves.html --png docs/length_curves.png
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from common.cli import Parser, output_file
+from common.errors import UserError, cli_entry
+from common.io import atomic_write
+
+DIV_ID = "length-curves"
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
+DASH = ("solid", "dash", "dot", "dashdot")
+# Modes drawn by default: the decodings and the recurrences; every fused-k of a sweep would crowd the page.
+DEFAULT_MODES = ("std", "soft", "fused", "recurrent-1", "recurrent-full", "fused-4", "fused-30")
+
+
+def load_eval(path) -> tuple[str, list[dict]]:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"no eval.json at {p}")
+    try:
+        doc = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{p} is not valid JSON: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+        raise UserError(f"{p} is not an eval.json (needs a 'results' list)")
+    name = Path(str(doc.get("meta", {}).get("model", p.parent.name))).name or p.parent.name
+    return name, doc["results"]
+
+
+def _chance(task: str) -> float:
+    from tasks import LABEL_WORDS
+
+    return 1.0 / len(LABEL_WORDS.get(task, (0, 1)))
+
+
+def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, tasks=None):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rows = [(name, r) for name, rs in evals for r in rs]
+    tasks = tasks or list(dict.fromkeys(r["task"] for _, r in rows))
+    if not tasks:
+        raise UserError("no rows to plot")
+    fig = make_subplots(rows=1, cols=len(tasks), subplot_titles=[f"{t} (chance {_chance(t):.2f})" for t in tasks],
+                        shared_yaxes=True)
+    models = list(dict.fromkeys(name for name, _ in rows))
+    for ti, task in enumerate(tasks):
+        for mi, model in enumerate(models):
+            present = [m for m in dict.fromkeys(r["mode"] for n, r in rows if n == model and r["task"] == task)
+                       if m in modes]
+            for ki, mode in enumerate(present):
+                pts = sorted((r for n, r in rows if n == model and r["task"] == task and r["mode"] == mode),
+                             key=lambda r: r["n_distractors"])
+                x = [r["n_distractors"] for r in pts]
+                y = [r["accuracy"] for r in pts]
+                color = PALETTE[(modes.index(mode) if mode in modes else ki) % len(PALETTE)]
+                label = f"{model} {mode}"
+                if all("ci_low" in r and "ci_high" in r for r in pts):
+                    fig.add_trace(go.Scatter(x=x + x[::-1], y=[r["ci_high"] for r in pts] + [r["ci_low"] for r in pts][::-1],
+                                             fill="toself", line=dict(width=0), fillcolor=_rgba(color, 0.12),
+                                             hoverinfo="skip", showlegend=False, legendgroup=label),
+                                  row=1, col=ti + 1)
+                fig.add_trace(go.Scatter(
+                    x=x, y=y, mode="lines+markers", name=label, legendgroup=label, showlegend=ti == 0,
+                    line=dict(color=color, dash=DASH[mi % len(DASH)]),
+                    customdata=[[r.get("n_samples"), r.get("ci_low"), r.get("ci_high")] for r in pts],
+                    hovertemplate=f"{label}<br>N=%{{x}}<br>accuracy %{{y:.3f}} [%{{customdata[1]:.3f}}, "
+                                  "%{customdata[2]:.3f}]<br>n=%{customdata[0]}<extra></extra>"),
+                    row=1, col=ti + 1)
+        fig.add_hline(y=_chance(task), line=dict(color="gray", dash="dot", width=1), row=1, col=ti + 1)
+        fig.update_xaxes(type="log", title_text="N update lines", row=1, col=ti + 1, dtick=0.30103)
+    fig.update_yaxes(range=[0, 1.02], title_text="label accuracy", row=1, col=1)
+    fig.update_layout(template="plotly_white", width=560 * len(tasks) + 240, height=460,
+                      title="State tracking past the depth: accuracy vs N (same weights, std vs recurrence; and the "
+                            "1-pass twin)", legend=dict(font=dict(size=10)))
+    return fig
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def render_html(evals, modes=DEFAULT_MODES) -> str:
+    return length_figure(evals, modes).to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID)
+
+
+@cli_entry
+def main(argv=None):
+    p = Parser(prog="python -m analysis.length_curves", description=__doc__)
+    p.add_argument("evals", nargs="+", help="eval.json files (models.evaluate), one per model")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"modes to draw (default {','.join(DEFAULT_MODES)})")
+    p.add_argument("--out", default="figures/length_curves.html", help="HTML output file")
+    p.add_argument("--png", help="also write a PNG here (needs headless Chromium)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    a = p.parse_args(argv)
+    out = output_file(a.out)
+    png = output_file(a.png, "--png") if a.png else None
+    for f in [out] + ([png] if png else []):
+        if f.exists() and not a.overwrite:
+            raise UserError(f"{f} exists; pass --overwrite to replace it")
+    modes = tuple(m.strip() for m in a.modes.split(",") if m.strip())
+    evals = [load_eval(e) for e in a.evals]
+    html = render_html(evals, modes)
+    atomic_write(out, html)
+    print(f"wrote {out}")
+    if png:
+        from analysis.depth_curves import html_to_png
+
+        n_tasks = len({r["task"] for _, rs in evals for r in rs})
+        html_to_png(out, png, width=560 * n_tasks + 240, height=460)
+        print(f"wrote {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    main()
