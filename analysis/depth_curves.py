@@ -7,6 +7,8 @@ Input: a probes.json document (``{"meta": ..., "results": [...]}``, written by `
   hover showing accuracy, CI, fold spread, control accuracy and n (samples / groups).
 * multi_register (Fig. 7b): one panel per mode (standard, recurrent-1/2/4, recurrent-full), one line per
   writes-per-register (2, 4, 8; and per N when several N were run).
+* any other task (parity, shell_game, custom tasks): as completion; the chance line is at 1/K for K label
+  classes (``meta.labels.chance``; without it the built-in task's label words, else 0.5).
 
 The HTML embeds plotly.js (no network needed) and uses a fixed div id, so the same document always gives the
 same page. ``write_png`` renders the page with headless Chromium (kaleido is not required).
@@ -57,6 +59,16 @@ def _load(doc_or_path) -> dict:
     return doc
 
 
+def chance_level(doc: dict, task: str) -> float:
+    """1/K: ``meta.labels.chance`` if the document has it, else from the built-in task's label words, else 0.5."""
+    labels = (doc.get("meta") or {}).get("labels") or {}
+    if isinstance(labels.get("chance"), (int, float)) and 0 < labels["chance"] < 1:
+        return float(labels["chance"])
+    from tasks import LABEL_WORDS
+
+    return 1.0 / len(LABEL_WORDS[task]) if task in LABEL_WORDS else 0.5
+
+
 def _lines(rows: list[dict], task: str) -> dict:
     """{mode: {line label: rows sorted by depth}}"""
     by_mode: dict[str, dict[str, list]] = {}
@@ -94,6 +106,7 @@ def depth_curve_figure(doc_or_path, title: str | None = None):
     if len(tasks) != 1:
         raise UserError(f"one task per figure (got {', '.join(tasks)})")
     task = tasks[0]
+    chance = chance_level(doc, task)
     lines = _lines(rows, task)
     modes = list(lines)
     model = doc.get("meta", {}).get("model", {}).get("name") or rows[0].get("model", "")
@@ -129,16 +142,20 @@ def depth_curve_figure(doc_or_path, title: str | None = None):
                                "<br>control %{customdata[3]:.3f}<br>n = %{customdata[4]} samples, "
                                "%{customdata[5]} groups<extra></extra>"),
             ), row=1, col=col)
-        fig.add_hline(y=0.5, line=dict(color="#555", dash="dash", width=1), row=1, col=col)
+        fig.add_hline(y=chance, line=dict(color="#555", dash="dash", width=1), row=1, col=col)
         fig.update_xaxes(title_text="depth (0 = input of block 0)", range=[-0.3, max_depth + 0.3], dtick=1 if max_depth <= 12 else 5,
                          row=1, col=col)
-    fig.update_yaxes(title_text="held-out probe accuracy", range=[0.3, 1.03], row=1, col=1)
-    fig.add_annotation(text="chance", x=max_depth, y=0.5, xref="x", yref="y", showarrow=False, yshift=-10,
-                       font=dict(size=10, color="#555"))
+    fig.update_yaxes(title_text="held-out probe accuracy", range=[min(0.3, round(chance - 0.2, 3)), 1.03], row=1,
+                     col=1)
+    fig.add_annotation(text="chance" if chance == 0.5 else f"chance 1/{round(1 / chance)}", x=max_depth, y=chance,
+                       xref="x", yref="y", showarrow=False, yshift=-10, font=dict(size=10, color="#555"))
+    from tasks import TASKS
+
     sub = "Fig. 7b" if task == "multi_register" else "Fig. 7a"
+    note = f"cf. paper {sub}; " if task in TASKS else ""
     fig.update_layout(
         title=title or (f"{task} on {model}: linear-probe accuracy by depth"
-                        f"<br><sup>cf. paper {sub}; bands = 95% bootstrap CI; dashed = chance</sup>"),
+                        f"<br><sup>{note}bands = 95% bootstrap CI; dashed = chance</sup>"),
         template="plotly_white", height=450, width=max(700, 380 * len(modes)),
         legend=dict(title="writes per register" if task == "multi_register" else "distractors"),
         hovermode="closest", margin=dict(l=60, r=20, t=80, b=60),

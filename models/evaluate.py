@@ -3,13 +3,19 @@
     python -m models.evaluate --model tiny-fbt
     python -m models.evaluate --model checkpoints/tiny-std --modes std --distractors 0,8
 
-Accuracy = greedy (full-vocabulary argmax) next token at the final prompt position equals the label word.
+Accuracy = greedy (full-vocabulary argmax) next token at the final prompt position equals the label word (any
+number K of label words); ``ci_low`` / ``ci_high`` = its 95% Wilson score interval over the cell's samples
+(treated as independent draws; the interval never collapses at 0 or 1).
+--tasks takes built-in tasks (default the three probing tasks; also parity and shell_game, whose default
+N are 4..256: they need N >= 1 update lines), JSONL samples files and package.module:function generators
+(docs/tasks.md).
 Decoding modes reduce to a prefill for the first generated token: std = standard prefill, soft = recurrent-1
 (the last prompt token is fed like a decoding step, fused with h_{T-1}), fused = fused-1.
 `fused-1..K` evaluates every fused-k for k = 1..K in one Jacobi run and reports each k.
 """
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
@@ -22,11 +28,15 @@ from common.errors import UserError, cli_entry
 from common.io import DirLock, atomic_write, json_text
 from models.prefill import DECODINGS, MAX_FUSED_PASSES, fused_trajectory, pad_left, parse_mode, prefill_many
 from models.presets import load_model
-from tasks import DISTRACTOR_COUNTS, TASKS, label_token_ids, make_dataset, tokenize_samples
+from tasks import ALL_TASKS, DISTRACTOR_COUNTS, TASKS, TRACKING_TASKS
+from tasks.custom import TaskSource, resolve_task
 
 DECODING_AS_PREFILL = {"std": "standard", "soft": "recurrent-1", "fused": "fused-1"}
 DEFAULT_MODES = "std,soft,fused,recurrent-full,fused-1..30"
 EVAL_SEED = 424242  # disjoint from the training seeds' streams
+TRACKING_DISTRACTORS = (4, 8, 16, 32, 64, 128, 256)  # default N of parity / shell_game (N = 0 is invalid)
+DEFAULT_N_PAIRS = 50
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
 
 # Size bounds shared by the evaluation CLIs (checked when the arguments are parsed, before any model loads).
@@ -98,19 +108,96 @@ def parse_tasks(spec: str) -> list[str]:
     return list(dict.fromkeys(tasks))
 
 
+def resolve_tasks(spec: str) -> list[TaskSource]:
+    """'completion,parity,my.jsonl,pkg.mod:f' -> TaskSources (tasks.custom.resolve_task; UserError if bad)."""
+    items = list(dict.fromkeys(t.strip() for t in str(spec).split(",") if t.strip()))
+    if not items:
+        raise UserError("no tasks given")
+    out = []
+    for t in items:
+        try:
+            out.append(resolve_task(t))
+        except UserError as e:
+            if t in ALL_TASKS or "unknown task" not in str(e):
+                raise
+            raise UserError(f"unknown task {t!r} (known: {', '.join(ALL_TASKS)}, a .jsonl samples file or "
+                            "package.module:function)") from None
+    names = [s.name for s in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise UserError(f"two --tasks have the same name {dup[0]!r}")
+    return out
+
+
+def default_distractors(source: TaskSource) -> list[int]:
+    """N values a task is evaluated at by default: 0,8,32,128,256; tracking tasks 4..256; a JSONL file's own."""
+    if source.builtin:
+        return list(TRACKING_DISTRACTORS if source.name in TRACKING_TASKS else DISTRACTOR_COUNTS)
+    return list(source.default_distractors or DISTRACTOR_COUNTS)
+
+
+def distractors_for(sources, spec: str | None) -> dict[str, list[int]]:
+    """--distractors (None: each task's default) -> {task name: N values}; a tracking task asked N = 0 is refused."""
+    if spec is None:
+        return {s.name: default_distractors(s) for s in sources}
+    ns = int_list(spec, "--distractors", 0, MAX_DISTRACTORS)
+    for s in sources:
+        low = [n for n in ns if n < s.min_distractors]
+        if low:
+            raise UserError(f"task {s.name} needs N >= {s.min_distractors} update line(s) (a pair differs in one "
+                            f"of them), but --distractors has {low[0]}; drop it or evaluate {s.name} separately "
+                            f"(its default: {','.join(map(str, default_distractors(s)))})")
+    return {s.name: list(ns) for s in sources}
+
+
+def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of k successes in n trials (95% by default)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    lo, hi = max(0.0, mid - half), min(1.0, mid + half)
+    return (0.0 if k == 0 else lo), (1.0 if k == n else hi)  # exact ends (no 0.9999999999999999)
+
+
+def make_jobs(sources, ns, n_pairs, tok=None) -> list[tuple]:
+    """Every (task, N) dataset, made (and with ``tok`` tokenized, label words checked) before any forward.
+
+    -> [(source, n, samples)] or, with ``tok``, [(source, n, token ids, samples, label token ids)].
+    ``ns``: one list for every task or {task name: list}; ``n_pairs`` None = a JSONL file whole (generated
+    tasks: DEFAULT_N_PAIRS).
+    """
+    jobs = []
+    for src in sources:
+        for n in (ns[src.name] if isinstance(ns, dict) else ns):
+            k = n_pairs if n_pairs is not None or src.fixed else DEFAULT_N_PAIRS
+            samples = src.make(k, n, EVAL_SEED)
+            if tok is None:
+                jobs.append((src, n, samples))
+                continue
+            seqs, samples = src.tokenize(samples, tok)
+            words = src.label_token_ids(tok) if src.builtin else src.label_token_ids(tok, prompt=samples[0].text)
+            jobs.append((src, n, seqs, samples, words))
+    return jobs
+
+
 @torch.no_grad()
 def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progress=True) -> list[dict]:
-    """Rows per task x N x mode; aliases of one mode are computed once, under the first spelling's name."""
+    """Rows per task x N x mode; aliases of one mode are computed once, under the first spelling's name.
+
+    ``tasks``: names or tasks.custom.TaskSource; ``ns``: N values for every task or {task name: N values}.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     plan = _plan(modes, sweep)  # canonical prefill mode -> row name
     modes = list(plan.values())
     rows = []
-    jobs = [(t, n) for t in tasks for n in ns]
-    for task, n in tqdm(jobs, disable=not progress, desc="evaluate"):
-        samples = make_dataset(task, n_pairs=n_pairs, n_distractors=n, seed=EVAL_SEED)
-        seqs, samples = tokenize_samples(samples, tok)
-        words = label_token_ids(tok, task)
+    sources = [t if isinstance(t, TaskSource) else resolve_task(t) for t in tasks]
+    jobs = make_jobs(sources, ns, n_pairs, tok)  # every dataset validated before the first forward
+    for src, n, seqs, samples, words in tqdm(jobs, disable=not progress, desc="evaluate"):
+        task = src.name
         labels = torch.tensor([words[s.label] for s in samples])
         correct = {m: 0 for m in modes}
         nll = {m: 0.0 for m in modes}
@@ -130,9 +217,12 @@ def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progre
         total = len(samples)
         base = {"task": task, "n_distractors": n, "n_samples": total,
                 "mean_tokens": sum(s.n_tokens for s in samples) / total}
-        rows += [{**base, "mode": m, "accuracy": correct[m] / total, "label_loss": nll[m] / total} for m in modes]
+        ci = lambda k: dict(zip(("ci_low", "ci_high"), wilson_interval(int(k), total)))  # noqa: E731
+        rows += [{**base, "mode": m, "accuracy": correct[m] / total, **ci(correct[m]), "label_loss": nll[m] / total}
+                 for m in modes]
         rows += [{**base, "mode": f"fused-{k}", "accuracy": float(sweep_correct[k]) / total,
-                  "label_loss": float(sweep_nll[k]) / total} for k in range(1, sweep + 1)]
+                  **ci(round(float(sweep_correct[k]))), "label_loss": float(sweep_nll[k]) / total}
+                 for k in range(1, sweep + 1)]
     return rows
 
 
@@ -157,15 +247,19 @@ def table(rows, sweep) -> str:
 def main(argv=None):
     p = Parser(prog="python -m models.evaluate", description=__doc__)
     p.add_argument("--model", default="tiny-fbt", help="preset name or checkpoint dir (default tiny-fbt)")
-    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks (default: all three)")
-    p.add_argument("--distractors", default=",".join(map(str, DISTRACTOR_COUNTS)),
-                   help=f"comma-separated N, each in 0..{MAX_DISTRACTORS} (default 0,8,32,128,256)")
+    p.add_argument("--tasks", default=",".join(TASKS),
+                   help=f"comma-separated tasks: {', '.join(ALL_TASKS)}, path/to/samples.jsonl or "
+                        "package.module:function (default: the three probing tasks)")
+    p.add_argument("--distractors", default=None,
+                   help=f"comma-separated N, each in 0..{MAX_DISTRACTORS} (default 0,8,32,128,256; parity and "
+                        f"shell_game {','.join(map(str, TRACKING_DISTRACTORS))}; a JSONL file: its own N values)")
     p.add_argument("--modes", default=DEFAULT_MODES,
                    help=f"decoding (std, soft, fused) and prefill modes; fused-1..K sweeps k, K in "
                         f"1..{MAX_FUSED_PASSES}; aliases (std = standard = fused-0) are evaluated once "
                         f"(default {DEFAULT_MODES})")
-    p.add_argument("--n-pairs", type=int_in(1, MAX_PAIRS), default=50,
-                   help=f"pairs per task and N, 1..{MAX_PAIRS} (default 50 = 100 samples)")
+    p.add_argument("--n-pairs", type=int_in(1, MAX_PAIRS), default=None,
+                   help=f"pairs per task and N, 1..{MAX_PAIRS} (default {DEFAULT_N_PAIRS} = {2 * DEFAULT_N_PAIRS} "
+                        "samples; a JSONL file: all its pairs unless given)")
     p.add_argument("--batch-size", type=int_in(1, MAX_BATCH), default=64,
                    help=f"samples per forward batch, 1..{MAX_BATCH} (default 64)")
     p.add_argument("--out", help="JSON output path (default figures/<model name>/eval.json; the shipped cards "
@@ -176,8 +270,9 @@ def main(argv=None):
     # --- everything that can be refused is checked before the model loads
     if not a.model.strip():
         raise UserError("--model is empty")
-    tasks = parse_tasks(a.tasks)
-    ns = int_list(a.distractors, "--distractors", 0, MAX_DISTRACTORS)
+    tasks = resolve_tasks(a.tasks)
+    ns = distractors_for(tasks, a.distractors)
+    make_jobs(tasks, ns, a.n_pairs)  # every dataset can be made (the tokenizer checks need the model's)
     parse_modes(a.modes)  # syntax and bounds; the fusion check needs the model
     out = output_file(a.out if a.out is not None else Path("figures") / safe_name(a.model) / "eval.json")
     if not out.exists():
@@ -194,8 +289,13 @@ def main(argv=None):
     rows = evaluate(model, tok, tasks, ns, modes, sweep, a.n_pairs, a.batch_size, not a.no_progress)
     wall = time.time() - t0
     print(table(rows, sweep))
-    doc = {"meta": {"model": a.model, "n_pairs": a.n_pairs, "seed": EVAL_SEED, "modes": a.modes,
-                    "wall_s": round(wall, 1)}, "results": rows}
+    meta = {"model": a.model, "n_pairs": a.n_pairs if a.n_pairs is not None else DEFAULT_N_PAIRS,
+            "seed": EVAL_SEED, "modes": a.modes, "wall_s": round(wall, 1),
+            "ci": "ci_low/ci_high: 95% Wilson score interval of accuracy over the cell's n_samples"}
+    custom = [s.describe() for s in tasks if not s.builtin]
+    if custom:
+        meta["custom_tasks"] = custom
+    doc = {"meta": meta, "results": rows}
     text = json_text(doc)
     # The write is atomic; the lock on the folder (for the moment of writing) makes the exists check and the
     # write one step, so a second run into the same file never silently replaces the first one's results.

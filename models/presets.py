@@ -241,9 +241,9 @@ PRESETS: dict[str, TrainConfig] = {
 # State tracking past the model's depth (docs/recipe.md, "tracking"): the same data, steps and architecture for
 # both; the feedback model trains through its recurrence, the twin is the same network's standard pass.
 _TRACK = dict(tasks=("parity", "shell_game"), packing=False, dense_targets=True, targets="labels", schedule="1",
-              distractors={n: 1.0 for n in range(1, 65)}, length_doubling=100, length_start=4, curriculum_steps=0,
-              batch_tokens=4096, lr=1e-3, warmup=100, steps=800, gate_init="unit", gate_std=3.0, prefix_mix=0.0,
-              noise=0.0, eval_every=100, save_every=100)
+              distractors={n: 1.0 for n in range(1, 65)}, length_doubling=200, length_start=4, curriculum_steps=0,
+              task_weights=(0.4, 0.6), batch_tokens=4096, lr=1e-3, warmup=100, steps=1000, gate_init="unit",
+              gate_std=3.0, prefix_mix=0.0, noise=0.0, eval_every=100, save_every=100)
 PRESETS["tiny-fbt-track"] = TrainConfig(objective="recurrent", **_TRACK)
 PRESETS["tiny-std-track"] = TrainConfig(**_TRACK)
 PRESETS["smoke"] = replace(TrainConfig(), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,

@@ -15,6 +15,11 @@ Protocol of :func:`grouped_cv_score`
     * ``control_accuracy``: the same protocol with the labels permuted at the group level
       (:func:`permute_labels_by_group`): the control task of Hewitt & Liang (2019). Selectivity =
       accuracy - control_accuracy.
+
+K classes: two classes use the exact binary solver below (``_BinaryLogReg``); K > 2 classes (e.g. shell_game)
+use multinomial (softmax) logistic regression (``_SoftmaxLogReg``: scikit-learn's lbfgs, solved in the row
+space of X as the binary one), with the same grouped CV, C selection, control and bootstrap; chance is 1/K
+(``ProbeScore.chance``).
 """
 from __future__ import annotations
 
@@ -167,8 +172,63 @@ class _BinaryLogReg:
         return np.where(self.decision_function(X) > 0, self.classes_[1], self.classes_[0])
 
 
+class _SoftmaxLogReg:
+    """L2-regularized multinomial (softmax) logistic regression for K > 2 classes, sklearn's objective.
+
+    Minimizes ``0.5 ||W||_F^2 + C * sum_i w_{y_i} * -log softmax(W x_i + b)[y_i]`` (intercepts not penalized)
+    with class weights ``w_c = n / (K n_c)``: ``sklearn.linear_model.LogisticRegression(C=C,
+    class_weight="balanced")``, which it calls (lbfgs, deterministic for fixed inputs). The weights matter
+    for grouped CV: folds of pairs cannot be exactly balanced over K > 2 classes, and an unweighted probe
+    with uninformative inputs predicts the training fold's majority class, which is the held-out fold's
+    minority, so it lands *below* chance (e.g. ~0.2 instead of 1/3 at standard-prefill depth 0). Balanced,
+    all classes tie and the first wins, whatever the fold: chance exactly. (Two classes need no weights:
+    every pair, so every group and fold, holds both labels equally.) Wide problems (d > n) are solved in the
+    row space of X, exactly as in ``_BinaryLogReg`` (the penalty is invariant under that orthonormal change
+    of coordinates). Exposes ``coef_`` [K, d], ``intercept_`` [K], ``classes_``, ``predict``,
+    ``decision_function`` [n, K].
+    """
+
+    def __init__(self, C: float = 1.0, max_iter: int = 1000, tol: float = 1e-8):
+        self.C, self.max_iter, self.tol = float(C), int(max_iter), tol
+
+    def fit(self, X, y):
+        import warnings
+
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.linear_model import LogisticRegression
+
+        self.classes_ = np.unique(y)
+        if len(self.classes_) < 3:
+            raise UserError(f"multinomial logistic regression needs 3 or more classes (got {len(self.classes_)})")
+        n, d = X.shape
+        Vt = None
+        if d > n:
+            U, S, Vt = np.linalg.svd(X, full_matrices=False)
+            r = int((S > S[0] * max(n, d) * np.finfo(np.float64).eps).sum()) if len(S) and S[0] > 0 else 0
+            if r == 0:  # constant (zero) inputs: only the intercepts can fit
+                X, Vt = np.zeros((n, 1)), np.zeros((1, d))
+            else:
+                X, Vt = U[:, :r] * S[:r], Vt[:r]
+        clf = LogisticRegression(C=self.C, solver="lbfgs", max_iter=self.max_iter, tol=self.tol,
+                                 class_weight="balanced")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            clf.fit(X, y)
+        coef = clf.coef_
+        self.coef_ = coef @ Vt if Vt is not None else coef.copy()
+        self.intercept_ = clf.intercept_.copy()
+        return self
+
+    def decision_function(self, X):
+        return X @ self.coef_.T + self.intercept_
+
+    def predict(self, X):
+        return self.classes_[np.argmax(self.decision_function(X), axis=1)]
+
+
 class LinearProbe:
-    """Standardized logistic regression; ``C`` chosen by inner (grouped) CV on the training data only.
+    """Standardized logistic regression (binary, or multinomial for K > 2 classes); ``C`` chosen by inner
+    (grouped) CV on the training data only.
 
     With ``groups`` the inner CV is a ``StratifiedGroupKFold`` (fewer folds if there are fewer groups than
     ``inner_splits``); without, a ``StratifiedKFold``. If the inner CV cannot run (fewer than 2 groups, or a
@@ -183,7 +243,8 @@ class LinearProbe:
     # -- internals ---------------------------------------------------------------------------------
     def _fit_fixed(self, X, y, C):
         scaler = _Scaler().fit(X)
-        clf = _BinaryLogReg(C=C, max_iter=self.config.max_iter).fit(scaler.transform(X), y)
+        solver = _BinaryLogReg if len(np.unique(y)) == 2 else _SoftmaxLogReg
+        clf = solver(C=C, max_iter=self.config.max_iter).fit(scaler.transform(X), y)
         return scaler, clf
 
     def _inner_splits(self, y, groups):
@@ -274,6 +335,11 @@ class ProbeScore:
     n_samples: int
     n_groups: int
     fold_accuracies: list = field(default_factory=list)
+    n_classes: int = 2  # K label classes; chance = 1/K
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / self.n_classes
 
     @property
     def selectivity(self) -> float:
@@ -292,8 +358,10 @@ def permute_labels_by_group(y, groups, rng) -> np.ndarray:
     Groups of equal size swap their label vectors under a random permutation; then exactly half (rounded
     at random) of the groups whose labels are internally balanced (e.g. a pair with opposite labels) are
     flipped (a flip keeps the global balance). Samples of one group therefore still share one "control identity", but what a
-    held-out group's label is cannot be predicted from the inputs. ``rng``: a ``numpy.random.Generator``
-    (or an int seed).
+    held-out group's label is cannot be predicted from the inputs. K > 2 classes: instead of the flip, every
+    group's labels are shifted cyclically (class index c -> c + s mod K) by its own s, the shifts 0..K-1 dealt
+    out as evenly as the number of groups allows in a random order; members that shared a label still share
+    one and members that differed still differ. ``rng``: a ``numpy.random.Generator`` (or an int seed).
     """
     rng = np.random.default_rng(rng)
     y = np.asarray(y)
@@ -320,6 +388,13 @@ def permute_labels_by_group(y, groups, rng) -> np.ndarray:
         for j in rng.permutation(len(balanced))[:n_flip]:
             idx = members[balanced[j]]
             out[idx] = np.array([flip[v] for v in out[idx]], dtype=out.dtype)
+    elif len(classes) > 2:
+        k = len(classes)
+        index = np.searchsorted(classes, out)
+        shifts = rng.permutation(np.arange(len(uniq)) % k)
+        for g, sh in zip(uniq, shifts):
+            idx = members[g]
+            out[idx] = classes[(index[idx] + sh) % k]
     return out
 
 
@@ -360,7 +435,8 @@ def _bootstrap_ci(correct, groups, config) -> tuple[float, float]:
 
 
 def check_groups(y, groups, n_splits: int) -> int:
-    """Raise UserError unless there are enough groups for ``n_splits`` grouped folds; return #groups."""
+    """Raise UserError unless there are >= 2 classes and enough groups for ``n_splits`` grouped folds (every
+    class in at least ``n_splits`` groups); return #groups."""
     y = np.asarray(y)
     groups = np.asarray(groups)
     n_groups = len(np.unique(groups))
@@ -368,8 +444,8 @@ def check_groups(y, groups, n_splits: int) -> int:
         raise UserError(f"too few groups for grouped cross-validation: {n_groups} group(s), "
                         f"need at least {n_splits} (one per fold; use more pairs, another N, or fewer folds)")
     classes = np.unique(y)
-    if len(classes) != 2:
-        raise UserError(f"grouped CV probes need exactly 2 label classes (got {len(classes)})")
+    if len(classes) < 2:
+        raise UserError(f"grouped CV probes need at least 2 label classes (got {len(classes)})")
     for c in classes:
         n_c = len(np.unique(groups[y == c]))
         if n_c < n_splits:
@@ -417,5 +493,6 @@ def grouped_cv_scores(Xs, y, groups, config: ProbeConfig = ProbeConfig()) -> lis
             n_samples=int(len(y)),
             n_groups=int(n_groups),
             fold_accuracies=folds,
+            n_classes=int(len(np.unique(y))),
         ))
     return out

@@ -1,5 +1,10 @@
 """Probe every depth of a model under several prefill modes: `python -m probes.run --task completion`.
 
+--task is a built-in task (completion, memory, multi_register, and the state-tracking parity and shell_game),
+a samples file `path/to/samples.jsonl` or a generator `package.module:function` (docs/tasks.md,
+tasks.custom.resolve_task). Probes are binary or, with K > 2 label classes (shell_game), multinomial; chance
+is 1/K.
+
 For each distractor count N the task's dataset is generated (seeded), tokenized, the residual stream at the
 final token is collected through nnsight for every depth and mode (probes.collect, cached on disk), and a
 linear probe is scored per depth with group-held-out CV (probes.linear). Writes to --out
@@ -20,8 +25,10 @@ probes.json
     meta     schema, run (the settings that define this run: task, model, weights hash, modes, distractors,
              n_pairs, seed, probe config), model (name, path, n_layers, d_model, fusion), datasets (per N:
              fingerprint, n_samples, n_groups, token lengths), tokenizer hash, versions, seed,
-             warnings (leakage: standard-prefill depth 0 not at chance), wall_time_s (the only field that
-             differs between two runs with the same settings)
+             warnings (leakage: standard-prefill depth 0 not at chance 1/K), wall_time_s (the only field that
+             differs between two runs with the same settings); for every task but the three original ones also
+             labels ({"words", "n_classes", "chance"}), and for custom tasks run.task_source (kind, spec,
+             name, label_words, sha256 of a JSONL file)
     results  one row per (mode, N, depth[, writes]): task, model, mode, n_distractors, writes (multi_register:
              2/4/8 per writes-per-register subset, null = all samples), depth, accuracy, accuracy_std, ci_low,
              ci_high, control_accuracy, selectivity, n_samples, n_groups, fold_accuracies
@@ -46,10 +53,14 @@ DEFAULT_MODES = {
     "completion": ("standard", "recurrent-1"),
     "memory": ("standard", "recurrent-1"),
     "multi_register": ("standard", "recurrent-1", "recurrent-2", "recurrent-4", "recurrent-full"),
+    "parity": ("standard", "recurrent-1", "recurrent-full"),
+    "shell_game": ("standard", "recurrent-1", "recurrent-full"),
 }
+CUSTOM_MODES = ("standard", "recurrent-1", "recurrent-full")  # default modes of a custom task
 # Paper-like lengths that keep the default command within a few minutes on 2 CPU cores. memory N=0 has a
 # single CV group (every scratch context is empty), so it cannot be probed with grouped CV.
-DEFAULT_DISTRACTORS = {"completion": (0, 32, 128), "memory": (8, 32, 128), "multi_register": (0,)}
+DEFAULT_DISTRACTORS = {"completion": (0, 32, 128), "memory": (8, 32, 128), "multi_register": (0,),
+                       "parity": (8, 32, 64), "shell_game": (8, 32, 64)}
 DEFAULT_N_PAIRS = 96
 MAX_DISTRACTORS = 256
 MIN_PAIRS, MAX_PAIRS = 5, 5000
@@ -62,7 +73,9 @@ SCHEMA = "fbprobe.probes/1"
 
 def parse_args(argv):
     p = Parser(prog="python -m probes.run", description=__doc__)
-    p.add_argument("--task", required=True, help="completion, memory or multi_register")
+    p.add_argument("--task", required=True,
+                   help="completion, memory, multi_register, parity, shell_game, a samples file path/to/x.jsonl "
+                        "or a generator package.module:function (docs/tasks.md)")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="preset name, full-bandwidth checkpoint dir or HF model dir (default tiny-fbt)")
     p.add_argument("--modes", help="comma-separated prefill modes (standard, recurrent-K, recurrent-full, "
@@ -72,9 +85,11 @@ def parse_args(argv):
                         "sequential prefill): depth S mixed into depth D with weight ALPHA; repeatable. Adds a mode "
                         "named recirc-S:D:ALPHA:MODE beside --modes")
     p.add_argument("--distractors",
-                   help=f"comma-separated distractor counts N (0..{MAX_DISTRACTORS}); default per task")
-    p.add_argument("--n-pairs", type=int_in(MIN_PAIRS, MAX_PAIRS), default=DEFAULT_N_PAIRS,
-                   help=f"pairs per N, {MIN_PAIRS}..{MAX_PAIRS} (default {DEFAULT_N_PAIRS})")
+                   help=f"comma-separated distractor counts N (0..{MAX_DISTRACTORS}; >= 1 for parity and "
+                        "shell_game); default per task (a JSONL file: the N values it holds)")
+    p.add_argument("--n-pairs", type=int_in(MIN_PAIRS, MAX_PAIRS), default=None,
+                   help=f"pairs per N, {MIN_PAIRS}..{MAX_PAIRS} (default {DEFAULT_N_PAIRS}; a JSONL file: all its "
+                        "pairs, or its first --n-pairs pairs per N)")
     p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
                    help=f"dataset and probe seed, 0..{MAX_SEED} (default 0)")
     p.add_argument("--out", help="output dir (default <project root>/figures/<model>/<task>/)")
@@ -108,16 +123,29 @@ def _parse_modes(s) -> list[str] | None:
 
 def _default_modes(task, fusion=True) -> list[str]:
     # Without a fusion module only standard prefill exists (recurrent modes need a trained fusion).
-    return list(DEFAULT_MODES[task]) if fusion else ["standard"]
+    return list(DEFAULT_MODES.get(task, CUSTOM_MODES)) if fusion else ["standard"]
 
 
 def _parse_distractors(s, task):
+    """--distractors -> sorted N values; ``task`` is a task name or a tasks.custom.TaskSource."""
+    from tasks.custom import TaskSource
+
+    source = task if isinstance(task, TaskSource) else None
+    name = source.name if source is not None else task
     if s is None:
-        return list(DEFAULT_DISTRACTORS[task])
+        if name in DEFAULT_DISTRACTORS:
+            return list(DEFAULT_DISTRACTORS[name])
+        if source is not None and source.default_distractors:  # a JSONL file's N values, f.distractors
+            return list(source.default_distractors)
+        raise UserError(f"task {source.spec if source else name} has no default distractor counts: "
+                        "give --distractors")
     out = int_list(s, "--distractors", 0, MAX_DISTRACTORS)
-    if task == "memory" and 0 in out:
+    if name == "memory" and 0 in out:
         raise UserError("memory with N=0 has a single CV group (every scratch context is empty), so grouped "
                         "cross-validation cannot run; use N >= 8")
+    if source is not None and source.min_distractors and min(out) < source.min_distractors:
+        raise UserError(f"task {name} needs N >= {source.min_distractors} update line(s) (a pair differs in one "
+                        f"of them); --distractors has {min(out)}")
     return sorted(out)
 
 
@@ -201,10 +229,12 @@ def main(argv=None):
     args = parse_args(argv)
     t0 = time.perf_counter()
     from tasks import TASKS
+    from tasks.custom import resolve_task
 
-    if args.task not in TASKS:
-        raise UserError(f"unknown task {args.task!r}; valid tasks: {', '.join(TASKS)}")
-    task = args.task
+    source = resolve_task(args.task)  # built-in name, .jsonl file or module:function; UserError if bad
+    task = source.name
+    # A JSONL file is used whole unless --n-pairs is given; generated tasks default to DEFAULT_N_PAIRS.
+    n_pairs = args.n_pairs if args.n_pairs is not None else (None if source.fixed else DEFAULT_N_PAIRS)
     requested = _parse_modes(args.modes)  # canonical once, here; the default depends on the model
     from probes.collect import RECIRC_PREFIX, is_recirc, recirc_spec
 
@@ -213,7 +243,7 @@ def main(argv=None):
         spec = recirc_spec(RECIRC_PREFIX + r)  # syntax and alpha checked before any loading
         if spec.name not in recirc:
             recirc.append(spec.name)
-    distractors = _parse_distractors(args.distractors, task)
+    distractors = _parse_distractors(args.distractors, source)
     # Output locations are checked before any work (an explicit --out now; the default once the model is named).
     out_arg = output_dir(args.out, "--out") if args.out is not None else None
     if args.cache_dir is not None and str(args.cache_dir).strip() == "":
@@ -227,11 +257,9 @@ def main(argv=None):
     config = ProbeConfig(n_boot=args.n_boot, random_state=args.seed)
 
     # Everything cheap is validated before the model is loaded or anything is written.
-    from tasks import make_dataset, tokenize_samples
-
     datasets = {}
     for n in distractors:
-        samples = make_dataset(task, args.n_pairs, n, seed=args.seed)
+        samples = source.make(n_pairs, n, args.seed)
         groups = np.array([s.group_id for s in samples])
         y = np.array([s.label for s in samples])
         try:
@@ -241,7 +269,8 @@ def main(argv=None):
                     sel = np.array([s.writes == w for s in samples])
                     check_groups(y[sel], groups[sel], config.n_splits)
         except UserError as e:
-            raise UserError(f"{task} N={n} with --n-pairs {args.n_pairs}: {e}") from None
+            size = f"--n-pairs {n_pairs}" if n_pairs is not None else f"{len(samples) // 2} pairs"
+            raise UserError(f"{task} N={n} with {size}: {e}") from None
         datasets[n] = samples
 
     import torch
@@ -265,11 +294,18 @@ def main(argv=None):
         if is_recirc(name):
             recirc_spec(name, model.n_layers)  # depth range against this model
     tok = _tokenizer_for(model, tok)
+    # Tokenize every dataset now (shared final token, known words) and, for a custom task, check its label
+    # words are single tokens of this tokenizer, before anything is collected or written.
+    tokenized = {n: source.tokenize(datasets[n], tok) for n in distractors}
+    if not source.builtin:
+        source.label_token_ids(tok, prompt=datasets[distractors[0]][0].text)
     w_hash = weights_hash(model)
     out = out_arg if out_arg is not None else output_dir(ROOT / "figures" / model_name / task, "--out")
     run_sig = {"task": task, "model": model_name, "weights": w_hash, "modes": modes, "distractors": distractors,
-               "n_pairs": args.n_pairs, "seed": args.seed, "probe": config.to_dict(),
+               "n_pairs": n_pairs, "seed": args.seed, "probe": config.to_dict(),
                "tokenizer": tokenizer_hash(tok)}
+    if not source.builtin:
+        run_sig["task_source"] = source.describe()
     from common.io import DirLock
 
     _check_out_dir(out, run_sig, args.overwrite)  # refuse early, before taking the lock ...
@@ -288,7 +324,7 @@ def main(argv=None):
 
         results, warnings, ds_meta, exports = [], [], {}, []
         for n in distractors:
-            ids, samples = tokenize_samples(datasets[n], tok)
+            ids, samples = tokenized[n]
             y = np.array([s.label for s in samples])
             groups = np.array([s.group_id for s in samples])
             lengths = [len(r) for r in ids]
@@ -307,10 +343,10 @@ def main(argv=None):
                 results += _result_rows(task, model_name, mode, n, scores)
                 if mode == "standard":
                     s0 = scores[0]
-                    if not s0.ci_low <= 0.5 <= s0.ci_high:
+                    if not s0.ci_low <= s0.chance <= s0.ci_high:  # chance = 1/K
                         msg = (f"LEAKAGE: standard-prefill depth-0 accuracy {s0.accuracy:.3f} "
-                               f"(95% CI {s0.ci_low:.3f}..{s0.ci_high:.3f}) is not at chance for {task} N={n}: "
-                               f"all prompts end with the same token, so this is a bug")
+                               f"(95% CI {s0.ci_low:.3f}..{s0.ci_high:.3f}) is not at chance ({s0.chance:.3f}) "
+                               f"for {task} N={n}: all prompts end with the same token, so this is a bug")
                         warnings.append({"kind": "leakage", "task": task, "mode": mode, "n_distractors": n,
                                          "depth": 0, "accuracy": s0.accuracy, "ci_low": s0.ci_low,
                                          "ci_high": s0.ci_high, "message": msg})
@@ -340,6 +376,9 @@ def main(argv=None):
             "warnings": warnings,
             "wall_time_s": None,
         }
+        if task not in TASKS:  # the three original tasks' probes.json keep their exact earlier form
+            meta["labels"] = {"words": list(source.label_words), "n_classes": source.n_classes,
+                              "chance": source.chance}
         doc = {"meta": meta, "results": results}
 
         from analysis.depth_curves import render_html

@@ -7,6 +7,7 @@ determines the label; ``group_id`` is the cross-validation group held out as a w
 from .generators import dataset_fingerprint, make_dataset
 from .samples import ALL_TASKS, DISTRACTOR_COUNTS, LABEL_WORDS, TASKS, TRACKING_TASKS, Sample
 from .tokenizer import build_tokenizer, label_token_ids, tokenize_samples
+from .custom import TaskSource, resolve_task  # bring-your-own tasks (docs/tasks.md)
 
 __all__ = [
     "TASKS",

@@ -1,0 +1,374 @@
+"""Built-in and bring-your-own tasks behind one interface: ``resolve_task(spec) -> TaskSource`` (docs/tasks.md).
+
+``spec`` is one of
+
+* a built-in task name (``tasks.ALL_TASKS``): ``tasks.make_dataset`` with ``LABEL_WORDS[name]``;
+* a path to a JSONL file (``*.jsonl``): a fixed dataset, first line a header ``{"label_words": [...]}``
+  (optional ``"name"``), then one sample per line:
+  ``{"text", "label", "pair", "group"[, "n_distractors", "diff_line", "running"]}``;
+* ``package.module:function``: a generator with the built-in signature ``f(n_pairs, n_distractors, seed) ->
+  list[Sample]`` that carries ``f.label_words`` (and optionally ``f.task_name`` and ``f.distractors``, the
+  default N values).
+
+Every CLI (probes.run, models.evaluate, interventions.run) uses it the same way::
+
+    src = resolve_task(args.task)           # UserError (one line) on a bad spec or a malformed file
+    samples = src.make(n_pairs, n, seed)    # validated: pairs of two members with different labels, ...
+    ids, samples = src.tokenize(samples, tokenizer)  # shared final token, known words
+    label_ids = src.label_token_ids(tokenizer)       # one distinct single token per label word
+
+A JSONL file is used whole (``n_pairs=None``) or cut to its first ``n_pairs`` pairs per N; its ``seed`` is
+ignored (the data are fixed). Samples of custom tasks carry ``task = src.name``; ``Sample.answer`` /
+``full_text`` look up ``tasks.LABEL_WORDS`` and so only work for built-in tasks: use ``src.label_words``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import re
+from pathlib import Path
+from typing import Callable
+
+from common.errors import UserError
+
+from .samples import ALL_TASKS, LABEL_WORDS, TRACKING_TASKS, Sample
+
+__all__ = ["TaskSource", "resolve_task", "validate_samples", "is_custom_spec"]
+
+SAMPLE_KEYS = {"text", "label", "pair", "group"}
+OPTIONAL_KEYS = {"n_distractors", "diff_line", "running"}
+HEADER_KEYS = {"label_words", "name"}
+_FUNC_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_custom_spec(spec: str) -> bool:
+    """True for a JSONL path or a module:function spec (not a built-in task name)."""
+    return spec not in ALL_TASKS
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSource:
+    """One task, built-in or custom. ``make(n_pairs, n_distractors, seed)`` returns validated samples."""
+
+    name: str  # the rows' "task" and the default output folder name
+    label_words: tuple  # index = label
+    kind: str  # "builtin", "jsonl" or "function"
+    spec: str  # as given
+    sha256: str | None = None  # jsonl: digest of the file's bytes
+    default_distractors: tuple | None = None  # jsonl: the N values in the file; function: f.distractors
+    min_distractors: int = 0  # 1 for the tracking tasks (a pair differs in an update line)
+    _make: Callable | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.label_words)
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / self.n_classes
+
+    @property
+    def builtin(self) -> bool:
+        return self.kind == "builtin"
+
+    @property
+    def fixed(self) -> bool:
+        """A fixed dataset (JSONL): n_pairs=None means every pair, and the seed is ignored."""
+        return self.kind == "jsonl"
+
+    def describe(self) -> dict:
+        """JSON-able identity of the task for output metadata."""
+        d = {"kind": self.kind, "spec": self.spec, "name": self.name, "label_words": list(self.label_words)}
+        if self.sha256 is not None:
+            d["sha256"] = self.sha256
+        return d
+
+    def make(self, n_pairs: int | None, n_distractors: int, seed: int = 0) -> list[Sample]:
+        if self.kind == "builtin":
+            from .generators import make_dataset
+
+            return make_dataset(self.name, n_pairs, n_distractors, seed=seed)
+        if n_pairs is not None and (not _is_int(n_pairs) or n_pairs < 1):
+            raise UserError(f"number of pairs must be a positive integer, got {n_pairs!r}")
+        if not _is_int(n_distractors) or n_distractors < 0:
+            raise UserError(f"number of distractors must be a non-negative integer, got {n_distractors!r}")
+        return self._make(n_pairs, n_distractors, seed)
+
+    def tokenize(self, samples, tokenizer):
+        """``tasks.tokenize_samples`` (shared final token, no unknown words), errors naming the task."""
+        from .tokenizer import tokenize_samples
+
+        try:
+            return tokenize_samples(samples, tokenizer)
+        except UserError as e:
+            if self.builtin:
+                raise
+            raise UserError(f"task {self.spec}: {e}") from None
+
+    def label_token_ids(self, tokenizer, prompt: str | None = None) -> list[int]:
+        """Token id of each label word as it follows a prompt (index = label).
+
+        Built-in tasks: ``tasks.label_token_ids``. Custom tasks: every label word must be exactly one token
+        after ``prompt`` (default: the task's first prompt) + " ", known to the tokenizer, and the words'
+        tokens all different.
+        """
+        if self.builtin:
+            from .tokenizer import label_token_ids
+
+            return label_token_ids(tokenizer, self.name)
+        if prompt is None:
+            n = self.default_distractors[0] if self.default_distractors else max(self.min_distractors, 1)
+            prompt = self.make(1 if not self.fixed else None, n, 0)[0].text
+        tname = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        base = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        unk = getattr(tokenizer, "unk_token_id", None)
+        out = []
+        for w in self.label_words:
+            full = tokenizer(prompt + " " + w, add_special_tokens=False)["input_ids"]
+            extra = len(full) - len(base)
+            if full[:len(base)] != base or extra != 1:
+                raise UserError(f"task {self.spec}: label word {w!r} is not one token after the prompt under "
+                                f"tokenizer {tname!r} ({extra} tokens); choose single-token label words")
+            if unk is not None and full[-1] == unk:
+                raise UserError(f"task {self.spec}: label word {w!r} is unknown to tokenizer {tname!r}")
+            out.append(full[-1])
+        if len(set(out)) < len(out):
+            raise UserError(f"task {self.spec}: the label words {list(self.label_words)} do not all give "
+                            f"different tokens under tokenizer {tname!r}")
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+def _check_label_words(words, where: str) -> tuple:
+    if not isinstance(words, (list, tuple)) or len(words) < 2:
+        raise UserError(f"{where}: label_words must be a list of at least 2 strings, got {words!r}")
+    for w in words:
+        if not isinstance(w, str) or not w or w != w.strip() or any(c.isspace() for c in w):
+            raise UserError(f"{where}: every label word must be a non-empty string without whitespace, got {w!r}")
+    if len(set(words)) < len(words):
+        raise UserError(f"{where}: label_words {list(words)} are not all different")
+    return tuple(words)
+
+
+def validate_samples(samples, label_words, where: str) -> list[Sample]:
+    """Check generated or loaded samples; return them as a list (UserError, one line, on the first problem).
+
+    Every item is a ``Sample`` with a non-empty text, an integer label in ``0..K-1`` (K label words), integer
+    pair, group and N; every pair has exactly two members, with different labels, the same group and the
+    same N; ``running`` (optional) holds labels in ``0..K-1`` and ``diff_line`` indexes it.
+    """
+    if isinstance(samples, (str, bytes, dict)):
+        raise UserError(f"{where}: expected a list of Sample, got {type(samples).__name__}")
+    try:
+        samples = list(samples)
+    except TypeError:
+        raise UserError(f"{where}: expected a list of Sample, got {type(samples).__name__}") from None
+    if not samples:
+        raise UserError(f"{where}: no samples")
+    k = len(label_words)
+    pairs: dict = {}
+    for i, s in enumerate(samples):
+        if not isinstance(s, Sample):
+            raise UserError(f"{where}: item {i} is a {type(s).__name__}, not a tasks.Sample")
+        if not isinstance(s.text, str) or not s.text.strip():
+            raise UserError(f"{where}: sample {i} has an empty or non-string text")
+        if not _is_int(s.label) or not 0 <= s.label < k:
+            raise UserError(f"{where}: sample {i} has label {s.label!r}; labels must be integers in 0..{k - 1} "
+                            f"(index into the {k} label words)")
+        for f in ("pair_id", "group_id", "n_distractors"):
+            if not _is_int(getattr(s, f)) or (f == "n_distractors" and s.n_distractors < 0):
+                raise UserError(f"{where}: sample {i} has {f} {getattr(s, f)!r}; must be an integer"
+                                + (" >= 0" if f == "n_distractors" else ""))
+        if s.running is not None:
+            run = tuple(s.running)
+            if not run or any(not _is_int(v) or not 0 <= v < k for v in run):
+                raise UserError(f"{where}: sample {i} has running {list(run)}; must be a non-empty list of "
+                                f"labels in 0..{k - 1}")
+        if s.diff_line is not None and (not _is_int(s.diff_line) or s.diff_line < 0 or (
+                s.running is not None and s.diff_line >= len(s.running))):
+            raise UserError(f"{where}: sample {i} has diff_line {s.diff_line!r}; must be an integer >= 0"
+                            + (" below len(running)" if s.running is not None else ""))
+        pairs.setdefault((s.n_distractors, s.pair_id), []).append(s)
+    for (n, pid), members in pairs.items():
+        if len(members) != 2:
+            raise UserError(f"{where}: pair {pid} (N={n}) has {len(members)} member(s); every pair needs exactly 2")
+        a, b = members
+        if a.label == b.label:
+            raise UserError(f"{where}: the two members of pair {pid} (N={n}) have the same label {a.label}; "
+                            "a pair's members must have different labels")
+        if a.group_id != b.group_id:
+            raise UserError(f"{where}: the two members of pair {pid} (N={n}) are in different groups "
+                            f"({a.group_id}, {b.group_id}); a pair must lie in one CV group")
+    return samples
+
+
+# ----- JSONL ------------------------------------------------------------------------------------------------
+class _Ids:
+    def __init__(self):
+        self.ids: dict = {}
+
+    def __call__(self, key) -> int:
+        return self.ids.setdefault(key, len(self.ids))
+
+
+def _load_jsonl(spec: str) -> TaskSource:
+    path = Path(spec)
+    if not path.is_file():
+        raise UserError(f"task file {spec} does not exist (a --task ending in .jsonl names a samples file)")
+    try:
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read task file {spec}: {e}") from None
+    lines = [(i, ln) for i, ln in enumerate(text.splitlines(), start=1) if ln.strip()]
+    if not lines:
+        raise UserError(f"task file {spec} is empty")
+    objs = []
+    for i, ln in lines:
+        try:
+            obj = json.loads(ln)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{spec} line {i}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{spec} line {i}: expected a JSON object, got {type(obj).__name__}")
+        objs.append((i, obj))
+    i0, header = objs[0]
+    if "label_words" not in header or set(header) - HEADER_KEYS:
+        raise UserError(f"{spec} line {i0}: the first line must be the header "
+                        '{"label_words": [...], "name": ... (optional)}, got keys ' + ", ".join(sorted(header)))
+    words = _check_label_words(header["label_words"], f"{spec} line {i0}")
+    name = header.get("name", path.stem)
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise UserError(f"{spec} line {i0}: name {name!r} must be 1-64 letters, digits, '_', '-' or '.'")
+    if name in ALL_TASKS:
+        raise UserError(f"{spec} line {i0}: name {name!r} is a built-in task's; choose another "
+                        "(set \"name\" in the header or rename the file)")
+    if len(objs) < 2:
+        raise UserError(f"task file {spec} has a header but no samples")
+    pair_ids, group_ids = _Ids(), _Ids()
+    samples, where = [], {}
+    for i, obj in objs[1:]:
+        keys = set(obj)
+        missing = SAMPLE_KEYS - keys
+        if missing:
+            raise UserError(f"{spec} line {i}: missing {', '.join(sorted(missing))} (each sample needs text, "
+                            "label, pair, group)")
+        unknown = keys - SAMPLE_KEYS - OPTIONAL_KEYS
+        if unknown:
+            raise UserError(f"{spec} line {i}: unknown key(s) {', '.join(sorted(unknown))} (allowed: "
+                            f"{', '.join(sorted(SAMPLE_KEYS | OPTIONAL_KEYS))})")
+        for key in ("pair", "group"):
+            if not (_is_int(obj[key]) or isinstance(obj[key], str)):
+                raise UserError(f"{spec} line {i}: {key} must be an integer or a string, got {obj[key]!r}")
+        if not isinstance(obj["text"], str):
+            raise UserError(f"{spec} line {i}: text must be a string")
+        n = obj.get("n_distractors", 0)
+        if not _is_int(n) or n < 0:
+            raise UserError(f"{spec} line {i}: n_distractors must be an integer >= 0, got {n!r}")
+        running = obj.get("running")
+        if running is not None:
+            if not isinstance(running, list):
+                raise UserError(f"{spec} line {i}: running must be a list of labels, got {running!r}")
+            running = tuple(running)
+        s = Sample(task=name, text=obj["text"], label=obj["label"], pair_id=pair_ids((n, obj["pair"])),
+                   group_id=group_ids(obj["group"]), n_distractors=n, diff_line=obj.get("diff_line"),
+                   running=running)
+        where[len(samples)] = i
+        samples.append(s)
+    try:
+        validate_samples(samples, words, spec)
+    except UserError as e:  # name the line of the offending sample
+        m = re.search(r": sample (\d+) ", str(e))
+        if m:
+            raise UserError(str(e).replace(f": sample {m.group(1)} ", f" line {where[int(m.group(1))]}: sample ",
+                                           1)) from None
+        raise
+    used = {s.label for s in samples}
+    if len(used) < len(words):
+        unused = [w for j, w in enumerate(words) if j not in used]
+        raise UserError(f"{spec}: label word(s) {unused} never occur as a label; every label word needs samples")
+    by_n: dict = {}
+    for s in samples:
+        by_n.setdefault(s.n_distractors, []).append(s)
+    counts = tuple(sorted(by_n))
+
+    def make(n_pairs, n_distractors, seed):
+        if n_distractors not in by_n:
+            raise UserError(f"task file {spec} has no samples with n_distractors = {n_distractors} (it has "
+                            f"{', '.join(map(str, counts))})")
+        sel = by_n[n_distractors]
+        if n_pairs is None:
+            return list(sel)
+        keep = list(dict.fromkeys(s.pair_id for s in sel))[:n_pairs]
+        keep = set(keep)
+        return [s for s in sel if s.pair_id in keep]
+
+    return TaskSource(name=name, label_words=words, kind="jsonl", spec=spec, sha256=hashlib.sha256(raw).hexdigest(),
+                      default_distractors=counts, _make=make)
+
+
+# ----- module:function --------------------------------------------------------------------------------------
+def _load_function(spec: str) -> TaskSource:
+    mod_name, func_name = spec.split(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as e:  # ImportError, or whatever the module raises on import
+        raise UserError(f"task {spec}: cannot import module {mod_name!r} ({type(e).__name__}: {e})") from None
+    f = getattr(mod, func_name, None)
+    if f is None or not callable(f):
+        raise UserError(f"task {spec}: module {mod_name!r} has no function {func_name!r}")
+    words = getattr(f, "label_words", None)
+    if words is None:
+        raise UserError(f"task {spec}: the function needs a label_words attribute (e.g. "
+                        f"{func_name}.label_words = (\"0\", \"1\"))")
+    words = _check_label_words(tuple(words) if isinstance(words, (list, tuple)) else words, f"task {spec}")
+    name = getattr(f, "task_name", func_name)
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name in ALL_TASKS:
+        raise UserError(f"task {spec}: task_name {name!r} must be 1-64 letters, digits, '_', '-' or '.' and not "
+                        "a built-in task's name")
+    dis = getattr(f, "distractors", None)
+    if dis is not None:
+        if not isinstance(dis, (list, tuple)) or not dis or any(not _is_int(n) or n < 0 for n in dis):
+            raise UserError(f"task {spec}: distractors must be a non-empty list of integers >= 0, got {dis!r}")
+        dis = tuple(sorted(set(dis)))
+
+    def make(n_pairs, n_distractors, seed):
+        try:
+            out = f(n_pairs, n_distractors, seed)
+        except UserError as e:
+            raise UserError(f"task {spec}: {e}") from None
+        except Exception as e:  # a bug in the user's generator: still one line
+            raise UserError(f"task {spec} failed for n_pairs={n_pairs}, N={n_distractors}, seed={seed}: "
+                            f"{type(e).__name__}: {e}") from None
+        out = validate_samples(out, words, f"task {spec} (N={n_distractors})")
+        return [s if s.task == name else dataclasses.replace(s, task=name) for s in out]
+
+    return TaskSource(name=name, label_words=words, kind="function", spec=spec, default_distractors=dis,
+                      _make=make)
+
+
+def resolve_task(spec) -> TaskSource:
+    """A built-in task name, a ``*.jsonl`` samples file or ``package.module:function`` -> :class:`TaskSource`.
+
+    UserError (one line) on an unknown name, a missing or malformed file, or a generator that cannot be
+    imported; a JSONL file is read and validated here, a generator's output on every ``make``.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise UserError("task is empty: give a built-in task, a .jsonl file or package.module:function")
+    spec = spec.strip()
+    if spec in ALL_TASKS:
+        return TaskSource(name=spec, label_words=tuple(LABEL_WORDS[spec]), kind="builtin", spec=spec,
+                          min_distractors=int(spec in TRACKING_TASKS))
+    if spec.endswith(".jsonl") or (Path(spec).suffix and Path(spec).is_file()):
+        return _load_jsonl(spec)
+    if _FUNC_RE.match(spec):
+        return _load_function(spec)
+    raise UserError(f"unknown task {spec!r}; valid tasks: {', '.join(ALL_TASKS)}, a path to a .jsonl samples file, "
+                    "or package.module:function (docs/tasks.md)")

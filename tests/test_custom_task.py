@@ -1,0 +1,221 @@
+"""Bring-your-own tasks (tasks.custom.resolve_task): the JSONL format, module:function generators, their
+one-line validation errors, and probes.run / models.evaluate on them (docs/tasks.md)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common.errors import UserError
+from tasks import build_tokenizer, make_dataset, resolve_task
+
+DATA = Path(__file__).resolve().parent / "data"
+JSONL = DATA / "last_write.jsonl"
+FUNC = "tests.data.custom_tasks:first_bit"
+
+
+def test_builtin_specs_are_make_dataset():
+    src = resolve_task("shell_game")
+    assert src.builtin and src.label_words == ("A", "B", "C") and src.n_classes == 3 and src.min_distractors == 1
+    assert src.make(6, 3, 5) == make_dataset("shell_game", 6, 3, seed=5)
+    assert resolve_task("completion").min_distractors == 0
+    tok = build_tokenizer()
+    from tasks import label_token_ids
+
+    assert src.label_token_ids(tok) == label_token_ids(tok, "shell_game")
+    with pytest.raises(UserError, match="unknown task 'nope'"):
+        resolve_task("nope")
+
+
+def test_jsonl_fixture():
+    src = resolve_task(str(JSONL))
+    assert (src.kind, src.name, src.label_words, src.default_distractors) == ("jsonl", "last_write", ("0", "1", "2"),
+                                                                              (1, 2))
+    assert src.fixed and len(src.sha256) == 64 and src.describe()["spec"] == str(JSONL)
+    whole = src.make(None, 2, 0)
+    assert len(whole) == 30 and {s.task for s in whole} == {"last_write"} and {s.n_distractors for s in whole} == {2}
+    assert src.make(None, 2, 123) == whole  # fixed data: the seed is ignored
+    first = src.make(4, 1, 0)
+    assert len(first) == 8 and len({s.pair_id for s in first}) == 4
+    assert first[0].text == "x = 1\nx = 0\nvalue:" and first[0].label == 0
+    with pytest.raises(UserError, match="no samples with n_distractors = 3 .*has 1, 2"):
+        src.make(None, 3, 0)
+    tok = build_tokenizer()
+    ids, samples = src.tokenize(whole, tok)
+    assert len(ids) == 30 and samples[0].n_tokens == len(ids[0])
+    assert src.label_token_ids(tok) == [tok.convert_tokens_to_ids(w) for w in ("0", "1", "2")]
+
+
+HEADER = {"label_words": ["0", "1"]}
+
+
+def _sample(label, pair, group=None, text="state = 1\n# final state:", **kw):
+    return {"text": text, "label": label, "pair": pair, "group": pair if group is None else group, **kw}
+
+
+@pytest.mark.parametrize("lines, msg", [
+    ([], "is empty"),
+    (["{not json"], "line 1: not valid JSON"),
+    ([[1, 2]], "line 1: expected a JSON object"),
+    ([_sample(0, 0)], "line 1: the first line must be the header"),
+    ([{"label_words": ["0"]}], "at least 2 strings"),
+    ([{"label_words": ["0", "0"]}], "are not all different"),
+    ([{"label_words": ["0", "a b"]}], "without whitespace"),
+    ([{"label_words": ["0", "1"], "name": "parity"}], "is a built-in task's"),
+    ([HEADER], "has a header but no samples"),
+    ([HEADER, _sample(0, 0), {"text": "x", "label": 1, "pair": 0}], "line 3: missing group"),
+    ([HEADER, _sample(0, 0), _sample(1, 0, colour="red")], "line 3: unknown key(s) colour"),
+    ([HEADER, _sample(0, 0), _sample(2, 0)], "line 3: sample has label 2; labels must be integers in 0..1"),
+    ([HEADER, _sample(0, 0), _sample(True, 0)], "line 3: sample has label True"),
+    ([HEADER, _sample(0, 0), _sample(1, 0), _sample(0, 1)], "pair 1 (N=0) has 1 member(s)"),
+    ([HEADER, _sample(0, 0), _sample(0, 0)], "have the same label 0"),
+    ([HEADER, _sample(0, 0, 1), _sample(1, 0, 2)], "are in different groups"),
+    ([HEADER, _sample(0, 0, n_distractors=-1), _sample(1, 0)], "line 2: n_distractors must be an integer >= 0"),
+    ([HEADER, _sample(0, 0, running=[0, 5]), _sample(1, 0)], "line 2: sample has running [0, 5]"),
+    ([{"label_words": ["0", "1", "2"]}, _sample(0, 0), _sample(1, 0)], "label word(s) ['2'] never occur"),
+])
+def test_jsonl_errors_are_one_line(tmp_path, lines, msg):
+    p = tmp_path / "bad.jsonl"
+    p.write_text("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln in lines))
+    with pytest.raises(UserError) as e:
+        resolve_task(str(p))
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_missing_file_and_bad_spec():
+    with pytest.raises(UserError, match="does not exist"):
+        resolve_task("no/such/file.jsonl")
+    with pytest.raises(UserError, match="unknown task"):
+        resolve_task("not a spec")
+
+
+def test_label_words_the_tokenizer_cannot_score(tmp_path):
+    tok = build_tokenizer()
+    for words, msg in ((["0", "0+"], "not one token after the prompt"), (["0", "zzz"], "unknown to tokenizer")):
+        p = tmp_path / "w.jsonl"
+        p.write_text("\n".join(json.dumps(x) for x in [{"label_words": words}, _sample(0, 0), _sample(1, 0)]))
+        src = resolve_task(str(p))
+        with pytest.raises(UserError, match=msg):
+            src.label_token_ids(tok)
+
+
+def test_tokenizer_checks_name_the_task(tmp_path):
+    tok = build_tokenizer()
+    for a, b, msg in (("state = 1\nzzz:", "state = 0\nzzz:", "does not know every word"),
+                      ("state = 1\nfinal:", "state = 0\nfinal", "same final token")):
+        p = tmp_path / "t.jsonl"
+        p.write_text("\n".join(json.dumps(x) for x in [HEADER, _sample(0, 0, text=a), _sample(1, 0, text=b)]))
+        src = resolve_task(str(p))
+        with pytest.raises(UserError, match=msg) as e:
+            src.tokenize(src.make(None, 0, 0), tok)
+        assert str(e.value).startswith(f"task {p}:")
+
+
+def test_function_spec():
+    src = resolve_task(FUNC)
+    assert (src.kind, src.name, src.label_words, src.default_distractors) == ("function", "first_bit", ("0", "1"),
+                                                                              (2, 4))
+    s = src.make(5, 2, 0)
+    assert len(s) == 10 and s[0].task == "first_bit" and s == src.make(5, 2, 0)
+    assert src.label_token_ids(build_tokenizer(), prompt=s[0].text) == [2, 3]
+
+
+@pytest.mark.parametrize("spec, msg, at_make", [
+    ("tests.data.no_such_module:f", "cannot import module 'tests.data.no_such_module'", False),
+    ("tests.data.custom_tasks:nothing", "has no function 'nothing'", False),
+    ("tests.data.custom_tasks:no_words", "needs a label_words attribute", False),
+    ("tests.data.custom_tasks:crashes", "failed for n_pairs=3, N=2, seed=0: ValueError: boom", True),
+    ("tests.data.custom_tasks:same_labels", "have the same label 0", True),
+])
+def test_function_spec_errors(spec, msg, at_make):
+    with pytest.raises(UserError) as e:
+        resolve_task(spec).make(3, 2, 0)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+    if at_make:
+        resolve_task(spec)  # resolving alone is fine: the generator runs on make
+
+
+# ----- CLIs ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    from models.configs import qwen3_config
+    from models.full_bandwidth import FullBandwidthLM
+
+    tok = build_tokenizer()
+    model = FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1,
+                                                     initializer_range=0.1), seed=0).eval()
+    path = tmp_path_factory.mktemp("ckpt") / "tiny"
+    model.save_pretrained(path, tokenizer=tok)
+    return path
+
+
+def test_probes_run_on_a_jsonl_file(tiny_ckpt, tmp_path):
+    from probes.run import main
+
+    out = tmp_path / "lw"
+    assert main(["--task", str(JSONL), "--model", str(tiny_ckpt), "--out", str(out), "--modes", "standard,recurrent-1",
+                 "--n-boot", "50", "--no-cache", "--no-progress"]) == 0
+    doc = json.loads((out / "probes.json").read_text())
+    run = doc["meta"]["run"]
+    assert run["task"] == "last_write" and run["distractors"] == [1, 2] and run["n_pairs"] is None
+    assert run["task_source"]["kind"] == "jsonl" and run["task_source"]["label_words"] == ["0", "1", "2"]
+    assert doc["meta"]["labels"]["chance"] == pytest.approx(1 / 3) and doc["meta"]["warnings"] == []
+    assert doc["meta"]["datasets"]["1"]["n_samples"] == 30
+    assert {r["task"] for r in doc["results"]} == {"last_write"}
+    std0 = [r for r in doc["results"] if r["mode"] == "standard" and r["depth"] == 0]
+    assert all(r["ci_low"] <= 1 / 3 <= r["ci_high"] for r in std0)
+
+
+def test_probes_run_on_a_function_and_errors(tiny_ckpt, tmp_path, capsys):
+    from probes.run import main
+
+    out = tmp_path / "fb"
+    assert main(["--task", FUNC, "--model", str(tiny_ckpt), "--out", str(out), "--modes", "standard",
+                 "--n-pairs", "10", "--n-boot", "50", "--no-cache", "--no-progress"]) == 0
+    doc = json.loads((out / "probes.json").read_text())
+    assert doc["meta"]["run"]["distractors"] == [2, 4] and doc["meta"]["labels"]["words"] == ["0", "1"]
+    assert doc["meta"]["run"]["task_source"]["spec"] == FUNC
+    for argv, msg in (
+            (["--task", str(JSONL), "--distractors", "3"], "no samples with n_distractors = 3"),
+            (["--task", str(JSONL), "--n-pairs", "5"], "last_write N=1 with --n-pairs 5: too few groups"),
+            (["--task", "tests.data.custom_tasks:same_labels", "--distractors", "1"], "have the same label"),
+            (["--task", "tests.data.custom_tasks:crashes", "--distractors", "1"], "ValueError: boom")):
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--model", "no-such-model", "--out", str(tmp_path / "x")])  # refused before loading
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and msg in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_probes_run_refuses_unscorable_label_words(tiny_ckpt, tmp_path, capsys):
+    from probes.run import main
+
+    lines = JSONL.read_text().splitlines()
+    lines[0] = json.dumps({"label_words": ["0", "1", "zzz"], "name": "lw2"})
+    p = tmp_path / "lw2.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit):
+        main(["--task", str(p), "--model", str(tiny_ckpt), "--out", str(tmp_path / "o"), "--no-cache",
+              "--no-progress"])
+    err = capsys.readouterr().err
+    assert "label word 'zzz' is unknown" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_evaluate_on_custom_tasks(tiny_ckpt, tmp_path):
+    from models.evaluate import main
+
+    out = tmp_path / "eval.json"
+    main(["--model", str(tiny_ckpt), "--tasks", f"{JSONL},{FUNC}", "--modes", "std,soft", "--n-pairs", "4",
+          "--out", str(out), "--no-progress"])
+    doc = json.loads(out.read_text())
+    cells = {(r["task"], r["n_distractors"], r["mode"]): r for r in doc["results"]}
+    assert set(cells) == {(t, n, m) for t, ns in (("last_write", (1, 2)), ("first_bit", (2, 4))) for n in ns
+                          for m in ("std", "soft")}
+    assert all(r["n_samples"] == 8 and r["ci_low"] <= r["accuracy"] <= r["ci_high"] for r in cells.values())
+    assert [t["name"] for t in doc["meta"]["custom_tasks"]] == ["last_write", "first_bit"]
+    # without --n-pairs a JSONL file is used whole
+    main(["--model", str(tiny_ckpt), "--tasks", str(JSONL), "--modes", "std", "--out", str(out), "--overwrite",
+          "--no-progress"])
+    assert {r["n_samples"] for r in json.loads(out.read_text())["results"]} == {30}
