@@ -2,10 +2,14 @@
 (standard, untraced) forward of the same batch.
 
     python benchmarks/interventions.py [--model tiny-fbt] [--task completion] [--n-pairs 200] [--distractors 8]
+                                      [--mode recurrent-full] [--max-positions 64]
 
 Runs `interventions.run` into a temporary directory (nothing under figures/ is touched), reads the per-stage
-timings the suite records, and times a plain forward on the identical batch (median of 5). The last line of
-stdout is one JSON object.
+timings the suite records, and times a plain forward and one clean recurrent-full prefill (the engine's,
+models.prefill.prefill) on the identical batch (median of 5). `sweep_per_position_vs_recurrent_full` = the
+position sweep's time per patched position / one recurrent-full run: the budget is about 1 (a patch at t
+reruns T - t cached steps from the shared clean prefix, about half a run on average). The last line of stdout
+is one JSON object.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ def main(argv=None) -> int:
     p.add_argument("--n-pairs", default="200")
     p.add_argument("--distractors", default="8")
     p.add_argument("--control-model", default=None)
+    p.add_argument("--mode", default="recurrent-full")
+    p.add_argument("--max-positions", default="64")
     args = p.parse_args(argv)
 
     import torch
@@ -37,7 +43,8 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         cli = ["--model", args.model, "--task", args.task, "--n-pairs", args.n_pairs, "--distractors",
-               args.distractors, "--out", tmp, "--no-progress"]
+               args.distractors, "--out", tmp, "--no-progress", "--mode", args.mode, "--max-positions",
+               args.max_positions]
         if args.control_model:
             cli += ["--control-model", args.control_model]
         t = time.perf_counter()
@@ -56,17 +63,35 @@ def main(argv=None) -> int:
             model(batch.input_ids, batch.attention_mask)
             times.append(time.perf_counter() - t)
     fwd = statistics.median(times)
+    from models.prefill import prefill
+
+    rtimes = []
+    for _ in range(5):
+        t = time.perf_counter()
+        prefill(model, batch.input_ids, batch.attention_mask, "recurrent-full", collect=False)
+        rtimes.append(time.perf_counter() - t)
+    rfull = statistics.median(rtimes)
     stages = report["results"]["timings_s"]
+    mode = report["config"]["mode"]
     per = {k: v for k, v in stages.items() if not k.endswith(("dose", "layer_patching/standard",
-                                                                "layer_patching/recurrent-1"))}
+                                                                f"layer_patching/{mode}", "position_sweep"))}
     rel = {k: v / fwd for k, v in per.items()}
     for k, v in sorted(rel.items(), key=lambda kv: -kv[1]):
         print(f"{k:40s} {per[k]:8.3f} s  {v:8.1f} x plain forward")
-    print(f"whole default report: {wall:.1f} s; plain forward {1e3 * fwd:.1f} ms on "
-          f"{tuple(batch.input_ids.shape)}")
+    sweep = stages.get("position_sweep/per_position")
+    ratio = None if sweep is None else sweep / rfull
+    n_sweep = len((report["results"].get("position_sweep") or {}).get("positions", []))
+    print(f"whole report ({mode}): {wall:.1f} s; plain forward {1e3 * fwd:.1f} ms, recurrent-full prefill "
+          f"{1e3 * rfull:.1f} ms on {tuple(batch.input_ids.shape)}")
+    if ratio is not None:
+        print(f"position sweep: {n_sweep} positions, {stages['position_sweep']:.2f} s, "
+              f"{ratio:.2f} recurrent-full runs per patched position")
     print(json.dumps({"benchmark": "interventions", "model": args.model, "task": args.task,
                       "batch": list(batch.input_ids.shape), "report_wall_s": round(wall, 3),
-                      "plain_forward_s": round(fwd, 5),
+                      "plain_forward_s": round(fwd, 5), "mode": mode,
+                      "recurrent_full_prefill_s": round(rfull, 5), "sweep_positions": n_sweep,
+                      "sweep_s": stages.get("position_sweep"),
+                      "sweep_per_position_vs_recurrent_full": None if ratio is None else round(ratio, 3),
                       "cost_vs_plain_forward": {k: round(v, 2) for k, v in rel.items()}}))
     return 0
 

@@ -1,12 +1,15 @@
 """Intervention metrics with cluster-bootstrap 95% CIs (SPEC section 5).
 
-For row i with true label y_i, reference (donor) label r_i and label-word logits z:
-    LD_i        = z[y_i] - z[1 - y_i]                    label logit difference at T
-    correct_i   = 1 if LD_i > 0, 1/2 if LD_i == 0, 0 otherwise   (binary decision between the two label words;
-                                                                   an exact tie is a coin flip)
-    flip_i      = 1 - correct_i, over rows whose reference label differs from their own (r_i != y_i): the
-                  prediction follows the donor's label. Rows with a same-label donor (possible under
-                  resampling) are left out of the flip rate; `n_flip` counts the rows used.
+For row i with true label y_i, reference (donor) label r_i and label-word logits z (K >= 2 label words):
+    o_i         = the "other" label: r_i where r_i != y_i, else the paired sample's label (always != y_i);
+                  binary tasks: o_i = 1 - y_i always
+    LD_i        = z[y_i] - z[o_i]                        label logit difference at T
+    correct_i   binary: 1 if LD_i > 0, 1/2 if LD_i == 0, 0 otherwise (an exact tie is a coin flip);
+                K > 2: 1/m if y_i is among the m tied argmax label words, else 0 (the same rule for K = 2)
+    flip_i      over rows whose reference label differs from their own (r_i != y_i): the prediction (argmax
+                over the K label words) follows the donor's label, 1/m on an m-way tie; binary: 1 - correct_i.
+                Rows with a same-label donor (possible under resampling) are left out of the flip rate;
+                `n_flip` counts the rows used.
     normalized effect = (mean LD_patched - mean LD_clean) / (mean LD_ref - mean LD_clean)
                   a ratio of means (stable where single rows have LD_ref ~ LD_clean); LD_ref is the reference
                   run's clean LD measured against row i's labels (for the paired donor, LD_ref = -LD_pair).
@@ -22,13 +25,31 @@ import numpy as np
 import torch
 
 
-def label_ld(logits: torch.Tensor, labels, label_ids) -> np.ndarray:
-    """LD = logit(label word of `labels`) - logit(the other label word), per row. logits [B, V]."""
+def label_ld(logits: torch.Tensor, labels, label_ids, other=None) -> np.ndarray:
+    """LD = logit(label word of `labels`) - logit(label word of `other`), per row. logits [B, V].
+
+    `other` default: 1 - labels (binary tasks only)."""
     labels = torch.as_tensor(labels, dtype=torch.long)
-    z = logits[:, list(label_ids)].double()  # [B, 2]
+    if other is None:
+        if len(label_ids) != 2:
+            raise ValueError("label_ld needs `other` labels when there are more than two label words")
+        other = 1 - labels
+    other = torch.as_tensor(other, dtype=torch.long)
+    z = logits[:, list(label_ids)].double()  # [B, K]
     true = z.gather(1, labels[:, None])[:, 0]
-    other = z.gather(1, (1 - labels)[:, None])[:, 0]
-    return (true - other).cpu().numpy()
+    oth = z.gather(1, other[:, None])[:, 0]
+    return (true - oth).cpu().numpy()
+
+
+def decisions(logits: torch.Tensor, labels, ref_labels, label_ids) -> tuple[np.ndarray, np.ndarray]:
+    """(correct, follow) per row for K label words: 1/m where the own (resp. reference) label is among the m
+    tied argmax label words, else 0."""
+    z = logits[:, list(label_ids)].double()
+    top = z == z.max(1, keepdim=True).values  # [B, K]
+    m = top.sum(1).double()
+    own = top.gather(1, torch.as_tensor(labels, dtype=torch.long)[:, None])[:, 0].double() / m
+    ref = top.gather(1, torch.as_tensor(ref_labels, dtype=torch.long)[:, None])[:, 0].double() / m
+    return own.cpu().numpy(), ref.cpu().numpy()
 
 
 def correctness(ld) -> np.ndarray:
@@ -40,8 +61,12 @@ def _finite(x):
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def summarize(ld_patched, ld_clean, ld_ref, labels, ref_labels, groups, n_boot: int = 1000, seed: int = 0) -> dict:
-    """All metrics of one intervention; see the module doc. Arrays are per row [B]."""
+def summarize(ld_patched, ld_clean, ld_ref, labels, ref_labels, groups, n_boot: int = 1000, seed: int = 0,
+              correct=None, follow=None) -> dict:
+    """All metrics of one intervention; see the module doc. Arrays are per row [B].
+
+    `correct`, `follow` (K > 2 label words, from `decisions`): per-row decision scores; default (binary) derived
+    from the LD."""
     ld_p = np.asarray(ld_patched, dtype=np.float64)
     ld_c = np.asarray(ld_clean, dtype=np.float64)
     ld_r = np.asarray(ld_ref, dtype=np.float64)
@@ -51,9 +76,9 @@ def summarize(ld_patched, ld_clean, ld_ref, labels, ref_labels, groups, n_boot: 
     n = len(ld_p)
     if not (len(ld_c) == len(ld_r) == len(y) == len(r) == len(groups) == n) or n == 0:
         raise ValueError("summarize needs non-empty per-row arrays of equal length")
-    acc = correctness(ld_p)
+    acc = correctness(ld_p) if correct is None else np.asarray(correct, dtype=np.float64)
     fmask = (r != y).astype(np.float64)
-    flip = (1.0 - acc) * fmask
+    flip = ((1.0 - acc) if follow is None else np.asarray(follow, dtype=np.float64)) * fmask
     dp, dr = ld_p - ld_c, ld_r - ld_c
 
     uniq, inv = np.unique(groups, return_inverse=True)

@@ -1,4 +1,28 @@
-"""causal_report.{json,md,html}: the verdict sentence, tables, and Plotly figures (self-contained HTML)."""
+"""causal_report.{json,md,html}: the verdict sentence, tables, and Plotly figures (self-contained HTML).
+
+JSON schema {"name": "causal-report", "version": 2}. Version 2 (interventions in every prefill mode, at every
+position, K-class labels) keeps every field of version 1 and adds:
+    config.mode                 any canonical mode name (standard, recurrent-K, recurrent-full, fused-N)
+    config.max_positions        the sweep / heatmap cover the last this many positions (null = all)
+    config.n_classes            K, the number of label words (2, or 3 for shell_game)
+    results.interventions[*].position   -1 (= T) for the interventions at T; "all" for gate_bypass_all (e_t fed
+                                instead of the fused input at every fused position: the standard prefill)
+    results.subspace.rows[*].position, results.dose.rows[*].position   -1
+    results.position_sweep      {mode, site "state", reference, positions [offsets t - T], position_names,
+                                rows [{position, position_name, n_at_or_before_first_diff, <metrics>}],
+                                first_diff [per row offset of the pair's first differing token],
+                                by_first_diff [{relative = t - first_diff, <metrics>}],
+                                by_line [{relative_line = line(t) - line(first differing token), <metrics>}]
+                                (lines counted by newline tokens; pooled over the positions of that line),
+                                at_or_before_first_diff / after_first_diff <metrics> (pooled cells),
+                                max_abs_ld_change_at_or_before_first_diff (0 by construction),
+                                diff_line [per row, tracking tasks only]}
+    results.layer_patching      positions now every position (names "T-k"), plus offsets [t - T] and reference;
+                                cells[mode][*] carry position (offset) and position_name
+<metrics> = n, n_groups, n_flip, ld_clean_mean, ld_ref_mean, ld_mean, accuracy, flip_rate, normalized_effect and
+their *_ci (interventions.metrics). Standard as the mode under study has no fed state: interventions = [],
+subspace / dose / position_sweep = null.
+"""
 from __future__ import annotations
 
 import html
@@ -7,7 +31,7 @@ import math
 from pathlib import Path
 
 REPORT_FILES = ("causal_report.json", "causal_report.md", "causal_report.html")
-SCHEMA = {"name": "causal-report", "version": 1}
+SCHEMA = {"name": "causal-report", "version": 2}
 
 
 def clean_json(x):
@@ -40,7 +64,7 @@ def _ci(row, key, nd=2, pct=False):
 
 
 def _row(res, name):
-    for src in (res["interventions"], res["subspace"]["rows"]):
+    for src in (res["interventions"], (res.get("subspace") or {}).get("rows", [])):
         for r in src:
             if r["name"] == name:
                 return r
@@ -51,7 +75,12 @@ def verdict(report: dict) -> tuple[str, str]:
     """(label, one sentence with its numbers) for the task of this report."""
     cfg, res = report["config"], report["results"]
     clean = res["clean"][cfg["mode"]]
-    swap, sub = _row(res, "state_swap"), res["subspace"]
+    swap, sub = _row(res, "state_swap"), res.get("subspace")
+    if swap is None or sub is None:
+        return ("not applicable (no fed state)",
+                f"{cfg['task']} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): standard "
+                f"prefill feeds no state, so there is nothing to swap (clean accuracy {_f(clean['accuracy'])} "
+                f"{_ci(clean, 'accuracy')}, n={clean['n']}); see the layer-patching heatmap.")
     ne, ci = swap["normalized_effect"], swap["normalized_effect_ci"]
     lo = ci[0] if ci else None
     if clean["accuracy"] is None or clean["accuracy"] < 0.6:
@@ -65,7 +94,8 @@ def verdict(report: dict) -> tuple[str, str]:
     r = sub["rank"]
     parts = {n: _row(res, n) for n in ("subspace_swap", "complement_swap", "random_subspace_swap")}
     s = (f"{cfg['task']} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): the fused state is "
-         f"{label}: swapping h_{{T-1}} with the paired sample's flips {_f(swap['flip_rate'], pct=True)} "
+         f"{label}: swapping the state entering the fusion at T with the paired sample's flips "
+         f"{_f(swap['flip_rate'], pct=True)} "
          f"{_ci(swap, 'flip_rate', pct=True)} of predictions, normalized effect {_f(ne)} "
          f"{_ci(swap, 'normalized_effect')} (n={swap['n']}, {swap['n_groups']} groups; clean accuracy "
          f"{_f(clean['accuracy'])} {_ci(clean, 'accuracy')}); the rank-{r} probe subspace alone gives "
@@ -116,14 +146,40 @@ def markdown(report: dict) -> str:
              "normalized effect = (LD_patched - LD_clean) / (LD_ref - LD_clean) as a ratio of means; 95% CIs "
              "by a bootstrap over groups.", "", "## Clean runs", ""]
     lines.append(_table([{**v, "label": k} for k, v in res["clean"].items()], "mode"))
-    lines += ["", "## Interventions on the fused state at T", ""]
-    lines.append(_table(res["interventions"] + res["subspace"]["rows"]))
-    sub = res["subspace"]
-    lines += ["", f"Probe subspace: rank {sub['rank']}, fitted on h_{{T-1}} of the training folds only "
+    sub = res.get("subspace")
+    if sub is None:
+        lines += ["", "Standard prefill feeds no state: no state interventions, subspace swaps, dose-response or "
+                  "position sweep.", ""]
+    else:
+        lines += ["", "## Interventions on the fused state at T", ""]
+        lines.append(_table(res["interventions"] + sub["rows"]))
+    if sub is not None:
+        lines += ["", f"Probe subspace: rank {sub['rank']}, fitted on h_{{T-1}} of the training folds only "
               f"({sub['n_folds']} grouped folds); held-out probe accuracy {_f(sub['probe_heldout_accuracy'])}; "
               f"share of ||h_donor - h_own||^2 inside it {_f(sub['energy_fraction'], 3)}.", "",
               "## Dose-response: h = (1 - a) own + a donor", ""]
-    lines.append(_table([{**r, "label": f"a = {r['alpha']:.1f}"} for r in res["dose"]["rows"]], "alpha"))
+        lines.append(_table([{**r, "label": f"a = {r['alpha']:.1f}"} for r in res["dose"]["rows"]], "alpha"))
+    sw = res.get("position_sweep")
+    if sw:
+        lines += ["", f"## Position sweep: state swap at position t ({sw['mode']}), effect on the answer at T", "",
+                  "The paired sample's state entering the fusion at t replaces the row's own, the rest of the run "
+                  "is recomputed from it. Positions aligned from the end; rows whose own or paired columns t-1, t "
+                  "are padding are left out. `at/before diff` = rows whose pair's first differing token is at or "
+                  "after t (their two states are identical there).", ""]
+        lines.append(_table([{**r, "label": f"{r['position_name']} ({r['n_at_or_before_first_diff']} at/before "
+                                             f"diff)"} for r in sw["rows"]], "position"))
+        b, a = sw.get("at_or_before_first_diff"), sw.get("after_first_diff")
+        lines += ["", "Aligned to the pair's first differing token (relative = t - first differing position):", ""]
+        lines.append(_table([{**r, "label": f"{r['relative']:+d}"} for r in sw["by_first_diff"]], "relative"))
+        if sw.get("by_line"):
+            lines += ["", "Aligned by line (relative line = line of t - line of the first differing token; "
+                      "cells pooled over the line's positions):", ""]
+            lines.append(_table([{**r, "label": f"{r['relative_line']:+d}"} for r in sw["by_line"]], "line"))
+        if b and a:
+            lines += ["", f"Pooled: at or before the first differing token normalized effect "
+                      f"{_f(b['normalized_effect'])} (n={b['n']} cells; max |LD change| "
+                      f"{_f(sw['max_abs_ld_change_at_or_before_first_diff'], 3)}); after it "
+                      f"{_f(a['normalized_effect'])} {_ci(a, 'normalized_effect')} (n={a['n']} cells)."]
     lp = res.get("layer_patching")
     if lp:
         lines += ["", "## Layer patching (residual stream from the paired sample): normalized effect", ""]
@@ -154,7 +210,7 @@ def html_report(report: dict) -> str:
         hi = [r[key + "_ci"][1] - r[key] if r.get(key + "_ci") and r[key] is not None else 0 for r in rows]
         return dict(type="data", symmetric=False, array=hi, arrayminus=lo)
 
-    rows = res["interventions"] + res["subspace"]["rows"]
+    rows = res["interventions"] + ((res.get("subspace") or {}).get("rows") or [])
     c = report.get("control")
     crow = [dict(r, name=f"control: {r['name']}") for r in (c.get("interventions") or [])] if c else []
     allrows = rows + crow
@@ -165,13 +221,28 @@ def html_report(report: dict) -> str:
     fig.update_layout(title="Interventions on the fused state at T (bars: 95% bootstrap CI)", height=480)
     figs.append(fig)
 
-    dose = res["dose"]["rows"]
-    fig = go.Figure()
-    for key in ("normalized_effect", "flip_rate", "accuracy"):
-        fig.add_trace(go.Scatter(x=[r["alpha"] for r in dose], y=[r[key] for r in dose], error_y=err(dose, key),
-                                 mode="lines+markers", name=key))
-    fig.update_layout(title="Dose-response: h = (1 - a) own + a paired donor", xaxis_title="a", height=420)
-    figs.append(fig)
+    if res.get("dose"):
+        dose = res["dose"]["rows"]
+        fig = go.Figure()
+        for key in ("normalized_effect", "flip_rate", "accuracy"):
+            fig.add_trace(go.Scatter(x=[r["alpha"] for r in dose], y=[r[key] for r in dose],
+                                     error_y=err(dose, key), mode="lines+markers", name=key))
+        fig.update_layout(title="Dose-response: h = (1 - a) own + a paired donor", xaxis_title="a", height=420)
+        figs.append(fig)
+
+    sw = res.get("position_sweep")
+    if sw:
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("by position t - T", "by t - first differing token"))
+        for key in ("normalized_effect", "flip_rate"):
+            rs = [r for r in sw["rows"] if r[key] is not None]
+            fig.add_trace(go.Scatter(x=[r["position"] for r in rs], y=[r[key] for r in rs], error_y=err(rs, key),
+                                     mode="lines+markers", name=key), row=1, col=1)
+            rs = [r for r in sw["by_first_diff"] if r[key] is not None]
+            fig.add_trace(go.Scatter(x=[r["relative"] for r in rs], y=[r[key] for r in rs], error_y=err(rs, key),
+                                     mode="lines+markers", name=f"{key} (aligned)"), row=1, col=2)
+        fig.update_layout(title=f"State swap at position t ({sw['mode']}): effect on the answer at T "
+                                "(bars: 95% bootstrap CI)", height=440)
+        figs.append(fig)
 
     lp = res.get("layer_patching")
     if lp:

@@ -1,6 +1,11 @@
-"""python -m interventions.run --task completion [--model tiny-fbt] [--mode recurrent-1]
+"""python -m interventions.run --task completion [--model tiny-fbt] [--mode recurrent-1] [--max-positions P]
 
-Runs the causal-ablation battery of SPEC section 5 at the probed position T and writes
+Runs the causal-ablation battery of SPEC section 5 in any prefill mode (standard, recurrent-K, recurrent-full,
+fused-N; parsed once by models.prefill.parse_mode, reported under its canonical name): the interventions on the
+state entering the fusion at T, the state-swap sweep over every fused position t and the depth x position layer
+patching (mode under study and standard side by side). Sweeps and heatmaps cover every position of prompts up
+to DEFAULT_MAX_POSITIONS columns and the last DEFAULT_MAX_POSITIONS otherwise (--max-positions P: the last P;
+0 = all). It writes
 <project root>/figures/<model>/<task>/causal_report.{json,md,html} (beside probes.run's probes.json, from any
 working directory) or --out. The output directory is locked for the run; the three files replace an earlier
 run's only once all are complete; no other file in the folder is touched.
@@ -21,11 +26,12 @@ N_PAIRS_RANGE = (10, 5000)
 MAX_DISTRACTORS = 1024
 MAX_SEED = 2**31 - 1  # the suite also seeds with seed + 1000
 MAX_RANK = 64
-SUPPORTED_MODES = ("recurrent-1",)
+DEFAULT_MAX_POSITIONS = 64
+MAX_POSITIONS = 100_000
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tasks import TASKS
+    from tasks import ALL_TASKS as TASKS
 
     p = Parser(prog="python -m interventions.run",
                description="Causal interventions on the fed-back state at the probed position T: gate bypass, "
@@ -35,8 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="tiny-fbt",
                    help="shipped preset name (e.g. tiny-fbt) or a checkpoint directory (default tiny-fbt)")
     p.add_argument("--mode", default="recurrent-1",
-                   help="prefill mode whose fused state at T is intervened on; supported: recurrent-1 (default). "
-                        "Layer patching also runs standard.")
+                   help="prefill mode intervened on: standard, recurrent-K, recurrent-full or fused-N (default "
+                        "recurrent-1; fused-N patches its last pass). Layer patching also runs standard.")
+    p.add_argument("--max-positions", type=int_in(0, MAX_POSITIONS), default=DEFAULT_MAX_POSITIONS,
+                   help="position sweep and layer-patching heatmap over the last P positions (0 = all; default "
+                        f"{DEFAULT_MAX_POSITIONS}: every position of prompts up to that length)")
     p.add_argument("--distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
                    help=f"number N of distractor lines per prompt, 0..{MAX_DISTRACTORS} (default 8)")
     p.add_argument("--n-pairs", type=int_in(*N_PAIRS_RANGE), default=200,
@@ -99,15 +108,14 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from models.prefill import parse_mode
     from probes.linear import ProbeConfig, check_groups
-    from tasks import TASKS, dataset_fingerprint, make_dataset
+    from tasks import ALL_TASKS as TASKS
+    from tasks import dataset_fingerprint, make_dataset
 
     t0 = time.perf_counter()
     if args.task not in TASKS:
         raise UserError(f"unknown task {args.task!r}; valid tasks: {', '.join(TASKS)}")
     mode = parse_mode(args.mode).name
-    if mode not in SUPPORTED_MODES:
-        raise UserError(f"mode {args.mode!r} is not supported by the interventions (use {', '.join(SUPPORTED_MODES)}: "
-                        "the fused state at T is then h_{T-1} of the standard prefill)")
+    max_positions = args.max_positions or None
     n_pairs, n_dis, seed, rank = args.n_pairs, args.distractors, args.seed, args.subspace_rank
     out_arg = output_dir(args.out, "--out") if args.out is not None else None  # "" refused, never the default
     say = (lambda *a: None) if args.no_progress else (lambda msg: print(f"[interventions] {msg}", file=sys.stderr))
@@ -121,7 +129,7 @@ def main(argv=None) -> int:
     out = out_arg if out_arg is not None else output_dir(ROOT / "figures" / model_name / args.task, "--out")
     from common.io import DirLock
 
-    from .report import check_no_results, write_report
+    from .report import SCHEMA, check_no_results, write_report
 
     check_no_results(out, args.overwrite)
     control_arg, control_skip = _resolve_control(args.control_model, main_path)
@@ -152,8 +160,10 @@ def main(argv=None) -> int:
         batch = Batch.from_samples(samples, tok, args.task)
         say(f"{batch.size} samples, T = {batch.input_ids.shape[1]} columns; clean runs")
         t1 = time.perf_counter()
-        ctx = CausalContext(model, batch)
-        results = run_suite(ctx, rank=rank, seed=seed, probe_config=probe_cfg, progress=say)
+        modes = ("standard", mode)
+        ctx = CausalContext(model, batch, modes=modes)
+        results = run_suite(ctx, rank=rank, seed=seed, probe_config=probe_cfg, progress=say,
+                            max_positions=max_positions)
         t_suite = time.perf_counter() - t1
 
         control = None
@@ -161,18 +171,19 @@ def main(argv=None) -> int:
             say(f"negative control {control_arg}")
             cname = safe_name(_model_path(control_arg))
             control = {"model": cname, "path": str(_model_path(control_arg)),
-                       **run_control(CausalContext(cmodel, batch), seed=seed)}
+                       **run_control(CausalContext(cmodel, batch, modes=modes), seed=seed)}
         else:
             control = {"skipped": control_skip}
 
         lengths = batch.attention_mask.sum(-1)
         report = {
-            "schema": {"name": "causal-report", "version": 1},
+            "schema": dict(SCHEMA),
             "model": {"name": model_name, "path": str(main_path),
                       "weights_sha256": _sha256(main_path / "model.safetensors"),
                       "n_layers": model.n_layers, "d_model": model.d_model},
             "config": {"task": args.task, "mode": mode, "distractors": n_dis, "n_pairs": n_pairs, "seed": seed,
                        "subspace_rank": rank, "n_boot": 1000, "probe": probe_cfg.to_dict(),
+                       "max_positions": max_positions, "n_classes": batch.n_classes,
                        "command": "python -m interventions.run " + " ".join(sys.argv[1:] if argv is None else argv)},
             "dataset": {"fingerprint": dataset_fingerprint(samples), "n_samples": batch.size,
                         "n_groups": int(len(set(batch.groups.tolist()))),

@@ -10,6 +10,10 @@ the fold that held it out, so no row is ever patched along a direction fitted on
     subspace    own + P (donor - own)        P = U U^T (U orthonormal [D, r])
     complement  own + (I - P)(donor - own)
 so subspace and complement swaps compose to the full swap: applying one on top of the other gives `donor`.
+
+K > 2 classes (shell_game): the probe is multinomial; its direction is the top right singular vector of the
+class-centred coefficient matrix (W_k / scale, k = 1..K) in the raw input space: the most class-discriminative
+single direction (rank r > 1: iterated with nullspace projection as for binary probes).
 """
 from __future__ import annotations
 
@@ -59,7 +63,7 @@ def fold_subspaces(H: torch.Tensor, labels, groups, rank: int = 1, config: Probe
             probe = LinearProbe(config).fit(Xtr, y[tr], groups[tr])
             if k == 0:
                 acc = probe.score(X[te], y[te])
-            u = probe.direction
+            u = _probe_direction(probe)
             if dirs:  # keep exact orthogonality to the earlier directions
                 B = np.stack(dirs, 1)
                 u = u - B @ (B.T @ u)
@@ -74,6 +78,16 @@ def fold_subspaces(H: torch.Tensor, labels, groups, rank: int = 1, config: Probe
         U = torch.from_numpy(np.stack(dirs, 1)).to(H.dtype)
         out.append(FoldSubspace(te, U, float(acc)))
     return out
+
+
+def _probe_direction(probe) -> np.ndarray:
+    if len(probe.classes_) == 2:
+        return probe.direction
+    W = probe.clf_.coef_ / probe.scaler_.scale_  # [K, D] effective weights on the raw input
+    W = W - W.mean(0, keepdims=True)
+    if not np.any(W):
+        return np.zeros(W.shape[1])
+    return np.linalg.svd(W, full_matrices=False)[2][0]
 
 
 def swap_part(own: torch.Tensor, donor: torch.Tensor, U: torch.Tensor, part: str) -> torch.Tensor:

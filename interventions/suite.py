@@ -1,28 +1,46 @@
-"""The default battery of interventions (SPEC section 5), every one a call of `CausalContext.run`.
+"""The default battery of interventions (SPEC section 5), every one a call of `CausalContext.run`, in the mode
+under study (`ctx.mode`: standard, recurrent-k, recurrent-full or fused-n).
 
 Reference for the normalized effect and the flip rate: the donor when there is one (swap, dose, subspace and
 layer patches: the paired sample; resample: the random donor), otherwise (bypass, mean, zero, random state)
-the paired opposite-label sample, so "1" always means "behaves like the other answer's clean run".
+the paired sample (a different label), so "1" always means "behaves like the other answer's clean run".
+
+Position-specific parts (rows carry `position`, a negative offset from the end: -1 = T):
+    position_sweep   the state swap at every fused position t (the paired sample's state at t into row i's
+                     run at t, the rest recomputed), effect on the answer at T, as a curve over t; rows are the
+                     samples whose own and paired column t-1, t are real tokens. Also aligned to each pair's
+                     first differing token (`first_diff`, offset from the end): `by_first_diff` pools, per
+                     relative offset rel = t - first_diff, the rows whose swap is rel columns after it; rel <= 0
+                     (the states of the two samples are identical there) must give exactly zero effect.
+                     `by_line` pools the same cells by line instead: line(t) - line(first differing token)
+                     (lines counted by newline tokens, Batch.line_index); tracking tasks also record diff_line.
+    layer_patching   the paired sample's residual stream at (depth, t) for every depth and position, in the
+                     mode under study and in standard, side by side (TransformerLens-style heatmap); rows are
+                     those whose own and paired column t are real tokens.
+Both cover the last `max_positions` positions (None = all).
 """
 from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from common.errors import UserError
 from probes.linear import ProbeConfig
 
-from .core import MODES, POS_NAMES, POSITIONS, CausalContext
-from .metrics import label_ld, summarize
+from .core import CausalContext, pos_name
+from .metrics import decisions, label_ld, summarize
 from .subspace import energy_fraction, fold_subspaces, per_fold_states
 
 DOSE_GRID = tuple(round(a / 10, 1) for a in range(11))
+METRIC_KEYS = ("ld_mean", "accuracy", "flip_rate", "normalized_effect")
 
 DESCRIPTIONS = {
     "clean": "no intervention",
     "gate_bypass": "e_T fed to block 0 instead of the fused input",
-    "state_swap": "h_{T-1} from the paired sample (opposite label)",
+    "gate_bypass_all": "e_t fed to block 0 instead of the fused input at every position (= standard prefill)",
+    "state_swap": "h_{T-1} from the paired sample (different label)",
     "resample": "h_{T-1} from a random sample of another pair",
     "mean": "h_{T-1} replaced by its mean over the batch",
     "zero": "h_{T-1} replaced by zeros",
@@ -33,23 +51,45 @@ DESCRIPTIONS = {
 }
 
 
+def cap_positions(positions, max_positions):
+    positions = list(positions)
+    return positions if not max_positions else positions[-max_positions:]
+
+
 class Suite:
-    def __init__(self, ctx: CausalContext, n_boot: int = 1000, seed: int = 0):
-        self.ctx, self.n_boot, self.seed = ctx, n_boot, seed
+    def __init__(self, ctx: CausalContext, n_boot: int = 1000, seed: int = 0, max_positions: int | None = None):
+        self.ctx, self.n_boot, self.seed, self.max_positions = ctx, n_boot, seed, max_positions
+        self.mode = ctx.mode
         b = ctx.batch
         self.y = b.labels
-        self.lds = {m: label_ld(r.logits, self.y, b.label_ids) for m, r in ctx.clean.items()}
-        # The paired sample's clean LD against this row's labels (= -LD of the pair).
-        self.ref_pair = {m: label_ld(r.logits[b.pair], self.y, b.label_ids) for m, r in ctx.clean.items()}
         self.timings: dict[str, float] = {}
 
-    def metrics(self, logits, mode="recurrent-1", donor=None) -> dict:
+    # -- metrics ---------------------------------------------------------------------------------------------
+    def arrays(self, logits, mode=None, donor=None) -> dict:
+        """Per-row arrays of one run: LD patched / clean / reference against (own label, other label)."""
         b = self.ctx.batch
+        mode = mode or self.mode
         donor = b.pair if donor is None else donor
-        ld = label_ld(logits, self.y, b.label_ids)
-        ref = label_ld(self.ctx.clean[mode].logits[donor], self.y, b.label_ids)
-        return summarize(ld, self.lds[mode], ref, self.y.numpy(), self.y[donor].numpy(), b.groups,
-                         self.n_boot, self.seed)
+        y, r = self.y, self.y[donor]
+        other = torch.where(r != y, r, y[b.pair])  # binary: always 1 - y
+        clean = self.ctx.clean[mode].logits
+        out = {"ld": label_ld(logits, y, b.label_ids, other), "ldc": label_ld(clean, y, b.label_ids, other),
+               "ref": label_ld(clean[donor], y, b.label_ids, other), "y": y.numpy(), "r": r.numpy(),
+               "groups": b.groups}
+        if b.n_classes > 2:
+            out["correct"], out["follow"] = decisions(logits, y, r, b.label_ids)
+        return out
+
+    def summary(self, a: dict, rows=None) -> dict:
+        if rows is not None:
+            a = {k: v[rows] for k, v in a.items()}
+        if len(a["ld"]) == 0:
+            return {"n": 0, **{k: None for k in METRIC_KEYS}, **{k + "_ci": None for k in METRIC_KEYS}}
+        return summarize(a["ld"], a["ldc"], a["ref"], a["y"], a["r"], a["groups"], self.n_boot, self.seed,
+                         a.get("correct"), a.get("follow"))
+
+    def metrics(self, logits, mode=None, donor=None, rows=None) -> dict:
+        return self.summary(self.arrays(logits, mode, donor), rows)
 
     def _timed(self, name, fn):
         t = time.perf_counter()
@@ -57,13 +97,26 @@ class Suite:
         self.timings[name] = time.perf_counter() - t
         return out
 
+    def _real(self, pos: int, fused: bool) -> np.ndarray:
+        """Rows whose own and paired column (and, for a fused site, the column before) are real tokens."""
+        b = self.ctx.batch
+        m = b.attention_mask.bool()
+        T = m.shape[1]
+        c = T + pos
+        ok = m[:, c] & m[b.pair, c]
+        if fused:
+            ok = ok & m[:, c - 1] & m[b.pair, c - 1]
+        return ok.numpy()
+
     # ---------------------------------------------------------------------------------------------------
     def clean(self) -> dict:
         return {m: self.metrics(self.ctx.clean[m].logits, m, donor=torch.arange(self.ctx.batch.size))
                 for m in self.ctx.clean}
 
     def state_interventions(self) -> list[dict]:
-        ctx, b = self.ctx, self.ctx.batch
+        ctx, b, mode = self.ctx, self.ctx.batch, self.mode
+        if mode == "standard":
+            return []
         h = ctx.h_prev
         B = b.size
         g = torch.Generator().manual_seed(self.seed)
@@ -76,23 +129,27 @@ class Suite:
         rnd = torch.randn(h.shape, generator=g, dtype=h.dtype)
         rnd = rnd * (h.norm(dim=-1, keepdim=True) / rnd.norm(dim=-1, keepdim=True))
         runs = [
-            ("gate_bypass", lambda: ctx.gate_bypass(), None),
-            ("state_swap", lambda: ctx.swap_state(b.pair), None),
-            ("resample", lambda: ctx.swap_state(rs), rs),
-            ("mean", lambda: ctx.patch_state(h.mean(0, keepdim=True).expand_as(h).clone()), None),
-            ("zero", lambda: ctx.patch_state(torch.zeros_like(h)), None),
-            ("random_state", lambda: ctx.patch_state(rnd), None),
+            ("gate_bypass", lambda: ctx.gate_bypass(mode), None),
+            ("state_swap", lambda: ctx.swap_state(b.pair, mode), None),
+            ("resample", lambda: ctx.swap_state(rs, mode), rs),
+            ("mean", lambda: ctx.patch_state(h.mean(0, keepdim=True).expand_as(h).clone(), mode), None),
+            ("zero", lambda: ctx.patch_state(torch.zeros_like(h), mode), None),
+            ("random_state", lambda: ctx.patch_state(rnd, mode), None),
+            ("gate_bypass_all", lambda: ctx.gate_bypass(mode, "all"), None),
         ]
         out = []
         for name, fn, donor in runs:
             logits = self._timed(name, fn)
-            out.append({"name": name, "description": DESCRIPTIONS[name], "mode": "recurrent-1",
+            out.append({"name": name, "description": DESCRIPTIONS[name], "mode": mode,
+                        "position": "all" if name == "gate_bypass_all" else -1,
                         "reference": "donor" if donor is not None else "paired sample",
                         **self.metrics(logits, donor=donor)})
         return out
 
-    def subspace(self, rank: int = 1, probe_config: ProbeConfig | None = None) -> dict:
-        ctx, b = self.ctx, self.ctx.batch
+    def subspace(self, rank: int = 1, probe_config: ProbeConfig | None = None) -> dict | None:
+        ctx, b, mode = self.ctx, self.ctx.batch, self.mode
+        if mode == "standard":
+            return None
         h, donor = ctx.h_prev, ctx.h_prev[b.pair]
         t = time.perf_counter()
         folds = fold_subspaces(h, b.labels.numpy(), b.groups, rank, probe_config)
@@ -101,8 +158,8 @@ class Suite:
         for name, part, rseed in (("subspace_swap", "subspace", None), ("complement_swap", "complement", None),
                                   ("random_subspace_swap", "subspace", self.seed + 1000)):
             states = per_fold_states(h, donor, folds, part, rseed)
-            logits = self._timed(name, lambda: ctx.patch_state(states))
-            rows.append({"name": name, "description": DESCRIPTIONS[name], "mode": "recurrent-1",
+            logits = self._timed(name, lambda: ctx.patch_state(states, mode))
+            rows.append({"name": name, "description": DESCRIPTIONS[name], "mode": mode, "position": -1,
                          "reference": "donor", **self.metrics(logits)})
         n = sum(len(f.test) for f in folds)
         probe_acc = sum(f.probe_accuracy * len(f.test) for f in folds) / n
@@ -111,36 +168,93 @@ class Suite:
                 "energy_fraction": energy_fraction(h, donor, folds),
                 "rows": rows}
 
-    def dose(self, grid=DOSE_GRID) -> dict:
-        ctx, b = self.ctx, self.ctx.batch
+    def dose(self, grid=DOSE_GRID) -> dict | None:
+        ctx, b, mode = self.ctx, self.ctx.batch, self.mode
+        if mode == "standard":
+            return None
         h, donor = ctx.h_prev, ctx.h_prev[b.pair]
         rows = []
         t = time.perf_counter()
         for a in grid:
-            logits = ctx.patch_state((1 - a) * h + a * donor)
-            rows.append({"alpha": float(a), **self.metrics(logits)})
+            logits = ctx.patch_state((1 - a) * h + a * donor, mode)
+            rows.append({"alpha": float(a), "position": -1, **self.metrics(logits)})
         self.timings["dose"] = time.perf_counter() - t
         self.timings["dose_per_point"] = self.timings["dose"] / max(1, len(grid))
         return {"alphas": [float(a) for a in grid], "rows": rows}
 
-    def layer_patching(self, modes=MODES) -> dict:
+    def position_sweep(self) -> dict | None:
+        """The state swap at every fused position t; effect on the answer at T."""
+        ctx, b, mode = self.ctx, self.ctx.batch, self.mode
+        if mode == "standard":
+            return None
+        positions = cap_positions(ctx.fused_positions(mode), self.max_positions)
+        first = b.first_diff
+        rows, cells = [], []
+        t0 = time.perf_counter()
+        for pos in positions:
+            a = self.arrays(ctx.swap_state(b.pair, mode, pos), mode)
+            ok = self._real(pos, fused=True)
+            rel = pos - first
+            rows.append({"position": pos, "position_name": pos_name(pos),
+                         "n_at_or_before_first_diff": int((ok & (rel <= 0)).sum()), **self.summary(a, ok)})
+            cells.append((a, ok, rel, pos))
+        dt = time.perf_counter() - t0
+        self.timings["position_sweep"] = dt
+        self.timings["position_sweep/per_position"] = dt / max(1, len(positions))
+
+        def pool(select):
+            parts = [(a, ok & select(rel)) for a, ok, rel, _ in cells]
+            return {k: np.concatenate([a[k][s] for a, s in parts]) for k in cells[0][0]} if cells else None
+
+        by_rel = []
+        rels = sorted({int(r) for _, ok, rel, _ in cells for r in rel[ok]})
+        for r in rels:
+            by_rel.append({"relative": r, **self.summary(pool(lambda rel, r=r: rel == r))})
+        before, after = pool(lambda rel: rel <= 0), pool(lambda rel: rel > 0)
+        max_before = float(np.abs(before["ld"] - before["ldc"]).max()) if before is not None and len(
+            before["ld"]) else None
+        out = {"mode": mode, "site": "state", "reference": "donor", "positions": positions,
+               "position_names": [pos_name(p) for p in positions], "rows": rows,
+               "first_diff": first.tolist(), "by_first_diff": by_rel,
+               "at_or_before_first_diff": self.summary(before) if before is not None else None,
+               "after_first_diff": self.summary(after) if after is not None else None,
+               "max_abs_ld_change_at_or_before_first_diff": max_before}
+        if b.diff_line is not None:
+            out["diff_line"] = b.diff_line.tolist()
+        if b.line_index is not None and cells:
+            # line of the swapped position relative to the line holding the pair's first differing token
+            T = b.input_ids.shape[1]
+            rows_ix = np.arange(b.size)
+            fline = b.line_index[rows_ix, np.clip(first + T, 0, T - 1)]
+            rel_line = [b.line_index[:, T + pos] - fline for *_, pos in cells]
+            lines = sorted({int(v) for (_, ok, _, _), rl in zip(cells, rel_line) for v in rl[ok]})
+            by_line = []
+            for v in lines:
+                parts = [(a, ok & (rl == v)) for (a, ok, _, _), rl in zip(cells, rel_line)]
+                pooled = {k: np.concatenate([a[k][s] for a, s in parts]) for k in cells[0][0]}
+                by_line.append({"relative_line": v, **self.summary(pooled)})
+            out["by_line"] = by_line
+        return out
+
+    def layer_patching(self, modes=None) -> dict:
         ctx, b = self.ctx, self.ctx.batch
         L = ctx.n_layers
-        out = {"modes": list(modes), "positions": [POS_NAMES[p] for p in POSITIONS], "depths": list(range(L + 1)),
-               "cells": {}}
+        T = b.input_ids.shape[1]
+        modes = [m for m in (modes or ctx.modes) if m in ctx.clean]
+        positions = cap_positions(range(-T, 0), self.max_positions)
+        out = {"modes": modes, "positions": [pos_name(p) for p in positions], "offsets": positions,
+               "depths": list(range(L + 1)), "reference": "donor", "cells": {}}
         for mode in modes:
-            if mode not in ctx.clean:
-                continue
-            grid = {k: [[None] * len(POSITIONS) for _ in range(L + 1)] for k in
-                    ("normalized_effect", "flip_rate", "ld_mean", "accuracy")}
+            grid = {k: [[None] * len(positions) for _ in range(L + 1)] for k in METRIC_KEYS}
             cells = []
             t = time.perf_counter()
-            for d in range(L + 1):
-                for j, pos in enumerate(POSITIONS):
-                    m = self.metrics(ctx.patch_resid(mode, d, pos, b.pair), mode)
+            for j, pos in enumerate(positions):
+                ok = self._real(pos, fused=False)
+                for d in range(L + 1):
+                    m = self.metrics(ctx.patch_resid(mode, d, pos, b.pair), mode, rows=ok)
                     for k in grid:
                         grid[k][d][j] = m[k]
-                    cells.append({"depth": d, "position": POS_NAMES[pos], **m})
+                    cells.append({"depth": d, "position": pos, "position_name": pos_name(pos), **m})
             self.timings[f"layer_patching/{mode}"] = time.perf_counter() - t
             self.timings[f"layer_patching/{mode}/per_cell"] = self.timings[f"layer_patching/{mode}"] / len(cells)
             out[mode] = grid
@@ -149,13 +263,16 @@ class Suite:
 
 
 def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int = 0, dose_grid=DOSE_GRID,
-              layers: bool = True, probe_config: ProbeConfig | None = None, progress=None) -> dict:
+              layers: bool = True, probe_config: ProbeConfig | None = None, progress=None,
+              max_positions: int | None = None, sweep: bool = True) -> dict:
     """Every intervention of the report on one context; returns the JSON-ready result dict."""
     if not ctx.model.has_fusion:
         raise UserError("the model has no fusion module: there is no fed state to intervene on")
-    s = Suite(ctx, n_boot, seed)
+    s = Suite(ctx, n_boot, seed, max_positions)
     steps = [("clean", s.clean), ("interventions", s.state_interventions),
              ("subspace", lambda: s.subspace(rank, probe_config)), ("dose", lambda: s.dose(dose_grid))]
+    if sweep:
+        steps.append(("position_sweep", s.position_sweep))
     if layers:
         steps.append(("layer_patching", s.layer_patching))
     res = {}
@@ -168,15 +285,16 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
 
 
 def run_control(ctx: CausalContext, n_boot: int = 1000, seed: int = 0) -> dict:
-    """The negative control: clean, state swap, gate bypass and zero on another model (same batch)."""
+    """The negative control: clean, state swap, gate bypass and zero on another model (same batch, same mode)."""
     if not ctx.model.has_fusion:
         return {"clean": Suite(ctx, n_boot, seed).clean(), "interventions": [],
                 "note": "the control model has no fusion module: the fed state does not exist there"}
     s = Suite(ctx, n_boot, seed)
+    if ctx.mode == "standard":
+        return {"clean": s.clean(), "interventions": [], "note": "standard prefill has no fed state"}
     rows = []
     for name, fn in (("state_swap", lambda: ctx.swap_state(ctx.batch.pair)), ("gate_bypass", ctx.gate_bypass),
                      ("zero", lambda: ctx.patch_state(torch.zeros_like(ctx.h_prev)))):
-        rows.append({"name": name, "description": DESCRIPTIONS[name], "mode": "recurrent-1",
+        rows.append({"name": name, "description": DESCRIPTIONS[name], "mode": ctx.mode, "position": -1,
                      "reference": "paired sample", **s.metrics(fn())})
     return {"clean": s.clean(), "interventions": rows}
-

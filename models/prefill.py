@@ -403,3 +403,35 @@ def generate(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: to
         out = model(tok[:, None], mask, state=state, cache=cache, use_cache=True)
         prev, logits = out.top[:, -1], out.logits[:, -1]
     return torch.stack(new, dim=1) if new else input_ids.new_zeros((input_ids.shape[0], 0))
+
+
+# ===== Intervention primitives (interventions/*): new public functions only; the engine above is unchanged =====
+shift_state = _shift_state  # state[:, t] = top[:, t-1] and the default fuse mask, as every Jacobi pass uses them
+jacobi_pass = _jacobi_pass  # one parallel feedback pass (fused-n is n of them after the standard pass)
+
+
+def recurrent_start(T: int, k: int | None) -> int:
+    """First recomputed (fused) column of recurrent-k on T columns (k None = recurrent-full): T - min(k, T-1)."""
+    return T - (T - 1 if k is None else min(k, T - 1))
+
+
+def recurrent_fuse(attention_mask: torch.Tensor, t: int) -> torch.Tensor:
+    """The fuse mask [batch, 1] of the one-token step at column t: previous and current column are real tokens."""
+    return (attention_mask[:, t - 1].bool() & attention_mask[:, t].bool())[:, None]
+
+
+def recurrent_step(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor, t: int,
+                   state: torch.Tensor, cache, fuse_mask: torch.Tensor | None = None) -> LMOutput:
+    """The recurrence's cached one-token step at column t fed `state` [batch, d_model] (the top state of t-1);
+    `cache` holds columns 0..t-1 and gains column t. Exactly the step `_recurrent` takes."""
+    fuse = recurrent_fuse(attention_mask, t) if fuse_mask is None else fuse_mask
+    return model(input_ids[:, t:t + 1], attention_mask[:, :t + 1], state=state[:, None], fuse_mask=fuse,
+                 cache=cache, use_cache=True)
+
+
+def cache_prefix(cache, t: int, config) -> DynamicCache:
+    """A new DynamicCache holding the first t columns of `cache` (left untouched). The keys/values of a column
+    never change once computed, so the final cache of a clean recurrent run cropped to t columns is the cache
+    its step at column t started from."""
+    return DynamicCache(ddp_cache_data=[(layer.keys[..., :t, :], layer.values[..., :t, :])
+                                        for layer in cache.layers], config=config)

@@ -188,7 +188,8 @@ def _cli(argv, capsys):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--task", "nope"], "unknown task"),
-    (["--mode", "fused-2"], "not supported"),
+    (["--mode", "fused-5000"], "at most 1000 fused passes"),
+    (["--max-positions", "-1"], "--max-positions: must be an integer in 0..100000"),
     (["--mode", "bogus"], "unknown prefill mode"),
     (["--model", "no-such-model-xyz"], "unknown model"),
     (["--n-pairs", "3"], "--n-pairs: must be an integer in 10..5000"),
@@ -236,11 +237,13 @@ def test_cli_end_to_end_on_a_tiny_checkpoint(tmp_path, capsys):
     assert main(argv) == 0
     rep = json.loads((out / "causal_report.json").read_text())
     names = [r["name"] for r in rep["results"]["interventions"] + rep["results"]["subspace"]["rows"]]
-    assert names == ["gate_bypass", "state_swap", "resample", "mean", "zero", "random_state", "subspace_swap",
-                     "complement_swap", "random_subspace_swap"]
+    assert names == ["gate_bypass", "state_swap", "resample", "mean", "zero", "random_state", "gate_bypass_all",
+                     "subspace_swap", "complement_swap", "random_subspace_swap"]
     assert len(rep["results"]["dose"]["rows"]) == 11 and rep["results"]["dose"]["rows"][0]["normalized_effect"] == 0
     lp = rep["results"]["layer_patching"]
-    assert len(lp["recurrent-1"]["normalized_effect"]) == 3 and len(lp["standard"]["normalized_effect"][0]) == 2
+    # every position of these short prompts (schema 2; schema 1 had T-1 and T only)
+    assert len(lp["recurrent-1"]["normalized_effect"]) == 3 and lp["offsets"][-2:] == [-2, -1]
+    assert len(lp["standard"]["normalized_effect"][0]) == len(lp["offsets"]) == rep["dataset"]["tokens_max"]
     assert rep["control"]["interventions"][0]["name"] == "state_swap"
     assert "memory" in rep["verdict"]["sentence"]
     html = (out / "causal_report.html").read_text()
