@@ -133,12 +133,15 @@ class Batch:
         return (first - T).numpy()
 
     @classmethod
-    def from_samples(cls, samples, tokenizer, task: str) -> "Batch":
-        """Tokenize `tasks` samples (pairs share a pair_id and have different labels) into a Batch."""
-        from models.prefill import pad_left
-        from tasks import label_token_ids, tokenize_samples
+    def from_samples(cls, samples, tokenizer, task) -> "Batch":
+        """Tokenize `tasks` samples (pairs share a pair_id and have different labels) into a Batch.
 
-        ids, samples = tokenize_samples(samples, tokenizer)
+        `task`: a built-in task name or a `tasks.custom.TaskSource` (a researcher's own task)."""
+        from models.prefill import pad_left
+        from tasks import resolve_task
+
+        src = task if hasattr(task, "label_token_ids") else resolve_task(task)
+        ids, samples = src.tokenize(samples, tokenizer)
         input_ids, mask = pad_left(ids, tokenizer.pad_token_id or 0)
         members: dict = {}
         for i, s in enumerate(samples):
@@ -153,7 +156,7 @@ class Batch:
         nl = torch.tensor([[newline[int(i)] for i in row] for row in input_ids.tolist()]) & mask.bool()
         line = (torch.cumsum(nl.long(), 1) - nl.long()).masked_fill(~mask.bool(), -1)  # newlines before col
         return cls(input_ids, mask, torch.tensor([s.label for s in samples]), torch.tensor(pair),
-                   np.array([s.group_id for s in samples]), tuple(label_token_ids(tokenizer, task)),
+                   np.array([s.group_id for s in samples]), tuple(src.label_token_ids(tokenizer, samples[0].text)),
                    None if any(d is None for d in dl) else np.array(dl), line.numpy())
 
 

@@ -108,12 +108,10 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from models.prefill import parse_mode
     from probes.linear import ProbeConfig, check_groups
-    from tasks import ALL_TASKS as TASKS
-    from tasks import dataset_fingerprint, make_dataset
+    from tasks import dataset_fingerprint, resolve_task
 
     t0 = time.perf_counter()
-    if args.task not in TASKS:
-        raise UserError(f"unknown task {args.task!r}; valid tasks: {', '.join(TASKS)}")
+    source = resolve_task(args.task)  # a built-in name, a JSONL file or module:function; one-line errors
     mode = parse_mode(args.mode).name
     max_positions = args.max_positions or None
     n_pairs, n_dis, seed, rank = args.n_pairs, args.distractors, args.seed, args.subspace_rank
@@ -126,7 +124,7 @@ def main(argv=None) -> int:
         load_model(args.model)  # raises the loader's UserError (unknown name / untrained preset)
     model_name = safe_name(main_path)  # a path ending in '..' names the folder it resolves to
     # One default-output rule with probes.run: the project root's figures/<model>/<task>/, whatever the cwd.
-    out = out_arg if out_arg is not None else output_dir(ROOT / "figures" / model_name / args.task, "--out")
+    out = out_arg if out_arg is not None else output_dir(ROOT / "figures" / model_name / source.name, "--out")
     from common.io import DirLock
 
     from .report import SCHEMA, check_no_results, write_report
@@ -134,7 +132,9 @@ def main(argv=None) -> int:
     check_no_results(out, args.overwrite)
     control_arg, control_skip = _resolve_control(args.control_model, main_path)
 
-    samples = make_dataset(args.task, n_pairs, n_dis, seed)
+    if n_dis < source.min_distractors:
+        raise UserError(f"task {source.name!r} needs --distractors >= {source.min_distractors}")
+    samples = source.make(None if source.fixed else n_pairs, n_dis, seed)
     probe_cfg = ProbeConfig(random_state=seed)
     check_groups([s.label for s in samples], [s.group_id for s in samples], probe_cfg.n_splits)
 
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
         from .core import Batch, CausalContext
         from .suite import run_control, run_suite
 
-        batch = Batch.from_samples(samples, tok, args.task)
+        batch = Batch.from_samples(samples, tok, source)
         say(f"{batch.size} samples, T = {batch.input_ids.shape[1]} columns; clean runs")
         t1 = time.perf_counter()
         modes = ("standard", mode)
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
             "model": {"name": model_name, "path": str(main_path),
                       "weights_sha256": _sha256(main_path / "model.safetensors"),
                       "n_layers": model.n_layers, "d_model": model.d_model},
-            "config": {"task": args.task, "mode": mode, "distractors": n_dis, "n_pairs": n_pairs, "seed": seed,
+            "config": {"task": args.task, "task_source": source.describe(), "mode": mode, "distractors": n_dis, "n_pairs": n_pairs, "seed": seed,
                        "subspace_rank": rank, "n_boot": 1000, "probe": probe_cfg.to_dict(),
                        "max_positions": max_positions, "n_classes": batch.n_classes,
                        "command": "python -m interventions.run " + " ".join(sys.argv[1:] if argv is None else argv)},

@@ -219,3 +219,17 @@ def test_evaluate_on_custom_tasks(tiny_ckpt, tmp_path):
     main(["--model", str(tiny_ckpt), "--tasks", str(JSONL), "--modes", "std", "--out", str(out), "--overwrite",
           "--no-progress"])
     assert {r["n_samples"] for r in json.loads(out.read_text())["results"]} == {30}
+
+
+def test_interventions_run_on_a_jsonl_file(tiny_ckpt, tmp_path):
+    """The same resolve_task serves interventions.run: a 3-class hand-written task, its K-class report."""
+    from interventions.run import main
+
+    out = tmp_path / "iv"
+    assert main(["--task", str(JSONL), "--model", str(tiny_ckpt), "--distractors", "1", "--mode", "recurrent-1",
+                 "--control-model", "none", "--out", str(out), "--no-progress"]) == 0
+    rep = json.loads((out / "causal_report.json").read_text())
+    assert rep["config"]["task_source"]["kind"] == "jsonl"
+    assert rep["dataset"]["n_samples"] == 30
+    swap = next(r for r in rep["results"]["interventions"] if r["name"] == "state_swap")
+    assert swap["n"] == 30 and 0.0 <= swap["flip_rate"] <= 1.0
