@@ -70,7 +70,7 @@ def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, task
                 label = f"{model} {mode}"
                 if all("ci_low" in r and "ci_high" in r for r in pts):
                     fig.add_trace(go.Scatter(x=x + x[::-1], y=[r["ci_high"] for r in pts] + [r["ci_low"] for r in pts][::-1],
-                                             fill="toself", line=dict(width=0), fillcolor=_rgba(color, 0.12),
+                                             mode="lines", fill="toself", line=dict(width=0), fillcolor=_rgba(color, 0.12),
                                              hoverinfo="skip", showlegend=False, legendgroup=label),
                                   row=1, col=ti + 1)
                 fig.add_trace(go.Scatter(
@@ -96,7 +96,8 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 
 def render_html(evals, modes=DEFAULT_MODES) -> str:
-    return length_figure(evals, modes).to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID)
+    return length_figure(evals, modes).to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID,
+                                                config={"displayModeBar": False})
 
 
 @cli_entry

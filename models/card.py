@@ -80,6 +80,11 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                      + (f"Jacobi passes to relative change < {tc['fixed_point_tol']:g} where cheaper, else exact)"
                         if tc.get("fixed_point_tol") else "exact)") if tc.get("fixed_point_prob") else "")
                   + (f"; state-consistency loss weight {tc['consistency']}" if tc.get("consistency") else "")
+                  + ("; objective: recurrent (recurrent-full with backpropagation through the whole recurrence; the "
+                     "pass schedule and warm passes do not apply)" if tc.get("objective") == "recurrent" else "")
+                  + ("; dense running-value targets at every update line" if tc.get("dense_targets") else "")
+                  + (f"; length curriculum N <= {tc.get('length_start', 4)} * 2^(step // {tc['length_doubling']})"
+                     if tc.get("length_doubling") else "")
                   + f"; depth scaling {tc.get('depth_scale')}; fusion gate init "
                   f"{tc.get('gate_init', 'default')}"
                   + (f" (pre-activation std {tc['gate_std']})" if tc.get("gate_std") else "")
@@ -104,6 +109,9 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                  if not (m.startswith("fused-") and m != "fused-1")]
         lines += ["", "## Label accuracy", "",
                   f"`python -m models.evaluate --model {path} --n-pairs {ev['meta']['n_pairs']}"
+                  + (f" --tasks {','.join(dict.fromkeys(r['task'] for r in ev['results']))}"
+                     if list(dict.fromkeys(r['task'] for r in ev['results'])) != ["completion", "memory", "multi_register"]
+                     else "")
                   + (f" --modes {ev['meta']['modes']}" if ev['meta'].get('modes') and ev['meta']['modes'] != DEFAULT_EVAL_MODES else "")
                   + (f" --distractors {','.join(map(str, sorted({r['n_distractors'] for r in ev['results']})))}"
                      if sorted({r['n_distractors'] for r in ev['results']}) != [0, 8, 32, 128, 256] else "")

@@ -29,3 +29,18 @@ $PY -m models.card checkpoints/tiny-base --command "python -m models.train --pre
 for p in tiny-fbt tiny-fbt-no3 tiny-std; do
   $PY -m models.card checkpoints/$p --command "python -m models.train --preset tiny-base && python -m models.train --preset $p" --notes docs/cards/$p.md > /dev/null
 done
+# The state-tracking pair (docs/recipe.md item 18): from scratch, same data, steps and architecture.
+# tiny-fbt-track took 2769 s (46 min) at two threads beside other jobs; tiny-std-track 723 s alone.
+for p in tiny-fbt-track tiny-std-track; do
+  $PY -m models.train --preset $p --threads 2 --no-progress --overwrite
+done
+$PY -m models.evaluate --model checkpoints/tiny-fbt-track --tasks parity,shell_game --n-pairs 100 --overwrite --no-progress
+cp figures/tiny-fbt-track/eval.json checkpoints/tiny-fbt-track/eval.json
+# the twin's fusion is untrained: std / soft / fused only
+$PY -m models.evaluate --model checkpoints/tiny-std-track --tasks parity,shell_game --modes std,soft,fused --n-pairs 100 --overwrite --no-progress
+cp figures/tiny-std-track/eval.json checkpoints/tiny-std-track/eval.json
+for p in tiny-fbt-track tiny-std-track; do
+  $PY -m models.card checkpoints/$p --command "python -m models.train --preset $p" --notes docs/cards/$p.md > /dev/null
+done
+$PY -m analysis.length_curves checkpoints/tiny-fbt-track/eval.json checkpoints/tiny-std-track/eval.json \
+  --modes std,soft,fused,recurrent-full,fused-30 --out figures/length_curves.html --png docs/length_curves.png --overwrite
