@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
 from common.cpus import available_cpus  # noqa: E402
-from models.prefill import _shift_state, fixed_point_top  # noqa: E402
+from models.prefill import fixed_point_top, shift_state  # noqa: E402
 from models.presets import PRESETS, load_model  # noqa: E402
 from models.train import make_batches  # noqa: E402
 
@@ -63,7 +63,7 @@ def main(argv=None) -> dict:
             top = model(mb.ids, mb.mask).top  # [batch, pos, d_model]: pass 1, the trainer's start
             gate = model.token_gate(mb.ids)
             cols = torch.arange(mb.ids.shape[1])[None]
-            fuse = _shift_state(top, mb.mask)[1] & (cols >= mb.fuse_from[:, None])
+            fuse = shift_state(top, mb.mask)[1] & (cols >= mb.fuse_from[:, None])
             t = time.perf_counter()
             exact = fixed_point_top(model, mb.ids, mb.mask, fuse, gate)
             t_exact += time.perf_counter() - t

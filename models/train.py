@@ -40,7 +40,7 @@ from models.configs import gpt2_config, qwen3_config
 from models.full_bandwidth import FullBandwidthLM, embedding_rms, load_weights
 from models.presets import (FLOAT_LIMITS, INT_LIMITS, MAX_DISTRACTORS, MAX_PASSES, MAX_STEPS, PRESETS, REGISTER_LEVELS,
                             TrainConfig, checkpoint_dir, get_preset)
-from models.prefill import _shift_state, fixed_point_top, pad_left, prefill_many, recurrent_logits
+from models.prefill import fixed_point_top, pad_left, prefill_many, recurrent_logits, shift_state
 from tasks import build_tokenizer, label_token_ids, make_dataset
 from tasks.samples import REGISTERS, WRITES_CHOICES
 
@@ -276,7 +276,7 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
     gate = model.token_gate(ids) if k > 1 else None
 
     def shifted(top):  # the carried state and where it is fused (prefix mixin: not before fuse_from)
-        state, fuse = _shift_state(top, mask)
+        state, fuse = shift_state(top, mask)
         return state, fuse if fuse_from is None else fuse & (cols >= fuse_from[:, None])
 
     def fused_pass(top, hidden=deep):

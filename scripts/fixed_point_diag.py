@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 import torch
 
-from models.prefill import _shift_state, fixed_point_top, pad_left
+from models.prefill import fixed_point_top, pad_left, shift_state
 from models.presets import load_model
 from tasks import make_dataset
 
@@ -29,12 +29,12 @@ def _batch(tok, task, n_pairs, n, seed):
 @torch.no_grad()
 def _runs(m, ids, mask):
     std = m(ids, mask, hidden_states=True)
-    fuse = _shift_state(std.top, mask)[1]
+    fuse = shift_state(std.top, mask)[1]
     gate = m.token_gate(ids)
     fp_top = fixed_point_top(m, ids, mask, fuse, gate)
 
     def step(top):  # one fused pass from these top states
-        return m(ids, mask, state=_shift_state(top, mask)[0], fuse_mask=fuse, gate=gate, hidden_states=True)
+        return m(ids, mask, state=shift_state(top, mask)[0], fuse_mask=fuse, gate=gate, hidden_states=True)
     return std, fp_top, step
 
 

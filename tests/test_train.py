@@ -206,12 +206,12 @@ def _ref_fixed_point(model, ids, mask, fuse_from):
 
 @torch.no_grad()
 def test_fixed_point_start_matches_the_written_out_recurrence(tiny_model):
-    from models.prefill import _shift_state, fixed_point_top
+    from models.prefill import fixed_point_top, shift_state
     ids, mask = _batch(seed=2)
     fuse_from = torch.tensor([3, 7, 9])
     real = mask.bool()
     ref = _ref_fixed_point(tiny_model, ids, mask, fuse_from)
-    fuse = _shift_state(torch.zeros(*ids.shape, 1), mask)[1] & (torch.arange(ids.shape[1])[None] >= fuse_from[:, None])
+    fuse = shift_state(torch.zeros(*ids.shape, 1), mask)[1] & (torch.arange(ids.shape[1])[None] >= fuse_from[:, None])
     got = fixed_point_top(tiny_model, ids, mask, fuse)
     # float32 rounding compounds along the recurrence (12 steps here: up to ~6e-6), hence a looser atol
     assert torch.allclose(got[real], ref[real], rtol=1e-4, atol=1e-5)
@@ -235,7 +235,7 @@ def test_fixed_point_tolerance_path_lands_on_the_exact_fixed_point(tiny_model, m
     """fixed_point_top(tol=...): Jacobi passes until the state stops moving, else the exact recurrence."""
     import models.prefill as prefill
     ids, mask = _batch(seed=4)
-    fuse = prefill._shift_state(torch.zeros(*ids.shape, 1), mask)[1] & (torch.arange(ids.shape[1])[None] >= 2)
+    fuse = prefill.shift_state(torch.zeros(*ids.shape, 1), mask)[1] & (torch.arange(ids.shape[1])[None] >= 2)
     real = mask.bool()
     exact = prefill.fixed_point_top(tiny_model, ids, mask, fuse)
     T = ids.shape[1]
@@ -255,7 +255,7 @@ def test_fixed_point_tolerance_path_lands_on_the_exact_fixed_point(tiny_model, m
     std = tiny_model(ids, mask).top
     two_passes = std
     for _ in range(2):
-        two_passes = tiny_model(ids, mask, state=prefill._shift_state(two_passes, mask)[0], fuse_mask=fuse).top
+        two_passes = tiny_model(ids, mask, state=prefill.shift_state(two_passes, mask)[0], fuse_mask=fuse).top
     assert not torch.allclose(two_passes[real], exact[real], rtol=1e-4, atol=1e-5)  # so the case above is not trivial
     # Many short rows: straight to the exact recurrence (cheaper there), whatever the tolerance.
     with monkeypatch.context() as m:
