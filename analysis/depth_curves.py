@@ -38,25 +38,28 @@ def _mode_key(m: str):
     return (1, 0, m)
 
 
-def _rgba(hex_color: str, alpha: float) -> str:
+def rgba(hex_color: str, alpha: float) -> str:
     h = hex_color.lstrip("#")
     r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
     return f"rgba({r},{g},{b},{alpha})"
 
 
-def _load(doc_or_path) -> dict:
-    if isinstance(doc_or_path, dict):
-        return doc_or_path
-    p = Path(doc_or_path)
+def load_results_doc(path, what: str) -> dict:
+    """A results document (probes.json, eval.json: {"meta": ..., "results": [...]}) or one-line UserError."""
+    p = Path(path)
     if not p.is_file():
-        raise UserError(f"no probes.json at {p}")
+        raise UserError(f"no {what} at {p}")
     try:
         doc = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{p} is not valid JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
-        raise UserError(f"{p} is not a probes.json (needs a 'results' list)")
+        raise UserError(f"{p} is not a {what} (needs a 'results' list)")
     return doc
+
+
+def _load(doc_or_path) -> dict:
+    return doc_or_path if isinstance(doc_or_path, dict) else load_results_doc(doc_or_path, "probes.json")
 
 
 def chance_level(doc: dict, task: str) -> float:
@@ -128,7 +131,7 @@ def depth_curve_figure(doc_or_path, title: str | None = None):
                                      hoverinfo="skip", showlegend=False, legendgroup=label),
                           row=1, col=col)
             fig.add_trace(go.Scatter(x=x, y=[r["ci_low"] for r in rs], mode="lines", line=dict(width=0),
-                                     fill="tonexty", fillcolor=_rgba(c, 0.18), hoverinfo="skip",
+                                     fill="tonexty", fillcolor=rgba(c, 0.18), hoverinfo="skip",
                                      showlegend=False, legendgroup=label),
                           row=1, col=col)
             custom = [[r["ci_low"], r["ci_high"], r["accuracy_std"], r["control_accuracy"], r["n_samples"],

@@ -12,15 +12,15 @@ The HTML embeds plotly.js (works offline) and uses a fixed div id, so the same i
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from common.cli import Parser, output_file
 from common.errors import UserError, cli_entry
 from common.io import atomic_write
 
+from analysis.depth_curves import PALETTE, rgba, load_results_doc
+
 DIV_ID = "length-curves"
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 DASH = ("solid", "dash", "dot", "dashdot")
 # Modes drawn by default: the decodings and the recurrences; every fused-k of a sweep would crowd the page.
 DEFAULT_MODES = ("std", "soft", "fused", "recurrent-1", "recurrent-full", "fused-4", "fused-30")
@@ -28,14 +28,7 @@ DEFAULT_MODES = ("std", "soft", "fused", "recurrent-1", "recurrent-full", "fused
 
 def load_eval(path) -> tuple[str, list[dict]]:
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"no eval.json at {p}")
-    try:
-        doc = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{p} is not valid JSON: {e}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
-        raise UserError(f"{p} is not an eval.json (needs a 'results' list)")
+    doc = load_results_doc(p, "eval.json")
     name = Path(str(doc.get("meta", {}).get("model", p.parent.name))).name or p.parent.name
     return name, doc["results"]
 
@@ -70,7 +63,7 @@ def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, task
                 label = f"{model} {mode}"
                 if all("ci_low" in r and "ci_high" in r for r in pts):
                     fig.add_trace(go.Scatter(x=x + x[::-1], y=[r["ci_high"] for r in pts] + [r["ci_low"] for r in pts][::-1],
-                                             mode="lines", fill="toself", line=dict(width=0), fillcolor=_rgba(color, 0.12),
+                                             mode="lines", fill="toself", line=dict(width=0), fillcolor=rgba(color, 0.12),
                                              hoverinfo="skip", showlegend=False, legendgroup=label),
                                   row=1, col=ti + 1)
                 fig.add_trace(go.Scatter(
@@ -87,12 +80,6 @@ def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, task
                       title="State tracking past the depth: accuracy vs N (same weights, std vs recurrence; and the "
                             "1-pass twin)", legend=dict(font=dict(size=10)))
     return fig
-
-
-def _rgba(hex_color: str, alpha: float) -> str:
-    h = hex_color.lstrip("#")
-    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
-    return f"rgba({r},{g},{b},{alpha})"
 
 
 def render_html(evals, modes=DEFAULT_MODES) -> str:

@@ -2,7 +2,8 @@
 
 `tiny_config` is parametrized over a Qwen3-style and a GPT-2-style config (2 layers, d_model 32, vocab 50);
 `tiny_model` is a FullBandwidthLM built from it with seed 0;
-`make_tiny_config(family, **overrides)` builds a variant. Only tests that request them are parametrized.
+`make_tiny_config(family, **overrides)` builds a variant; `tiny_ckpt` is a saved 2-layer Qwen3-style checkpoint
+with the task tokenizer (module scope), for CLI tests. Only tests that request them are parametrized.
 """
 from __future__ import annotations
 
@@ -37,3 +38,17 @@ def tiny_model(tiny_config):
     from models.full_bandwidth import FullBandwidthLM
 
     return FullBandwidthLM.from_config(tiny_config, seed=0).eval().float()
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    from models.configs import qwen3_config
+    from models.full_bandwidth import FullBandwidthLM
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    model = FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1,
+                                                     initializer_range=0.1), seed=0).eval()
+    path = tmp_path_factory.mktemp("ckpt") / "tiny"
+    model.save_pretrained(path, tokenizer=tok)
+    return path

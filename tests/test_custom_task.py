@@ -137,17 +137,6 @@ def test_function_spec_errors(spec, msg, at_make):
 
 
 # ----- CLIs ---------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    from models.configs import qwen3_config
-    from models.full_bandwidth import FullBandwidthLM
-
-    tok = build_tokenizer()
-    model = FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1,
-                                                     initializer_range=0.1), seed=0).eval()
-    path = tmp_path_factory.mktemp("ckpt") / "tiny"
-    model.save_pretrained(path, tokenizer=tok)
-    return path
 
 
 def test_probes_run_on_a_jsonl_file(tiny_ckpt, tmp_path):

@@ -103,18 +103,6 @@ def test_binary_numbers_unchanged():
 
 
 # ----- CLIs on the tracking tasks -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    from models.configs import qwen3_config
-    from models.full_bandwidth import FullBandwidthLM
-    from tasks import build_tokenizer
-
-    tok = build_tokenizer()
-    model = FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1,
-                                                     initializer_range=0.1), seed=0).eval()
-    path = tmp_path_factory.mktemp("ckpt") / "tiny"
-    model.save_pretrained(path, tokenizer=tok)
-    return path
 
 
 def test_probes_run_shell_game_k3(tiny_ckpt, tmp_path):

@@ -11,18 +11,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    from models.configs import qwen3_config
-    from models.full_bandwidth import FullBandwidthLM
-    from tasks import build_tokenizer
-
-    tok = build_tokenizer()
-    model = FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1,
-                                                     initializer_range=0.1), seed=0).eval()
-    path = tmp_path_factory.mktemp("ckpt") / "tiny"
-    model.save_pretrained(path, tokenizer=tok)
-    return path
 
 
 FAST = ["--n-pairs", "20", "--distractors", "0,8", "--n-boot", "100", "--no-progress"]

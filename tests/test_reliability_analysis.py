@@ -16,18 +16,6 @@ from common.io import DirLock
 MISSING = "/nonexistent/model-dir"  # loading it is an error too: a check that runs late reports the model instead
 
 
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    from models.configs import qwen3_config
-    from models.full_bandwidth import FullBandwidthLM
-    from tasks import build_tokenizer
-
-    tok = build_tokenizer()
-    model = FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1,
-                                                     initializer_range=0.1), seed=0).eval()
-    path = tmp_path_factory.mktemp("ckpt") / "tiny"
-    model.save_pretrained(path, tokenizer=tok)
-    return path
 
 
 def one_line_error(capsys, main, argv, *needles):
