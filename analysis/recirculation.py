@@ -541,7 +541,7 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
 
     import numpy as np
 
-    from models.prefill import pad_left, prefill
+    from engine.prefill import pad_left, prefill
     from models.recirculation import RecirculatedLM, orthonormal
     from probes.linear import LinearProbe
     from tasks import label_token_ids, make_dataset, tokenize_samples

@@ -22,7 +22,7 @@ from common.cli import Parser, int_in, output_dir
 from common.errors import UserError, cli_entry
 from common.io import DirLock, atomic_write, json_text, remove_stale_tmp
 from models.evaluate import EVAL_SEED, MAX_DISTRACTORS, parse_tasks
-from models.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
+from engine.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
 from models.presets import load_model
 from tasks import TASKS, make_dataset, tokenize_samples
 

@@ -61,7 +61,7 @@ def main(argv=None):
         torch.set_num_threads(a.threads)
     from models.configs import qwen3_config
     from models.full_bandwidth import FullBandwidthLM
-    from models.prefill import pad_left
+    from engine.prefill import pad_left
     from probes.collect import Collector
     from tasks import build_tokenizer, make_dataset, tokenize_samples
 

@@ -1,7 +1,7 @@
 """Fixed-point start of the multi-pass trainer: the exact recurrence against Jacobi passes to a tolerance.
 
 `--fixed-point-prob` batches start their fused passes from the fixed point of the feedback map. Exactly, that is
-T cached one-token steps (`models.prefill.fixed_point_top`), which a 2-core CPU runs at a few ms each whatever
+T cached one-token steps (`engine.prefill.fixed_point_top`), which a 2-core CPU runs at a few ms each whatever
 the batch; with `--fixed-point-tol` (the shipped presets: 1e-3) the trainer first tries up to 16 parallel
 Jacobi passes and keeps them once the largest relative state change is below the tolerance. This times both,
 side by side, on the micro-batches the trainer itself draws (`models.train.make_batches`, preset tiny-fbt, a
@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
 from common.cpus import available_cpus  # noqa: E402
-from models.prefill import fixed_point_top, shift_state  # noqa: E402
+from engine.prefill import fixed_point_top, shift_state  # noqa: E402
 from models.presets import PRESETS, load_model  # noqa: E402
 from models.train import make_batches  # noqa: E402
 

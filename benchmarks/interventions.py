@@ -6,7 +6,7 @@
 
 Runs `interventions.run` into a temporary directory (nothing under figures/ is touched), reads the per-stage
 timings the suite records, and times a plain forward and one clean recurrent-full prefill (the engine's,
-models.prefill.prefill) on the identical batch (median of 5). `sweep_per_position_vs_recurrent_full` = the
+engine.prefill.prefill) on the identical batch (median of 5). `sweep_per_position_vs_recurrent_full` = the
 position sweep's time per patched position / one recurrent-full run: the budget is about 1 (a patch at t
 reruns T - t cached steps from the shared clean prefix, about half a run on average). The last line of stdout
 is one JSON object.
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
             model(batch.input_ids, batch.attention_mask)
             times.append(time.perf_counter() - t)
     fwd = statistics.median(times)
-    from models.prefill import prefill
+    from engine.prefill import prefill
 
     rtimes = []
     for _ in range(5):

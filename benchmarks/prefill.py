@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from common.cpus import available_cpus  # noqa: E402
 from models.configs import qwen3_config  # noqa: E402
 from models.full_bandwidth import FullBandwidthLM  # noqa: E402
-from models.prefill import prefill_many  # noqa: E402
+from engine.prefill import prefill_many  # noqa: E402
 
 GOAL_SCALING, GOAL_SPEEDUP, GOAL_OVERHEAD = 4.5, 5.0, 1.15
 

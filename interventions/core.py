@@ -14,7 +14,7 @@ columns are aligned from the end)
 A state/fused patch matters only where the mode fuses (the fuse mask: previous and current column real tokens
 of the row); a patch at a padding column of a row has no effect on that row.
 
-Modes (models.prefill.parse_mode; canonical names)
+Modes (engine.prefill.parse_mode; canonical names)
     standard        one parallel forward; resid sites only (no fusion runs)
     recurrent-k     standard prefill of all T columns with a KV cache, then columns r0 = T - min(k, T-1) .. T-1
                     recomputed one token at a time, each fused with the previous column's top state.
@@ -25,7 +25,7 @@ Modes (models.prefill.parse_mode; canonical names)
 Cost and sharing
     recurrent: the clean run's final KV cache holds every column's keys/values (they never change once
         computed), so the prefix of a patch at column t >= r0 is a copy of the clean cache cropped to t columns
-        plus the clean top state of t-1 (models.prefill.cache_prefix): computed once per batch, shared by every
+        plus the clean top state of t-1 (engine.prefill.cache_prefix): computed once per batch, shared by every
         condition. The run is then the patched step at t and plain cached steps t+1..T-1 (T - t steps, at most
         one recurrent-full run). A resid patch at a column < r0 reruns the standard prefill patched (one
         parallel forward) and then the k steps.
@@ -34,7 +34,7 @@ Cost and sharing
     State patches need no hook: the state is an explicit argument of the step / pass. fused and resid patches
     use one hook helper (`_hooks`: forward hooks on the fusion module and the blocks) for the forward where
     they apply; every other forward is a plain engine call.
-`CausalContext` checks at construction that every mode's clean run equals the engine's (models.prefill.
+`CausalContext` checks at construction that every mode's clean run equals the engine's (engine.prefill.
 prefill_many: logits and top states at every position) bit for bit.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ from transformers import DynamicCache
 
 from common.errors import UserError
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
-from models.prefill import (Mode, ResidualRecorder, cache_prefix, jacobi_pass, parse_mode, recurrent_start,
+from engine.prefill import (Mode, ResidualRecorder, cache_prefix, jacobi_pass, parse_mode, recurrent_start,
                             recurrent_step, shift_state)
 
 SITES = ("state", "fused", "resid")
@@ -137,7 +137,7 @@ class Batch:
         """Tokenize `tasks` samples (pairs share a pair_id and have different labels) into a Batch.
 
         `task`: a built-in task name or a `tasks.custom.TaskSource` (a researcher's own task)."""
-        from models.prefill import pad_left
+        from engine.prefill import pad_left
         from tasks import resolve_task
 
         src = task if hasattr(task, "label_token_ids") else resolve_task(task)
@@ -462,7 +462,7 @@ class CausalContext:
         return self.state(self.mode, -1)
 
     def _check_engine(self):
-        from models.prefill import prefill_many
+        from engine.prefill import prefill_many
 
         T = self.batch.input_ids.shape[1]
         ref = prefill_many(self.model, self.batch.input_ids, self.batch.attention_mask, self.modes,

@@ -1,7 +1,7 @@
 """python -m interventions.run --task completion [--model tiny-fbt] [--mode recurrent-1] [--max-positions P]
 
 Runs the causal-ablation battery of SPEC section 5 in any prefill mode (standard, recurrent-K, recurrent-full,
-fused-N; parsed once by models.prefill.parse_mode, reported under its canonical name): the interventions on the
+fused-N; parsed once by engine.prefill.parse_mode, reported under its canonical name): the interventions on the
 state entering the fusion at T, the state-swap sweep over every fused position t and the depth x position layer
 patching (mode under study and standard side by side). Sweeps and heatmaps cover every position of prompts up
 to DEFAULT_MAX_POSITIONS columns and the last DEFAULT_MAX_POSITIONS otherwise (--max-positions P: the last P;
@@ -106,7 +106,7 @@ def _resolve_control(arg, main_path: Path):
 @cli_entry
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from models.prefill import parse_mode
+    from engine.prefill import parse_mode
     from probes.linear import ProbeConfig, check_groups
     from tasks import dataset_fingerprint, resolve_task
 

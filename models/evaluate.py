@@ -26,7 +26,7 @@ from tqdm import tqdm
 from common.cli import Parser, int_in, int_list, output_dir, output_file, safe_name
 from common.errors import UserError, cli_entry
 from common.io import DirLock, atomic_write, json_text
-from models.prefill import DECODINGS, MAX_FUSED_PASSES, fused_trajectory, pad_left, parse_mode, prefill_many
+from engine.prefill import DECODINGS, MAX_FUSED_PASSES, fused_trajectory, pad_left, parse_mode, prefill_many
 from models.presets import load_model
 from tasks import ALL_TASKS, DISTRACTOR_COUNTS, TASKS, TRACKING_TASKS
 from tasks.custom import TaskSource, resolve_task

@@ -78,7 +78,7 @@ class TrainConfig:
     # (the recurrent-full states, no gradient) instead of pass 1 or warm passes; 0 = off (see docs/recipe.md)
     fixed_point_prob: float = 0.0
     # > 0: the fixed-point start first tries up to 16 Jacobi passes and keeps them once the largest relative state
-    # change is below this (models.prefill.fixed_point_top; 2-5x cheaper where the map contracts); 0 = always the
+    # change is below this (engine.prefill.fixed_point_top; 2-5x cheaper where the map contracts); 0 = always the
     # exact sequential recurrence
     fixed_point_tol: float = 0.0
     # weight of the state-consistency loss: every fused pass's top state is pulled toward pass 1's (detached) at

@@ -1,7 +1,7 @@
 """Recirculation: training-free deep-to-shallow feedback for any HF causal LM (SPEC section 6).
 
 For a source depth s and a shallower target depth d of the same token t (depth 0 = input of block 0, depth l =
-raw output of block l, as in models/prefill.py):
+raw output of block l, as in engine/prefill.py):
 
     z'_{t,d} = alpha_t * (||z_{t,d}|| / ||z_{t,s}||) * z_{t,s} + beta_t * z_{t,d}
     beta_t = 1 - alpha_t (convex) or 1 (residual);  alpha_t = alpha * min(1, (pos_t + 1) / ramp) with a ramp
@@ -32,7 +32,7 @@ Extras for the analysis: `transform` (a D x D orthogonal matrix applied to z_s b
 orthogonal complement, is applied: the mediation experiment).
 
 Hooking into probes.run: `recirculated_prefill(model, spec, input_ids, attention_mask, positions, collect)`
-returns a models.prefill.PrefillResult (mode name `spec.name`, last-position logits, post-final-norm top state
+returns a engine.prefill.PrefillResult (mode name `spec.name`, last-position logits, post-final-norm top state
 and the residual stream of the *normal* branch at every depth 0..L); `parse_recirculate("s:d:alpha[:mode]",
 n_layers)` validates the CLI value.
 """
@@ -256,7 +256,7 @@ class RecirculatedLM(nn.Module):
     def sequential(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cols: torch.Tensor | None = None,
                    collect: bool = False, keep_cache: bool = False) -> RecircOutput:
         """Exact recirculated prefill; outputs of the normal branch at `cols` (default: every column)."""
-        from models.prefill import ResidualRecorder
+        from engine.prefill import ResidualRecorder
 
         self._check(input_ids, attention_mask)
         B, T = input_ids.shape
@@ -314,7 +314,7 @@ class RecirculatedLM(nn.Module):
     def blockwise(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, passes: int = 2,
                   block: int | None = None, cols: torch.Tensor | None = None, collect: bool = False) -> RecircOutput:
         """Jacobi approximation: per block, pass 0 standard, then `passes` parallel [r | n] passes."""
-        from models.prefill import ResidualRecorder
+        from engine.prefill import ResidualRecorder
 
         self._check(input_ids, attention_mask)
         if not (isinstance(passes, int) and passes >= 1):
@@ -387,7 +387,7 @@ class RecirculatedLM(nn.Module):
     # ----- base model (identity) --------------------------------------------------------------------------
     @torch.no_grad()
     def _base(self, input_ids, attention_mask, cols, collect) -> RecircOutput:
-        from models.prefill import ResidualRecorder, _maybe_record
+        from engine.prefill import ResidualRecorder, _maybe_record
 
         with _maybe_record(self.base, collect) as rec:
             if rec is not None:
@@ -474,11 +474,11 @@ def recirculated_prefill(model: FullBandwidthLM | PreTrainedModel, spec: RecircS
                          input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: tuple[int, ...] = (-1,),
                          collect: bool = True, method: str = "sequential", passes: int = 2,
                          block: int | None = None):
-    """Like models.prefill.prefill for a recirculated model: a PrefillResult (normal branch) for a left-padded batch.
+    """Like engine.prefill.prefill for a recirculated model: a PrefillResult (normal branch) for a left-padded batch.
 
     `spec` may be the --recirculate string 's:d:alpha[:convex|residual]'. positions: negative offsets from the end.
     """
-    from models.prefill import PrefillResult
+    from engine.prefill import PrefillResult
 
     base = model if isinstance(model, FullBandwidthLM) else FullBandwidthLM(model, fusion=False).eval()
     if isinstance(spec, str):

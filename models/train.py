@@ -40,11 +40,11 @@ from models.configs import gpt2_config, qwen3_config
 from models.full_bandwidth import FullBandwidthLM, embedding_rms, load_weights
 from models.presets import (FLOAT_LIMITS, INT_LIMITS, MAX_DISTRACTORS, MAX_PASSES, MAX_STEPS, PRESETS, REGISTER_LEVELS,
                             TrainConfig, checkpoint_dir, get_preset)
-from models.prefill import fixed_point_top, pad_left, prefill_many, recurrent_logits, shift_state
+from engine.prefill import fixed_point_top, pad_left, prefill_many, recurrent_logits, shift_state
 from tasks import build_tokenizer, label_token_ids, make_dataset
 from tasks.samples import REGISTERS, WRITES_CHOICES
 
-FIXED_POINT = -1  # Batch.warm value: pass 2 fuses the fixed-point states (models.prefill.fixed_point_top)
+FIXED_POINT = -1  # Batch.warm value: pass 2 fuses the fixed-point states (engine.prefill.fixed_point_top)
 STATE_FILE = "trainer_state.safetensors"  # optimizer state + step: tensors and JSON, no pickle
 LEGACY_STATE_FILE = "trainer_state.pt"  # an earlier version's pickle: never loaded (see load_resume)
 LOG_FILE = "train_log.json"

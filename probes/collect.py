@@ -3,7 +3,7 @@
 How it works
     The model (a FullBandwidthLM; plain HF LMs are wrapped with ``fusion=False``) is wrapped once with
     ``nnsight.NNsight``. For each batch ONE trace runs the prefill engine itself,
-    ``models.prefill.prefill_many(model, ids, mask, modes, collect=False)``, as the traced function
+    ``engine.prefill.prefill_many(model, ids, mask, modes, collect=False)``, as the traced function
     (``envoy.trace(ids, mask, fn=...)``): there is a single prefill engine, nnsight only reads from it.
     The engine calls the model several times (recurrent-k: one full standard pass, then k single-token
     steps; fused-n: n+1 parallel passes); every call is one *occurrence* of each block. The residual at the
@@ -45,7 +45,7 @@ from nnsight import NNsight
 from common.errors import UserError
 from common.io import atomic_write
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
-from models.prefill import pad_left, parse_mode, prefill_many
+from engine.prefill import pad_left, parse_mode, prefill_many
 
 COLLECT_VERSION = 1  # bump when what is collected changes (invalidates the cache)
 POSITION = -1  # the probed position: the shared final token
@@ -89,7 +89,7 @@ def call_schedule(modes, T: int) -> tuple[dict[str, int], int]:
     """({mode: index of the engine's model call that computes position -1 for it}, total calls) for
     ``prefill_many(model, ids[:, :T], ..., modes)`` with canonical, de-duplicated ``modes``.
 
-    Mirrors models/prefill.py: recurrent modes first, in order, each one standard pass with cache (call 0,
+    Mirrors engine/prefill.py: recurrent modes first, in order, each one standard pass with cache (call 0,
     which also serves 'standard') and then min(k, T-1) single-token steps; then the remaining modes in order:
     standard one call, fused-n n+1 calls. Checked against the engine after every trace (see module doc).
     """

@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 import torch
 
-from models.prefill import fixed_point_top, pad_left, shift_state
+from engine.prefill import fixed_point_top, pad_left, shift_state
 from models.presets import load_model
 from tasks import make_dataset
 

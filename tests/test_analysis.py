@@ -8,7 +8,7 @@ import torch
 
 from models.configs import qwen3_config
 from models.full_bandwidth import FullBandwidthLM
-from models.prefill import pad_left
+from engine.prefill import pad_left
 from tasks import build_tokenizer, label_token_ids, make_dataset
 
 

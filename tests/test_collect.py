@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.prefill import pad_left, prefill_many
+from engine.prefill import pad_left, prefill_many
 from probes.collect import ActivationCache, Collector, call_schedule, collect_with_cache, save_activations
 
 TOL = 1e-5

@@ -152,7 +152,7 @@ def test_evaluate_k_labels_by_hand_and_ci(tiny_ckpt):
 
     from models.evaluate import EVAL_SEED, evaluate, wilson_interval
     from models.full_bandwidth import FullBandwidthLM
-    from models.prefill import pad_left
+    from engine.prefill import pad_left
     from tasks import build_tokenizer, label_token_ids, make_dataset
 
     model, tok = FullBandwidthLM.from_pretrained(tiny_ckpt).eval(), build_tokenizer()

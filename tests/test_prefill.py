@@ -12,7 +12,7 @@ import torch
 
 from common.errors import UserError
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
-from models.prefill import generate, pad_left, prefill_many
+from engine.prefill import generate, pad_left, prefill_many
 
 TOL = 1e-5
 PROMPT = [7, 3, 41, 12, 5, 29, 33, 8]  # T = 8

@@ -10,7 +10,7 @@ import torch
 
 from common.errors import UserError
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
-from models.prefill import pad_left
+from engine.prefill import pad_left
 from models.recirculation import (RecircSpec, RecirculatedLM, base_generate, mix, parse_recirculate,
                                   random_rotation, recirculated_prefill)
 

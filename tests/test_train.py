@@ -206,7 +206,7 @@ def _ref_fixed_point(model, ids, mask, fuse_from):
 
 @torch.no_grad()
 def test_fixed_point_start_matches_the_written_out_recurrence(tiny_model):
-    from models.prefill import fixed_point_top, shift_state
+    from engine.prefill import fixed_point_top, shift_state
     ids, mask = _batch(seed=2)
     fuse_from = torch.tensor([3, 7, 9])
     real = mask.bool()
@@ -233,7 +233,7 @@ def test_fixed_point_start_matches_the_written_out_recurrence(tiny_model):
 @torch.no_grad()
 def test_fixed_point_tolerance_path_lands_on_the_exact_fixed_point(tiny_model, monkeypatch):
     """fixed_point_top(tol=...): Jacobi passes until the state stops moving, else the exact recurrence."""
-    import models.prefill as prefill
+    import engine.prefill as prefill
     ids, mask = _batch(seed=4)
     fuse = prefill.shift_state(torch.zeros(*ids.shape, 1), mask)[1] & (torch.arange(ids.shape[1])[None] >= 2)
     real = mask.bool()
