@@ -1,7 +1,7 @@
 """Multi-pass training benchmark: what does a K-pass training step cost against K one-pass steps?
 
 One training step = multi-pass loss (forward of K passes) + backward + gradient clipping + AdamW step, exactly
-as `models.train` runs it. K = 1, 2, 3 are timed side by side in one run on the same fixed batch (default: the
+as `training.train` runs it. K = 1, 2, 3 are timed side by side in one run on the same fixed batch (default: the
 tiny-fbt preset's architecture, --rows x --length tokens of random ids, no padding, a random-length unfused
 prefix per row as the prefix mixin gives, state noise on). After --warmup rounds, --repeats rounds each time
 one step of every K, the order rotated round by round so a noisy machine hits every K alike.
@@ -32,8 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
 from common.cpus import available_cpus  # noqa: E402
-from models.presets import PRESETS  # noqa: E402
-from models.train import build_model, multipass_loss  # noqa: E402
+from training.loss import multipass_loss  # noqa: E402
+from training.model import build_model  # noqa: E402
+from training.presets import PRESETS  # noqa: E402
 
 GOAL_RATIO = 1.05
 PASSES = (1, 2, 3)

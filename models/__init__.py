@@ -1,1 +1,2 @@
-"""Model side: the full-bandwidth wrapper, its fusion unit, the prefill engine, presets and training."""
+"""The model: the full-bandwidth wrapper (FullBandwidthLM), its fusion unit, configs and loading, SmolLM2.
+The engine that runs it lives in engine/, training in training/ (docs/design.md)."""

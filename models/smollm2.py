@@ -94,15 +94,17 @@ def convert(force: bool = False) -> Path:
     return out
 
 
-def load_smollm2():
-    """(FullBandwidthLM(fusion=False), tokenizer, 'smollm2-135m'), float32, eval mode, offline."""
+def load_smollm2(**from_pretrained_kw):
+    """(FullBandwidthLM(fusion=False), tokenizer, 'smollm2-135m'), float32 unless `dtype` is given, eval mode,
+    offline; other keywords (device_map) go to from_pretrained."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from models.full_bandwidth import FullBandwidthLM
 
     d = convert()
-    lm = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32, local_files_only=True)
+    kw = {"dtype": torch.float32, **from_pretrained_kw}
+    lm = AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, **kw)
     tok = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

@@ -10,37 +10,37 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-$PY -m models.train --preset tiny-base --threads 2 --no-progress --overwrite
+$PY -m training.train --preset tiny-base --threads 2 --no-progress --overwrite
 for p in tiny-fbt tiny-fbt-no3 tiny-std; do
-  $PY -m models.train --preset $p --threads 1 --no-progress --overwrite > "checkpoints/$p.train.log" 2>&1 &
+  $PY -m training.train --preset $p --threads 1 --no-progress --overwrite > "checkpoints/$p.train.log" 2>&1 &
 done
 wait
-$PY -m models.evaluate --model checkpoints/tiny-base --modes std --n-pairs 25 --overwrite --no-progress
+$PY -m analysis.evaluate --model checkpoints/tiny-base --modes std --n-pairs 25 --overwrite --no-progress
 cp figures/tiny-base/eval.json checkpoints/tiny-base/eval.json
 for p in tiny-fbt tiny-fbt-no3; do
-  $PY -m models.evaluate --model checkpoints/$p --n-pairs 25 --overwrite --no-progress
+  $PY -m analysis.evaluate --model checkpoints/$p --n-pairs 25 --overwrite --no-progress
   cp figures/$p/eval.json checkpoints/$p/eval.json
 done
 # tiny-std's fusion is untrained: its recurrent modes are not evaluated (the sweep would take ~40 min)
-$PY -m models.evaluate --model checkpoints/tiny-std --modes std,soft,fused --n-pairs 25 --overwrite --no-progress
+$PY -m analysis.evaluate --model checkpoints/tiny-std --modes std,soft,fused --n-pairs 25 --overwrite --no-progress
 cp figures/tiny-std/eval.json checkpoints/tiny-std/eval.json
 # Model cards (the notes are docs/cards/<name>.md; wall times in the cards are whatever this run measured).
-$PY -m models.card checkpoints/tiny-base --command "python -m models.train --preset tiny-base   # ~20 min on 2 cores" --notes docs/cards/tiny-base.md > /dev/null
+$PY -m training.card checkpoints/tiny-base --command "python -m training.train --preset tiny-base   # ~20 min on 2 cores" --notes docs/cards/tiny-base.md > /dev/null
 for p in tiny-fbt tiny-fbt-no3 tiny-std; do
-  $PY -m models.card checkpoints/$p --command "python -m models.train --preset tiny-base && python -m models.train --preset $p" --notes docs/cards/$p.md > /dev/null
+  $PY -m training.card checkpoints/$p --command "python -m training.train --preset tiny-base && python -m training.train --preset $p" --notes docs/cards/$p.md > /dev/null
 done
 # The state-tracking pair (docs/recipe.md item 18): from scratch, same data, steps and architecture.
 # tiny-fbt-track took 2769 s (46 min) at two threads beside other jobs; tiny-std-track 723 s alone.
 for p in tiny-fbt-track tiny-std-track; do
-  $PY -m models.train --preset $p --threads 2 --no-progress --overwrite
+  $PY -m training.train --preset $p --threads 2 --no-progress --overwrite
 done
-$PY -m models.evaluate --model checkpoints/tiny-fbt-track --tasks parity,shell_game --n-pairs 100 --overwrite --no-progress
+$PY -m analysis.evaluate --model checkpoints/tiny-fbt-track --tasks parity,shell_game --n-pairs 100 --overwrite --no-progress
 cp figures/tiny-fbt-track/eval.json checkpoints/tiny-fbt-track/eval.json
 # the twin's fusion is untrained: std / soft / fused only
-$PY -m models.evaluate --model checkpoints/tiny-std-track --tasks parity,shell_game --modes std,soft,fused --n-pairs 100 --overwrite --no-progress
+$PY -m analysis.evaluate --model checkpoints/tiny-std-track --tasks parity,shell_game --modes std,soft,fused --n-pairs 100 --overwrite --no-progress
 cp figures/tiny-std-track/eval.json checkpoints/tiny-std-track/eval.json
 for p in tiny-fbt-track tiny-std-track; do
-  $PY -m models.card checkpoints/$p --command "python -m models.train --preset $p" --notes docs/cards/$p.md > /dev/null
+  $PY -m training.card checkpoints/$p --command "python -m training.train --preset $p" --notes docs/cards/$p.md > /dev/null
 done
 $PY -m analysis.length_curves checkpoints/tiny-fbt-track/eval.json checkpoints/tiny-std-track/eval.json \
   --modes std,soft,fused,recurrent-full,fused-30 --out figures/length_curves.html --png docs/length_curves.png --overwrite

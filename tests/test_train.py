@@ -1,9 +1,10 @@
 """The multi-pass (Jacobi) trainer, SPEC section 2: the K-pass loss against a hand-written reference, gradients
-through every pass, the prefix mixin, bit-identical resume, a 2-process torchrun run, and clean CLI errors.
+through every pass, the prefix mixin, bit-identical resume, flags derived from the recipe, and clean CLI errors
+(several processes: tests/test_ddp.py).
 
 Kept cheap (the CI box has 2 shared cores): tiny models, the `smoke` preset, training runs in-process through
-`main(argv)` where a subprocess would only add interpreter start-up; the real CLI is exercised by the torchrun
-run and one subprocess error case.
+`main(argv)` where a subprocess would only add interpreter start-up; the real CLI is exercised by one
+subprocess error case (and the torchrun run of tests/test_ddp.py).
 """
 from __future__ import annotations
 
@@ -20,10 +21,16 @@ import pytest
 import numpy as np
 import torch
 
-import models.train as train
 from common.errors import UserError
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
-from models.presets import get_preset
+from training.config import TrainConfig
+from training.presets import PRESETS, get_preset
+import training.checkpoint as tckpt
+import training.cli as tcli
+import training.data as tdata
+import training.loop as tloop
+import training.loss as tloss
+import training.model as tmodel
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPT_FILES = ("model.safetensors", "config.json", "trainer_state.safetensors", "train_log.json")
@@ -125,7 +132,7 @@ def _close(a, b):
 def test_multipass_loss_matches_hand_written_reference(tiny_model, k):
     ids, mask = _batch()
     cfg = _cfg()
-    total, parts = train.multipass_loss(tiny_model, ids, mask, k, cfg)
+    total, parts = tloss.multipass_loss(tiny_model, ids, mask, k, cfg)
     ref_total, ref_parts = _ref_multipass(tiny_model, ids, mask, k, cfg)
     assert len(parts) == k
     for p, r in zip(parts, ref_parts):
@@ -142,13 +149,13 @@ def test_multipass_loss_with_prefix_and_noise_is_reproduced(make_tiny_config):
     ids, mask = _batch(seed=1)
     cfg = _cfg(noise=0.05)
     fuse_from = torch.tensor([5, 7, 6])
-    total, parts = train.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, torch.Generator().manual_seed(7))
+    total, parts = tloss.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, torch.Generator().manual_seed(7))
     ref_total, ref_parts = _ref_multipass(tiny_model, ids, mask, 3, cfg, fuse_from, torch.Generator().manual_seed(7))
     assert all(_close(p, r) for p, r in zip(parts, ref_parts)) and _close(total, ref_total)
-    again, _ = train.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, torch.Generator().manual_seed(7))
+    again, _ = tloss.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, torch.Generator().manual_seed(7))
     assert torch.equal(again, total)  # same generator seed: bit-identical
-    quiet, _ = train.multipass_loss(tiny_model, ids, mask, 3, _cfg(), fuse_from)
-    other, _ = train.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, torch.Generator().manual_seed(8))
+    quiet, _ = tloss.multipass_loss(tiny_model, ids, mask, 3, _cfg(), fuse_from)
+    other, _ = tloss.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, torch.Generator().manual_seed(8))
     assert not _close(quiet, total) and not _close(other, total)  # the noise is really applied
 
 
@@ -161,7 +168,7 @@ def test_consistency_loss_matches_the_reference_and_keeps_pass1_as_target(make_t
     fuse_from = torch.tensor([4, 6, 8])
     cfg = _cfg(consistency=2.5, consistency_window=window, consistency_layers=layers)
     grads, totals = [], []
-    for fn in (train.multipass_loss, _ref_multipass):
+    for fn in (tloss.multipass_loss, _ref_multipass):
         model.zero_grad()
         total = fn(model, ids, mask, k, cfg, fuse_from)[0]
         total.backward()
@@ -173,17 +180,17 @@ def test_consistency_loss_matches_the_reference_and_keeps_pass1_as_target(make_t
         assert torch.allclose(grads[0][n], grads[1][n], rtol=1e-4, atol=1e-5), n
     ex: dict = {}
     with torch.no_grad():
-        off = train.multipass_loss(model, ids, mask, k, _cfg(), fuse_from)[0]
-        on, parts = train.multipass_loss(model, ids, mask, k, cfg, fuse_from, extras=ex)
+        off = tloss.multipass_loss(model, ids, mask, k, _cfg(), fuse_from)[0]
+        on, parts = tloss.multipass_loss(model, ids, mask, k, cfg, fuse_from, extras=ex)
     assert len(ex["consistency"]) == k - 1 and all(c > 0 for c in ex["consistency"])  # not vacuous
     assert _close(on - off, cfg.consistency / (k - 1) * sum(ex["consistency"]))
     if window:  # the window term is really there
-        plain = train.multipass_loss(model, ids, mask, k, _cfg(consistency=2.5), fuse_from)[0]
+        plain = tloss.multipass_loss(model, ids, mask, k, _cfg(consistency=2.5), fuse_from)[0]
         assert on - plain > 1e-4
     with pytest.raises(UserError, match="consistency"):
         _cfg(consistency=-1.0)
     if layers == "all":  # not the top-only term
-        top_only = train.multipass_loss(model, ids, mask, k, replace(cfg, consistency_layers="top"), fuse_from)[0]
+        top_only = tloss.multipass_loss(model, ids, mask, k, replace(cfg, consistency_layers="top"), fuse_from)[0]
         assert not _close(on, top_only)
     with pytest.raises(UserError, match="consistency_window"):
         _cfg(consistency_window=-1)
@@ -219,15 +226,15 @@ def test_fixed_point_start_matches_the_written_out_recurrence(tiny_model):
     cfg = _cfg()
     T = ids.shape[1]
     ends = {}
-    for warm in (2, T, train.FIXED_POINT):
-        ends[warm] = train.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, warm=warm)
-    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(ends[T][1], ends[train.FIXED_POINT][1]))
+    for warm in (2, T, tdata.FIXED_POINT):
+        ends[warm] = tloss.multipass_loss(tiny_model, ids, mask, 3, cfg, fuse_from, warm=warm)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(ends[T][1], ends[tdata.FIXED_POINT][1]))
     # The trainer's tolerance path (16 Jacobi passes >= T + 1 here, so they converge) trains on the same start.
-    tol = train.multipass_loss(tiny_model, ids, mask, 3, replace(cfg, fixed_point_tol=1e-5), fuse_from,
-                               warm=train.FIXED_POINT)
-    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(tol[1], ends[train.FIXED_POINT][1]))
-    assert not _close(ends[2][1][1], ends[train.FIXED_POINT][1][1])
-    assert _close(ends[2][1][0], ends[train.FIXED_POINT][1][0])  # pass 1 does not depend on the start
+    tol = tloss.multipass_loss(tiny_model, ids, mask, 3, replace(cfg, fixed_point_tol=1e-5), fuse_from,
+                               warm=tdata.FIXED_POINT)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(tol[1], ends[tdata.FIXED_POINT][1]))
+    assert not _close(ends[2][1][1], ends[tdata.FIXED_POINT][1][1])
+    assert _close(ends[2][1][0], ends[tdata.FIXED_POINT][1][0])  # pass 1 does not depend on the start
 
 
 @torch.no_grad()
@@ -246,7 +253,7 @@ def test_fixed_point_tolerance_path_lands_on_the_exact_fixed_point(tiny_model, m
     # T Jacobi passes are exact (causal map), so pass T + 1 changes nothing: this must return from the Jacobi
     # path alone, and equal the recurrence.
     with monkeypatch.context() as m:
-        m.setattr(prefill, "_recurrent", no_recurrence)
+        m.setattr(prefill, "recurrent_run", no_recurrence)
         jac = prefill.fixed_point_top(tiny_model, ids, mask, fuse, tol=1e-5, max_jacobi=T + 1)
     assert torch.allclose(jac[real], exact[real], rtol=1e-4, atol=1e-5)
     # Not converged within the allowed passes: the exact recurrence, not the last Jacobi iterate.
@@ -261,19 +268,20 @@ def test_fixed_point_tolerance_path_lands_on_the_exact_fixed_point(tiny_model, m
     with monkeypatch.context() as m:
         m.setattr(prefill, "JACOBI_MAX_ROWS", 2)
         calls = []
-        m.setattr(prefill, "_recurrent", lambda *a, **k: calls.append(1) or (None, None, None, exact, None))
+        m.setattr(prefill, "recurrent_run",
+                  lambda *a, **k: calls.append(1) or prefill.RecurrentRun(None, None, None, exact, None, None))
         prefill.fixed_point_top(tiny_model, ids, mask, fuse, tol=0.5)
     assert calls == [1]
 
 
 def test_fixed_point_batches_are_drawn_only_when_asked():
-    rng_draws = lambda cfg: [train._passes(cfg, s, np.random.default_rng(s)) for s in range(200)]
+    rng_draws = lambda cfg: [tdata._passes(cfg, s, np.random.default_rng(s)) for s in range(200)]
     base = _cfg(warm_passes=3, warm_prob=0.5, curriculum_steps=0)
     off, on = rng_draws(base), rng_draws(replace(base, fixed_point_prob=0.5))
     assert [k for k, _ in off] == [k for k, _ in on]  # the same pass counts
-    fp = [w == train.FIXED_POINT for k, w in on if k > 1]
-    assert 0.3 < np.mean(fp) < 0.7 and not any(w == train.FIXED_POINT for _, w in off)
-    assert all(w == train.FIXED_POINT or w == w0 for (_, w), (_, w0) in zip(on, off))
+    fp = [w == tdata.FIXED_POINT for k, w in on if k > 1]
+    assert 0.3 < np.mean(fp) < 0.7 and not any(w == tdata.FIXED_POINT for _, w in off)
+    assert all(w == tdata.FIXED_POINT or w == w0 for (_, w), (_, w0) in zip(on, off))
     with pytest.raises(UserError, match="fixed_point_prob"):
         replace(base, fixed_point_prob=1.5)
     for bad in (-0.1, 1.0):
@@ -286,7 +294,7 @@ def test_ntp_loss_weights_the_label_token():
     ids, mask = _batch()
     logits = torch.randn(*ids.shape, 50, generator=g)
     for lw in (1.0, 5.0):
-        assert _close(train.ntp_loss(logits, ids, mask, lw), _ref_ntp(logits, ids, mask, lw))
+        assert _close(tloss.ntp_loss(logits, ids, mask, lw), _ref_ntp(logits, ids, mask, lw))
 
 
 def test_labels_only_loss_is_the_label_cross_entropy():
@@ -299,9 +307,9 @@ def test_labels_only_loss_is_the_label_cross_entropy():
     lp = torch.log_softmax(logits, -1)
     want = -torch.stack([lp[0, 4, ids[0, 5]], *[lp[b, -2, ids[b, -1]] for b in range(ids.shape[0])]]).mean()
     for lw in (1.0, 20.0):  # label_weight plays no part
-        got = train.ntp_loss(logits, ids, mask, lw, label_pos, labels_only=True)
+        got = tloss.ntp_loss(logits, ids, mask, lw, label_pos, labels_only=True)
         assert _close(got, want), (got, want)
-    assert not _close(train.ntp_loss(logits, ids, mask, 20.0, label_pos), want)
+    assert not _close(tloss.ntp_loss(logits, ids, mask, 20.0, label_pos), want)
     assert "targets" not in _cfg().to_dict() and _cfg(targets="labels").to_dict()["targets"] == "labels"
     with pytest.raises(UserError, match="targets"):
         _cfg(targets="some")
@@ -330,7 +338,7 @@ def test_later_pass_losses_reach_pass1_activations(make_tiny_config, k):
     model = FullBandwidthLM.from_config(make_tiny_config("qwen3"), seed=0).train()
     rec = _Recorder(model)
     ids, mask = _batch()
-    _, parts = train.multipass_loss(rec, ids, mask, k, _cfg(noise=0.02), generator=torch.Generator().manual_seed(0))
+    _, parts = tloss.multipass_loss(rec, ids, mask, k, _cfg(noise=0.02), generator=torch.Generator().manual_seed(0))
     assert len(rec.tops) == k
     parts[-1].backward()  # the last pass's loss alone
     for j in range(k - 1):  # every earlier pass gets a gradient through the carried state: nothing detached
@@ -350,7 +358,7 @@ def test_multipass_gradients_match_the_reference(make_tiny_config, k):
     ids, mask = _batch()
     cfg = _cfg()
     grads = []
-    for fn in (train.multipass_loss, _ref_multipass):
+    for fn in (tloss.multipass_loss, _ref_multipass):
         model.zero_grad()
         fn(model, ids, mask, k, cfg)[0].backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
@@ -369,11 +377,11 @@ def test_unpacked_batches_one_sample_per_row():
     tok = build_tokenizer()
     cfg = replace(get_preset("smoke"), packing=False, skip_values=True, batch_tokens=600,
                   distractors={0: 0.5, 8: 0.5})
-    micro = train.make_batches(cfg, tok, 3)
-    again = train.make_batches(cfg, tok, 3)
+    micro = tdata.make_batches(cfg, tok, 3)
+    again = tdata.make_batches(cfg, tok, 3)
     assert [m.desc.split("/")[0] for m in micro] == list(cfg.tasks)
     assert len({m.k for m in micro}) == 1
-    values = set(train.value_token_ids(tok))
+    values = set(tdata.value_token_ids(tok))
     nl = tok.convert_tokens_to_ids("\n")
     for m, m2, task in zip(micro, again, cfg.tasks):
         assert torch.equal(m.ids, m2.ids) and torch.equal(m.skip_pos, m2.skip_pos)
@@ -389,7 +397,7 @@ def test_unpacked_batches_one_sample_per_row():
         assert torch.equal(m.skip_pos, is_value & ~m.label_pos)
     # task_weights set each task's share of the step's tokens
     cfg_w = replace(cfg, task_weights=(0.7, 0.15, 0.15), distractors={0: 1.0})
-    sizes = [m.ids.numel() for m in train.make_batches(cfg_w, tok, 3)]
+    sizes = [m.ids.numel() for m in tdata.make_batches(cfg_w, tok, 3)]
     assert sizes[0] > 3 * sizes[1] and sum(sizes) <= cfg_w.batch_tokens + max(sizes)
 
 
@@ -401,19 +409,19 @@ def test_prefix_mixin_keeps_prefix_inputs_unfused(k):
 
     tok = build_tokenizer()
     cfg = replace(get_preset("smoke"), prefix_mix=1.0, noise=0.0)
-    batch = train.make_batch(cfg, tok, 0)
+    batch = tdata.make_batch(cfg, tok, 0)
     ids, mask, fuse_from = batch.ids, batch.mask, batch.fuse_from
     start = ids.shape[1] - mask.sum(-1)
     assert bool((fuse_from >= start).all()) and bool((fuse_from < ids.shape[1]).all())
     assert bool((fuse_from > start).any())  # prefix_mix=1: some rows do have a prefix
 
-    model = train.build_model(cfg, len(tok)).eval()
+    model = tmodel.build_model(cfg, len(tok)).eval()
     inputs = []
     hook = decoder_layers(model.lm)[0].register_forward_pre_hook(
         lambda mod, args, kwargs: inputs.append((args[0] if args else kwargs["hidden_states"]).clone()),
         with_kwargs=True)
     try:
-        train.multipass_loss(model, ids, mask, k, cfg, fuse_from)
+        tloss.multipass_loss(model, ids, mask, k, cfg, fuse_from)
     finally:
         hook.remove()
     assert len(inputs) == k
@@ -456,7 +464,7 @@ def runs(tmp_path_factory):
     """A 4-step smoke run straight, and the same recipe stopped after its step-2 checkpoint then resumed."""
     base = tmp_path_factory.mktemp("runs")
     straight, split, stopped = base / "straight", base / "split", base / "stopped"
-    real_save = train.save_checkpoint
+    real_save = tloop.save_checkpoint
 
     def save_then_stop(model, tok, opt, cfg, step, log, out):
         real_save(model, tok, opt, cfg, step, log, out)
@@ -464,14 +472,14 @@ def runs(tmp_path_factory):
             raise _Stop  # as if the job were killed right after its step-2 checkpoint
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(train, "quick_eval", _cheap_eval)
-        train.main(FAST + ["--out", str(straight), "--steps", "4", "--save-every", "2"])
-        mp.setattr(train, "save_checkpoint", save_then_stop)
+        mp.setattr(tloop, "quick_eval", _cheap_eval)
+        tcli.main(FAST + ["--out", str(straight), "--steps", "4", "--save-every", "2"])
+        mp.setattr(tloop, "save_checkpoint", save_then_stop)
         with pytest.raises(_Stop):
-            train.main(FAST + ["--out", str(split), "--steps", "4", "--save-every", "2"])
+            tcli.main(FAST + ["--out", str(split), "--steps", "4", "--save-every", "2"])
         shutil.copytree(split, stopped)
-        mp.setattr(train, "save_checkpoint", real_save)
-        train.main(FAST + ["--out", str(split), "--steps", "4", "--save-every", "2", "--resume"])
+        mp.setattr(tloop, "save_checkpoint", real_save)
+        tcli.main(FAST + ["--out", str(split), "--steps", "4", "--save-every", "2", "--resume"])
     return {"straight": straight, "split": split, "stopped": stopped}
 
 
@@ -488,8 +496,8 @@ def test_resume_continues_bit_identically(runs):
     assert [h["step"] for h in log_b["history"]] == [1, 2, 3, 4]
     assert log_a["history"] == log_b["history"]  # losses per step and per pass, batches, pass counts
     assert "config_changes" not in log_b, "a plain resume is not a change of recipe"
-    sa, sb = (train._unflatten(m["optimizer"], t) | {"step": m["step"]}
-              for m, t in (train.read_trainer_state(runs[r]) for r in ("straight", "split")))
+    sa, sb = (tckpt._unflatten(m["optimizer"], t) | {"step": m["step"]}
+              for m, t in (tckpt.read_trainer_state(runs[r]) for r in ("straight", "split")))
     assert sa["step"] == sb["step"] == 4
     for pa, pb in zip(sa["state"].values(), sb["state"].values()):
         assert all(torch.equal(pa[n], pb[n]) for n in pa)
@@ -501,48 +509,72 @@ def test_resume_continues_bit_identically(runs):
     assert len({h["passes"] for h in log_a["history"]}) > 1
 
 
-@pytest.mark.parametrize("name", ["tiny-base", "tiny-fbt", "tiny-std", "tiny-fbt-no3", "smoke"])
-def test_logged_config_reads_back_equal(name):
-    """A resume compares the log's config with to_dict(): it must survive JSON, or every resume looks like
-    a change of recipe (the shipped presets' tuple task_weights once did)."""
-    d = get_preset(name).to_dict()
-    assert json.loads(json.dumps(d)) == d
+def test_resume_into_a_one_pass_step_is_bit_identical(tmp_path, monkeypatch):
+    """Resumed after step 1 (3 passes) into step 2 (1 pass, the fusion unused): AdamW must go on stepping the
+    fusion from its zero gradient as the straight run does (a fresh process once skipped it)."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(tloop, "quick_eval", _cheap_eval)
+    argv = FAST + ["--steps", "3", "--eval-every", "1000", "--save-every", "1000"]
+    tcli.main(argv + ["--out", str(tmp_path / "straight")])
+    tcli.main(argv + ["--out", str(tmp_path / "split"), "--stop-at", "1"])
+    tcli.main(argv + ["--out", str(tmp_path / "split"), "--resume"])
+    passes = [h["passes"] for h in json.loads((tmp_path / "straight" / "train_log.json").read_text())["history"]]
+    assert passes[0] > 1 and passes[1] == 1  # the case this test is about
+    a = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_logged_config_reads_back_as_the_recipe(name, tmp_path):
+    """A resume compares the config read back from train_log.json with to_dict(): equal, or every resume looks
+    like a change of recipe (the shipped presets' tuple task_weights once did). And the logged config is the
+    whole recipe: rebuilt from it, the preset comes back (to_dict leaves out only options that are off)."""
+    from common.io import json_text
+
+    cfg = get_preset(name)
+    (tmp_path / "log.json").write_text(json_text({"config": cfg.to_dict()}))  # as save_checkpoint writes the log
+    logged = json.loads((tmp_path / "log.json").read_text())["config"]
+    assert logged == cfg.to_dict()
+    assert TrainConfig(**logged) == cfg
+    assert replace(cfg, seed=cfg.seed + 1).to_dict() != logged  # the comparison does tell recipes apart
 
 
 def test_lr_legs_follow_the_cosine_of_each_leg():
     cfg = replace(get_preset("smoke"), steps=40, warmup=5, lr_legs=(10, 25))
     for end, steps in ((10, range(0, 10)), (25, range(10, 25)), (40, range(25, 40))):
         leg = replace(cfg, steps=end, lr_legs=())
-        assert all(train.lr_at(cfg, s) == train.lr_at(leg, s) for s in steps)
+        assert all(tloop.lr_at(cfg, s) == tloop.lr_at(leg, s) for s in steps)
     # Each new leg jumps back up to where the longer cosine stands, then decays to the floor at its end.
-    assert train.lr_at(cfg, 10) > train.lr_at(cfg, 9) and train.lr_at(cfg, 25) > train.lr_at(cfg, 24)
-    assert train.lr_at(cfg, 39) == pytest.approx(0.1 * cfg.lr, rel=0.05)  # one step short of the floor
+    assert tloop.lr_at(cfg, 10) > tloop.lr_at(cfg, 9) and tloop.lr_at(cfg, 25) > tloop.lr_at(cfg, 24)
+    assert tloop.lr_at(cfg, 39) == pytest.approx(0.1 * cfg.lr, rel=0.05)  # one step short of the floor
 
 
 def test_lr_legs_run_equals_the_chain_of_resumed_runs(tmp_path, monkeypatch):
     """One run with --lr-legs 3 is bit-identical to a 3-step run resumed with --steps 6 (how tiny-fbt was made)."""
     from safetensors.torch import load_file
 
-    monkeypatch.setattr(train, "quick_eval", _cheap_eval)
+    monkeypatch.setattr(tloop, "quick_eval", _cheap_eval)
     one, chain = tmp_path / "one", tmp_path / "chain"
-    train.main(FAST + ["--out", str(one), "--steps", "6", "--lr-legs", "3"])
-    train.main(FAST + ["--out", str(chain), "--steps", "3"])
-    train.main(FAST + ["--out", str(chain), "--steps", "6", "--resume"])
+    tcli.main(FAST + ["--out", str(one), "--steps", "6", "--lr-legs", "3"])
+    tcli.main(FAST + ["--out", str(chain), "--steps", "3"])
+    tcli.main(FAST + ["--out", str(chain), "--steps", "6", "--resume"])
     a, b = load_file(str(one / "model.safetensors")), load_file(str(chain / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     log_a = json.loads((one / "train_log.json").read_text())
     log_b = json.loads((chain / "train_log.json").read_text())
     assert log_a["history"] == log_b["history"] and len(log_a["history"]) == 6
     assert log_a["config"]["lr_legs"] == [3] and "lr_legs" not in log_b["config"]
-    from models.card import write_card
+    from training.card import write_card
     for run in (one, chain):  # the card names the legs either way
         assert "re-spread at steps 3 (legs)" in write_card(run, "cmd")
     # A --steps override of a legged preset keeps only the legs that end before it, so the chain's legs can be
     # run from the preset as they were (without the filter, --steps 2 under legs (2,) would be an error).
     legged = replace(get_preset("smoke"), lr_legs=(2,))
-    monkeypatch.setattr(train, "get_preset", lambda name: replace(legged))
+    monkeypatch.setattr(tcli, "get_preset", lambda name: replace(legged))
     for steps, want in ((2, None), (3, [2])):
-        train.main(FAST + ["--out", str(tmp_path / f"legged{steps}"), "--steps", str(steps)])
+        tcli.main(FAST + ["--out", str(tmp_path / f"legged{steps}"), "--steps", str(steps)])
         cfg = json.loads((tmp_path / f"legged{steps}" / "train_log.json").read_text())["config"]
         assert cfg.get("lr_legs") == want and cfg["steps"] == steps
 
@@ -552,12 +584,12 @@ def test_shared_one_pass_phase_then_another_preset_is_identical(tmp_path, monkey
     straight: the curriculum phase is identical for every schedule, so presets can share it exactly."""
     from safetensors.torch import load_file
 
-    monkeypatch.setattr(train, "quick_eval", _cheap_eval)
+    monkeypatch.setattr(tloop, "quick_eval", _cheap_eval)
     common = FAST + ["--steps", "4", "--save-every", "2", "--curriculum-steps", "2"]
-    train.main(common + ["--out", str(tmp_path / "straight")])
-    train.main(common + ["--out", str(tmp_path / "shared"), "--schedule", "1", "--stop-at", "2"])
+    tcli.main(common + ["--out", str(tmp_path / "straight")])
+    tcli.main(common + ["--out", str(tmp_path / "shared"), "--schedule", "1", "--stop-at", "2"])
     assert json.loads((tmp_path / "shared" / "train_log.json").read_text())["history"][-1]["step"] == 2
-    train.main(common + ["--out", str(tmp_path / "shared"), "--resume"])
+    tcli.main(common + ["--out", str(tmp_path / "shared"), "--resume"])
     a = load_file(str(tmp_path / "straight" / "model.safetensors"))
     b = load_file(str(tmp_path / "shared" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -574,7 +606,7 @@ def test_checkpoint_loads_as_a_model(runs):
 # ----- bad input -----------------------------------------------------------------------------------------------
 def _expect_error(argv, capsys, match):
     with pytest.raises(SystemExit) as e:
-        train.main(argv)
+        tcli.main(argv)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err, err
@@ -637,18 +669,54 @@ def test_resume_from_other_architecture(runs, tmp_path, capsys):
     assert _snapshot(out) == before
 
 
-def test_help_lists_every_flag(capsys):
-    import inspect
+# The flags of the hand-written parser the derived one replaced: existing commands must still run.
+EARLIER_FLAGS = (
+    "--base --batch-tokens --consistency --consistency-layers --consistency-window --curriculum-max-n "
+    "--curriculum-seq-len --curriculum-steps --dense-targets --depth-scale --distractors --eval-every "
+    "--fixed-point-prob --fixed-point-tol --gate-init --gate-std --label-weight --lam --length-doubling "
+    "--length-start --lr --lr-legs --no-dense-targets --no-packing --no-progress --no-skip-values --noise "
+    "--objective --out --overwrite --packing --prefix-mix --preset --reads --register-curriculum --resume "
+    "--save-every --schedule --seed --seq-len --skip-values --steps --stop-at --targets --task-weights --tasks "
+    "--threads --untied --warm-passes --warm-prob").split()
 
-    flags = set(re.findall(r'add_argument\("(--[a-z-]+)"', inspect.getsource(train.parse_args)))
-    assert {"--preset", "--out", "--resume", "--overwrite", "--steps", "--schedule", "--noise", "--base",
-            "--threads", "--no-progress"} <= flags
+
+def test_every_recipe_field_is_a_flag_with_help_and_bounds(capsys):
+    from dataclasses import fields
+
+    from training.config import FLOAT_LIMITS, INT_LIMITS, bounds_text
+
+    parser = tcli.build_parser()
+    by_dest: dict = {}
+    for action in parser._actions:
+        by_dest.setdefault(action.dest, []).append(action)
+    for f in fields(TrainConfig):
+        actions = by_dest.get(f.name)
+        assert actions, f"no flag for {f.name}"
+        assert all(a.help and a.default is None for a in actions), f.name  # unset: the preset's value stays
+        if f.name in INT_LIMITS or f.name in FLOAT_LIMITS:
+            assert actions[0].help.endswith("; " + bounds_text(f.name)), f.name
+    options = [o for a in parser._actions for o in a.option_strings]
+    assert set(EARLIER_FLAGS) <= set(options), sorted(set(EARLIER_FLAGS) - set(options))
     with pytest.raises(SystemExit) as e:
-        train.main(["--help"])
+        tcli.main(["--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
-    missing = [f for f in sorted(flags) if f not in text]
+    missing = [o for o in options if o not in text]
     assert not missing, missing
+
+
+def test_derived_flags_reach_the_recipe():
+    """A flag of each kind lands in its field: integer, float, word, switch (both ways), text, alias."""
+    cfg = tcli.config_of(tcli.parse_args(["--preset", "smoke", "--warmup", "3", "--weight-decay", "0.5",
+                                          "--arch", "gpt2", "--no-tie-embeddings", "--depth-scale",
+                                          "--distractors", "0:1,8:3", "--tasks", "memory"]))
+    smoke = get_preset("smoke")
+    assert (cfg.warmup, cfg.weight_decay, cfg.arch, cfg.tie_embeddings, cfg.depth_scale) == (3, 0.5, "gpt2", False, True)
+    assert cfg.distractors == {0: 1.0, 8: 3.0} and cfg.tasks == ("memory",)
+    assert replace(cfg, warmup=smoke.warmup, weight_decay=smoke.weight_decay, arch=smoke.arch, tie_embeddings=True,
+                   depth_scale=False, distractors=smoke.distractors, tasks=smoke.tasks) == smoke  # nothing else moved
+    assert tcli.config_of(tcli.parse_args(["--preset", "smoke", "--untied"])).tie_embeddings is False
+    assert tcli.config_of(tcli.parse_args(["--preset", "smoke"])) == smoke
 
 
 # ----- the real CLI --------------------------------------------------------------------------------------------
@@ -656,33 +724,16 @@ def _env():
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 
 
-# Subprocess timeouts are hang guards only: idle, the torchrun run takes ~15 s, but a niced run on a CPU shared
-# with training jobs was measured at >2 min just to import torch.
+# Subprocess timeouts are hang guards only: a niced run on a CPU shared with training jobs was measured at >2 min
+# just to import torch.
 
 
 def test_cli_error_in_a_subprocess(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "models.train", "--preset", "nope", "--out", str(tmp_path / "x")],
+    r = subprocess.run([sys.executable, "-m", "training.train", "--preset", "nope", "--out", str(tmp_path / "x")],
                        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error: unknown preset 'nope'") and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
-
-
-def test_torchrun_two_processes_on_cpu(tmp_path):
-    torchrun = Path(sys.executable).with_name("torchrun")
-    if not torchrun.exists():
-        pytest.skip("torchrun not installed beside this Python")
-    out = tmp_path / "ddp"
-    cmd = [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "models.train", *FAST,
-           "--out", str(out), "--steps", "2", "--eval-every", "1000", "--save-every", "1000"]
-    r = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "done: 2 steps" in r.stdout
-    model = FullBandwidthLM.from_pretrained(out)
-    assert model.has_fusion
-    log = json.loads((out / "train_log.json").read_text())
-    assert [h["step"] for h in log["history"]] == [1, 2]
-    assert train.read_trainer_state(out)[0]["step"] == 2
 
 
 def test_untied_model_round_trips(tmp_path):
@@ -690,7 +741,7 @@ def test_untied_model_round_trips(tmp_path):
     from models.full_bandwidth import FullBandwidthLM
 
     cfg = replace(get_preset("smoke"), tie_embeddings=False)
-    model = train.build_model(cfg, 39)
+    model = tmodel.build_model(cfg, 39)
     emb, head = model.lm.get_input_embeddings().weight, model.lm.get_output_embeddings().weight
     assert emb.data_ptr() != head.data_ptr() and not torch.equal(emb, head)
     model.save_pretrained(tmp_path / "u")
@@ -705,7 +756,7 @@ def test_reads_make_every_answer_a_weighted_label_target():
     tok = build_tokenizer()
     cfg = replace(get_preset("smoke"), packing=False, skip_values=True, batch_tokens=900, tasks=("multi_register",),
                   reads=4, distractors={0: 1.0})
-    (mb,) = train.make_batches(cfg, tok, 2)
+    (mb,) = tdata.make_batches(cfg, tok, 2)
     v, c = tok.convert_tokens_to_ids("value"), tok.convert_tokens_to_ids(":")
     after = torch.zeros_like(mb.label_pos)
     after[:, 2:] = (mb.ids[:, :-2] == v) & (mb.ids[:, 1:-1] == c)
@@ -721,7 +772,7 @@ def test_reads_make_every_answer_a_weighted_label_target():
 
 @pytest.mark.parametrize("packing", [False, True])
 def test_register_curriculum_ramps_to_the_task(packing):
-    from models.presets import REGISTER_LEVELS
+    from training.config import REGISTER_LEVELS
     from tasks import build_tokenizer
 
     tok = build_tokenizer()
@@ -733,7 +784,7 @@ def test_register_curriculum_ramps_to_the_task(packing):
 
     def widest(step):  # most distinct registers written in one sample, most writes of one register in one sample
         regs, writes = 0, 0
-        for b in train.make_batches(cfg, tok, step):
+        for b in tdata.make_batches(cfg, tok, step):
             for row in b.ids.tolist():
                 start = 0
                 for end in [i for i, t in enumerate(row) if t == get]:  # a packed row streams samples (last one cut)
@@ -751,13 +802,13 @@ def test_register_curriculum_ramps_to_the_task(packing):
     # during the ramp: levels drawn uniformly from the unlocked ones, the plain lookup among them to the end
     rng = np.random.default_rng(0)
     for step, unlocked in ((0, 1), (9, 1), (10, 2), (45, 5), (79, 8)):
-        drawn = {train._register_level(cfg, step, rng) for _ in range(400)}
+        drawn = {tdata._register_level(cfg, step, rng) for _ in range(400)}
         assert drawn == set(REGISTER_LEVELS[:unlocked]), step
     # past its end the curriculum leaves no trace: the batches are exactly those of a run without it (off is the
     # default and omitted from the logged config)
     plain = replace(cfg, register_curriculum=0)
     assert "register_curriculum" not in plain.to_dict() and cfg.to_dict()["register_curriculum"] == 80
-    assert torch.equal(train.make_batches(plain, tok, 3)[0].ids, train.make_batches(replace(cfg, register_curriculum=3),
+    assert torch.equal(tdata.make_batches(plain, tok, 3)[0].ids, tdata.make_batches(replace(cfg, register_curriculum=3),
                                                                                        tok, 3)[0].ids)
     with pytest.raises(UserError, match="register_curriculum"):
         replace(cfg, register_curriculum=-1)
@@ -769,12 +820,12 @@ def test_unit_gate_init_makes_the_gate_token_dependent():
     tok = build_tokenizer()
     pre = {}
     for init in ("default", "unit"):
-        model = train.build_model(replace(get_preset("smoke"), gate_init=init), len(tok))
+        model = tmodel.build_model(replace(get_preset("smoke"), gate_init=init), len(tok))
         emb = model.embed(torch.arange(len(tok))[None])[0]
         pre[init] = float(model.fusion.gate(emb).detach().std())
     assert pre["default"] < 0.1  # sigmoid ~0.5 for every token: the token barely reaches its fused input
     assert 0.7 < pre["unit"] < 1.3
-    model = train.build_model(replace(get_preset("smoke"), gate_init="unit", gate_std=3.0), len(tok))
+    model = tmodel.build_model(replace(get_preset("smoke"), gate_init="unit", gate_std=3.0), len(tok))
     assert 2.1 < float(model.fusion.gate(model.embed(torch.arange(len(tok))[None])[0]).detach().std()) < 3.9
     with pytest.raises(UserError, match="gate_std"):
         replace(get_preset("smoke"), gate_std=0.0)
@@ -786,11 +837,11 @@ def test_task_weights_flag_sets_the_token_shares(tmp_path, monkeypatch):
     """--task-weights reaches the config (and the training log) and so the per-task micro-batch sizes."""
     from tasks import build_tokenizer
 
-    monkeypatch.setattr(train, "quick_eval", _cheap_eval)
+    monkeypatch.setattr(tloop, "quick_eval", _cheap_eval)
     out = tmp_path / "w"
-    train.main(FAST + ["--out", str(out), "--steps", "1", "--no-packing", "--task-weights", "0.1,0.1,0.8"])
+    tcli.main(FAST + ["--out", str(out), "--steps", "1", "--no-packing", "--task-weights", "0.1,0.1,0.8"])
     cfg = json.loads((out / "train_log.json").read_text())["config"]
     assert cfg["task_weights"] == [0.1, 0.1, 0.8] and cfg["packing"] is False
     run = replace(get_preset("smoke"), packing=False, task_weights=tuple(cfg["task_weights"]), distractors={0: 1.0})
-    sizes = [m.ids.numel() for m in train.make_batches(run, build_tokenizer(), 0)]
+    sizes = [m.ids.numel() for m in tdata.make_batches(run, build_tokenizer(), 0)]
     assert sizes[2] > 3 * max(sizes[:2])

@@ -1,4 +1,4 @@
-"""`python -m models.train` under bad input, divergence, crafted files, concurrent runs and failed overwrites
+"""`python -m training.train` under bad input, divergence, crafted files, concurrent runs and failed overwrites
 (issue "reliability pass"): every refusal is one stderr line and exit 2 before anything is touched, a NaN run is
 never saved, resume runs no pickle, --overwrite replaces an earlier run only once the new one is complete, and
 no temporary survives.
@@ -20,10 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import models.train as train
 from common.errors import UserError
 from common.io import DirLock
-from models.presets import get_preset
+from training.presets import get_preset
+import training.checkpoint as tckpt
+import training.cli as tcli
+import training.loop as tloop
+import training.loss as tloss
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--preset", "smoke", "--threads", "1", "--no-progress", "--eval-every", "1000"]
@@ -37,7 +40,7 @@ def _cheap_eval(model, tok, cfg):  # quick_eval costs seconds on a shared CPU; i
 
 @pytest.fixture(autouse=True)
 def cheap_eval(monkeypatch):
-    monkeypatch.setattr(train, "quick_eval", _cheap_eval)
+    monkeypatch.setattr(tloop, "quick_eval", _cheap_eval)
 
 
 def _snapshot(path: Path) -> dict:
@@ -48,7 +51,7 @@ def _snapshot(path: Path) -> dict:
 
 def _expect_error(argv, capsys, match, code=2):
     with pytest.raises(SystemExit) as e:
-        train.main(argv)
+        tcli.main(argv)
     err = capsys.readouterr().err.strip()
     assert e.value.code == code, err
     assert len(err.splitlines()) == 1, err
@@ -62,15 +65,15 @@ def ckpt(tmp_path_factory):
     """A finished 2-step smoke run (a checkpoint that --resume and --overwrite can meet)."""
     out = tmp_path_factory.mktemp("ckpt") / "run"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(train, "quick_eval", _cheap_eval)
-        train.main(FAST + ["--out", str(out), "--steps", "4", "--stop-at", "2", "--save-every", "1"])
+        mp.setattr(tloop, "quick_eval", _cheap_eval)
+        tcli.main(FAST + ["--out", str(out), "--steps", "4", "--stop-at", "2", "--save-every", "1"])
     return out
 
 
 def _copy(ckpt: Path, tmp_path: Path, extra=("eval.json", "MODEL_CARD.md")) -> Path:
     out = tmp_path / "old"
     shutil.copytree(ckpt, out)
-    for name in extra:  # what models.evaluate / models.card put beside a checkpoint
+    for name in extra:  # what analysis.evaluate / training.card put beside a checkpoint
         (out / name).write_text(f"old {name}\n")
     return out
 
@@ -94,7 +97,7 @@ def test_non_finite_flags_are_refused_up_front(tmp_path, capsys, flag, value):
 
 def test_float_flags_show_their_range_in_help(capsys):
     with pytest.raises(SystemExit) as e:
-        train.main(["--help"])
+        tcli.main(["--help"])
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     for bound in ("lambda, weight of the later passes; [0, 1000]", "peak learning rate; (0, 1]",
@@ -106,7 +109,7 @@ class _Diverge:
     """multipass_loss, turned NaN from its `at`-th call on (one call per step: packed smoke batches)."""
 
     def __init__(self, at: int):
-        self.at, self.calls, self.real = at, 0, train.multipass_loss
+        self.at, self.calls, self.real = at, 0, tloss.multipass_loss
 
     def __call__(self, *a, **kw):
         total, parts = self.real(*a, **kw)
@@ -118,13 +121,13 @@ def _finite_checkpoint_at(out: Path, step: int) -> None:
     from safetensors.torch import load_file
 
     assert all(bool(torch.isfinite(t).all()) for t in load_file(str(out / "model.safetensors")).values())
-    meta, tensors = train.read_trainer_state(out)
+    meta, tensors = tckpt.read_trainer_state(out)
     assert meta["step"] == step and all(bool(torch.isfinite(t).all()) for t in tensors.values())
     assert "NaN" not in (out / "train_log.json").read_text()
 
 
 def test_nan_loss_stops_training_and_is_never_saved(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(train, "multipass_loss", _Diverge(at=2))
+    monkeypatch.setattr(tloss, "multipass_loss", _Diverge(at=2))
     out = tmp_path / "run"
     _expect_error(FAST + ["--out", str(out), "--steps", "4", "--save-every", "1"], capsys,
                   r"training diverged at step 2: non-finite loss nan.*last checkpoint .* is step 1")
@@ -151,7 +154,7 @@ def test_non_finite_parameter_stops_training(tmp_path, capsys, monkeypatch):
 def test_divergence_under_overwrite_keeps_the_earlier_run(ckpt, tmp_path, capsys, monkeypatch):
     old = _copy(ckpt, tmp_path)
     before = _snapshot(old)
-    monkeypatch.setattr(train, "multipass_loss", _Diverge(at=3))
+    monkeypatch.setattr(tloss, "multipass_loss", _Diverge(at=3))
     _expect_error(FAST + ["--out", str(old), "--overwrite", "--steps", "4", "--save-every", "1"], capsys,
                   "diverged at step 3.*still holds the earlier run")
     assert _snapshot(old) == before
@@ -175,14 +178,14 @@ def test_crafted_trainer_state_runs_no_code(ckpt, tmp_path, capsys, where):
     marker = tmp_path / "pwned"
     payload = {"step": 2, "optimizer": _Payload(marker)}
     if where == "legacy":  # an old-style trainer_state.pt, the new state gone
-        (out / train.STATE_FILE).unlink()
-        torch.save(payload, out / train.LEGACY_STATE_FILE)
+        (out / tckpt.STATE_FILE).unlink()
+        torch.save(payload, out / tckpt.LEGACY_STATE_FILE)
         match = r"--resume: .* holds trainer_state\.pt.*pickle.*not loaded"
     elif where == "renamed-pickle":
-        (out / train.STATE_FILE).write_bytes(pickle.dumps(payload))
+        (out / tckpt.STATE_FILE).write_bytes(pickle.dumps(payload))
         match = "--resume: corrupt checkpoint"
     else:
-        torch.save(payload, out / train.STATE_FILE)
+        torch.save(payload, out / tckpt.STATE_FILE)
         match = "--resume: corrupt checkpoint"
     before = _snapshot(out)
     _expect_error(FAST + ["--out", str(out), "--steps", "4", "--resume"], capsys, match)
@@ -194,25 +197,25 @@ def test_resume_never_calls_torch_load_and_stays_bit_identical(ckpt, tmp_path, m
     from safetensors.torch import load_file
 
     straight = tmp_path / "straight"
-    train.main(FAST + ["--out", str(straight), "--steps", "4", "--save-every", "1"])
+    tcli.main(FAST + ["--out", str(straight), "--steps", "4", "--save-every", "1"])
     split = shutil.copytree(ckpt, tmp_path / "split")
 
     def no_pickle(*a, **kw):
         raise AssertionError("torch.load called on resume")
 
     monkeypatch.setattr(torch, "load", no_pickle)
-    train.main(FAST + ["--out", str(split), "--steps", "4", "--save-every", "1", "--resume"])
+    tcli.main(FAST + ["--out", str(split), "--steps", "4", "--save-every", "1", "--resume"])
     a, b = load_file(str(straight / "model.safetensors")), load_file(str(split / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    sa, ta = train.read_trainer_state(straight)
-    sb, tb = train.read_trainer_state(split)
+    sa, ta = tckpt.read_trainer_state(straight)
+    sb, tb = tckpt.read_trainer_state(split)
     assert sa["optimizer"] == sb["optimizer"] and ta.keys() == tb.keys()
     assert all(torch.equal(ta[k], tb[k]) for k in ta)
     # the optimizer state goes back exactly as it came (tuples, int keys, 0-dim step tensors)
     opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), betas=(0.9, 0.95))
     sd = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2)}}, "param_groups": opt.state_dict()["param_groups"]}
     tensors: dict = {}
-    back = train._unflatten(train._flatten(sd, tensors), tensors)
+    back = tckpt._unflatten(tckpt._flatten(sd, tensors), tensors)
     assert back["param_groups"] == sd["param_groups"] and back["param_groups"][0]["betas"] == (0.9, 0.95)
     assert torch.equal(back["state"][0]["step"], sd["state"][0]["step"])
 
@@ -220,7 +223,7 @@ def test_resume_never_calls_torch_load_and_stays_bit_identical(ckpt, tmp_path, m
 def test_resume_refuses_a_model_from_another_save(ckpt, tmp_path, capsys):
     out = shutil.copytree(ckpt, tmp_path / "run")
     other = tmp_path / "other"
-    train.main(FAST + ["--out", str(other), "--steps", "4", "--stop-at", "1"])
+    tcli.main(FAST + ["--out", str(other), "--steps", "4", "--stop-at", "1"])
     shutil.copy(other / "model.safetensors", out / "model.safetensors")  # as a save cut short would leave it
     _expect_error(FAST + ["--out", str(out), "--steps", "4", "--resume"], capsys,
                   "corrupt checkpoint.*model.safetensors is not the one")
@@ -240,14 +243,14 @@ def test_invalid_stop_at_under_overwrite_deletes_nothing(tmp_path, capsys):
 
 
 def test_overwrite_replaces_every_file_of_the_earlier_run(ckpt, tmp_path):
-    old = _copy(ckpt, tmp_path, extra=("eval.json", "MODEL_CARD.md", train.LEGACY_STATE_FILE))
+    old = _copy(ckpt, tmp_path, extra=("eval.json", "MODEL_CARD.md", tckpt.LEGACY_STATE_FILE))
     (old / ".train_log.json.abc123.tmp").write_text("a killed run's temporary")
     mode = old.stat().st_mode
-    train.main(FAST + ["--out", str(old), "--overwrite", "--steps", "3", "--seed", "5"])
+    tcli.main(FAST + ["--out", str(old), "--overwrite", "--steps", "3", "--seed", "5"])
     names = sorted(p.name for p in old.iterdir())
     assert names == sorted(["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                            train.LOG_FILE, train.STATE_FILE]), names
-    meta, _ = train.read_trainer_state(old)
+                            tckpt.LOG_FILE, tckpt.STATE_FILE]), names
+    meta, _ = tckpt.read_trainer_state(old)
     assert meta["step"] == 3 and meta["config"]["seed"] == 5
     assert old.stat().st_mode == mode
     _no_leftovers(tmp_path)
@@ -261,17 +264,17 @@ class _Interrupt(BaseException):
 def test_failed_overwrite_keeps_the_earlier_run(ckpt, tmp_path, capsys, monkeypatch, kind):
     old = _copy(ckpt, tmp_path)
     before = _snapshot(old)
-    real = train.save_checkpoint
+    real = tloop.save_checkpoint
 
     def save_then_fail(model, tok, opt, cfg, step, log, out):
         real(model, tok, opt, cfg, step, log, out)
         if step == 2:  # after a complete new checkpoint, before the run's end
             raise KeyboardInterrupt if kind == "interrupt" else UserError("disk full (simulated)")
 
-    monkeypatch.setattr(train, "save_checkpoint", save_then_fail)
+    monkeypatch.setattr(tloop, "save_checkpoint", save_then_fail)
     if kind == "interrupt":
         with pytest.raises(SystemExit) as e:
-            train.main(FAST + ["--out", str(old), "--overwrite", "--steps", "4", "--save-every", "1"])
+            tcli.main(FAST + ["--out", str(old), "--overwrite", "--steps", "4", "--save-every", "1"])
         assert e.value.code == 130
     else:
         _expect_error(FAST + ["--out", str(old), "--overwrite", "--steps", "4", "--save-every", "1"], capsys,
@@ -301,7 +304,7 @@ def test_stale_staging_folder_of_a_killed_run_is_removed(ckpt, tmp_path):
     stale = tmp_path / ".old.staging-killed"
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"half")
-    train.main(FAST + ["--out", str(old), "--overwrite", "--steps", "1"])
+    tcli.main(FAST + ["--out", str(old), "--overwrite", "--steps", "1"])
     _no_leftovers(tmp_path)
 
 
@@ -355,7 +358,7 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, ar
     def no_work(*a, **kw):
         raise AssertionError("a model was built for a run that was bound to fail")
 
-    monkeypatch.setattr(train, "build_model", no_work)
+    monkeypatch.setattr(tloop, "build_model", no_work)
     out = tmp_path / "x"
     _expect_error(FAST + ["--out", str(out)] + argv, capsys, match)
     assert not out.exists()
@@ -364,8 +367,8 @@ def test_bad_input_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, ar
 def test_seq_len_beyond_the_base_models_context_is_refused(tmp_path, capsys, monkeypatch):
     short = replace(get_preset("smoke"), max_len=64, seq_len=32, curriculum_seq_len=32)
     with monkeypatch.context() as mp:
-        mp.setattr(train, "get_preset", lambda name: replace(short))
-        train.main(FAST + ["--out", str(tmp_path / "base"), "--steps", "1"])
+        mp.setattr(tcli, "get_preset", lambda name: replace(short))
+        tcli.main(FAST + ["--out", str(tmp_path / "base"), "--steps", "1"])
     out = tmp_path / "x"
     _expect_error(FAST + ["--out", str(out), "--base", str(tmp_path / "base"), "--seq-len", "128"], capsys,
                   r"seq_len \(128\) .* context of --base .* \(64\)")
@@ -384,9 +387,17 @@ def test_recipe_values_are_checked_whatever_their_source(field, value):
         replace(get_preset("smoke"), **{field: value})
 
 
-@pytest.mark.parametrize("name", ["tiny-base", "tiny-fbt", "tiny-std", "tiny-fbt-no3", "smoke"])
-def test_shipped_recipes_stay_valid(name):
-    assert get_preset(name).steps >= 1
+@pytest.mark.parametrize("name", ["tiny-base", "tiny-fbt", "tiny-std", "tiny-fbt-no3", "tiny-fbt-track",
+                                  "tiny-std-track"])
+def test_shipped_recipes_are_the_presets(name):
+    """The recipe logged with each shipped checkpoint is its preset's (an edit to a preset that changes what
+    `--preset NAME` trains shows here), and it still validates."""
+    import json
+
+    log = ROOT / "checkpoints" / name / "train_log.json"
+    if not log.is_file():
+        pytest.skip(f"no shipped {name} checkpoint")
+    assert json.loads(log.read_text())["config"] == get_preset(name).to_dict()
 
 
 # ----- 6. output locations -------------------------------------------------------------------------------------
@@ -397,7 +408,7 @@ def test_empty_out_is_refused(capsys):
 def test_out_on_a_pseudo_file_system_is_refused(capsys, monkeypatch):
     if not os.path.isdir("/proc/self"):
         pytest.skip("no /proc")
-    monkeypatch.setattr(train, "build_model", lambda *a, **kw: pytest.fail("work started"))
+    monkeypatch.setattr(tloop, "build_model", lambda *a, **kw: pytest.fail("work started"))
     _expect_error(FAST + ["--out", "/proc/x"], capsys, "--out /proc/x")
 
 
@@ -410,7 +421,7 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
 
 def test_real_cli_error_has_no_usage_block(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "models.train", "--preset", "smoke", "--lam", "nan",
+    r = subprocess.run([sys.executable, "-m", "training.train", "--preset", "smoke", "--lam", "nan",
                         "--out", str(tmp_path / "x")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["error: argument --lam: must be a finite number in [0.0, 1000.0], got nan"]
@@ -433,11 +444,11 @@ def test_an_interrupted_save_leaves_no_temporary(tmp_path, monkeypatch, which):
     monkeypatch.setattr(safetensors.torch, "save_file", write_half_then_interrupt)
     out = tmp_path / "run"
     with pytest.raises(_Interrupt):
-        train.main(FAST + ["--out", str(out), "--steps", "1"])
+        tcli.main(FAST + ["--out", str(out), "--steps", "1"])
     left = sorted(p.name for p in out.iterdir()) if out.exists() else []  # an empty folder it made is removed
-    assert not [n for n in left if n.endswith(".tmp")] and train.STATE_FILE not in left, left
+    assert not [n for n in left if n.endswith(".tmp")] and tckpt.STATE_FILE not in left, left
     assert left == ([] if which == "model" else sorted(["config.json", "model.safetensors", "tokenizer.json",
-                                                          "tokenizer_config.json", train.LOG_FILE])), left
+                                                          "tokenizer_config.json", tckpt.LOG_FILE])), left
 
 
 def test_temporaries_of_a_killed_run_are_removed_on_resume(ckpt, tmp_path):
@@ -446,6 +457,6 @@ def test_temporaries_of_a_killed_run_are_removed_on_resume(ckpt, tmp_path):
     (out / "model.safetensors.tmp").write_bytes(b"half")
     (out / ".tokenizer.x2.tmp").mkdir()
     (out / ".tokenizer.x2.tmp" / "tokenizer.json").write_text("{")
-    train.main(FAST + ["--out", str(out), "--steps", "4", "--resume"])
+    tcli.main(FAST + ["--out", str(out), "--steps", "4", "--resume"])
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
-    assert train.read_trainer_state(out)[0]["step"] == 4
+    assert tckpt.read_trainer_state(out)[0]["step"] == 4

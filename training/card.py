@@ -1,6 +1,6 @@
 """Write MODEL_CARD.md for a trained checkpoint from its train_log.json and eval.json.
 
-    python -m models.card checkpoints/tiny-fbt --command "python -m models.train --preset tiny-fbt" --notes notes.md
+    python -m training.card checkpoints/tiny-fbt --command "python -m training.train --preset tiny-fbt" --notes notes.md
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from common.errors import UserError, cli_entry
 from models.full_bandwidth import FullBandwidthLM
-from models.evaluate import DEFAULT_MODES as DEFAULT_EVAL_MODES
+from analysis.evaluate import DEFAULT_MODES as DEFAULT_EVAL_MODES
 
 
 def eval_table(rows: list[dict], modes: list[str]) -> str:
@@ -92,7 +92,7 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                   + ("; state consistency over every block's output" if tc.get("consistency_layers") == "all" else ""),
                   f"- data: tasks {', '.join(tc.get('tasks', []))} ({_layout(tc)}), "
                   f"N mixture {tc.get('distractors')}, ~{tc.get('batch_tokens')} tokens per step"
-                  + (f"; random value symbols (digits, register names) not loss targets" if tc.get('skip_values') else "")
+                  + ("; random value symbols (digits, register names) not loss targets" if tc.get('skip_values') else "")
                   + (f"; {tc['reads']} answered reads per multi_register sample" if tc.get('reads') else "")
                   + (f"; multi_register curriculum over the first {tc['register_curriculum']} steps (2 registers "
                      f"written once -> the task)" if tc.get('register_curriculum') else ""),
@@ -108,7 +108,7 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
         modes = [m for m in dict.fromkeys(r["mode"] for r in ev["results"])
                  if not (m.startswith("fused-") and m != "fused-1")]
         lines += ["", "## Label accuracy", "",
-                  f"`python -m models.evaluate --model {path} --n-pairs {ev['meta']['n_pairs']}"
+                  f"`python -m analysis.evaluate --model {path} --n-pairs {ev['meta']['n_pairs']}"
                   + (f" --tasks {','.join(dict.fromkeys(r['task'] for r in ev['results']))}"
                      if list(dict.fromkeys(r['task'] for r in ev['results'])) != ["completion", "memory", "multi_register"]
                      else "")
@@ -127,7 +127,7 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
 
 @cli_entry
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m models.card", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m training.card", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", help="checkpoint dir")
     p.add_argument("--command", required=True, help="the exact command that reproduces the checkpoint")

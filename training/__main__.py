@@ -1,0 +1,4 @@
+"""`python -m training` = `python -m training.train`."""
+from training.cli import main
+
+main()

@@ -1,0 +1,141 @@
+"""Checkpoints: the model, its tokenizer, the training log and the trainer state (optimizer + step, no pickle)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from common.errors import UserError
+from common.io import atomic_write, json_text, remove_stale_tmp
+from models.full_bandwidth import FullBandwidthLM, load_weights
+
+STATE_FILE = "trainer_state.safetensors"  # optimizer state + step: tensors and JSON, no pickle
+LEGACY_STATE_FILE = "trainer_state.pt"  # an earlier version's pickle: never loaded (see load_resume)
+LOG_FILE = "train_log.json"
+
+# The trainer state is tensors + JSON (safetensors with a JSON header), never a pickle: loading a pickle runs
+# whatever code it names, so a crafted trainer_state.pt ran code on --resume. It is written last and records the
+# digests of the model and log files it belongs to, so a save cut short (model newer than the optimizer) is
+# refused on --resume instead of continuing from a mismatched pair.
+STATE_FORMAT = "fbt-trainer-state/1"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _flatten(obj, tensors: dict):
+    """A state dict as JSON-able data, its tensors moved into `tensors` (named t0, t1, ...)."""
+    if torch.is_tensor(obj):
+        key = f"t{len(tensors)}"
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {"__tensor__": key}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_flatten(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [_flatten(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _flatten(v, tensors) for k, v in obj.items()}
+        if all(isinstance(k, int) and not isinstance(k, bool) for k in obj):  # optimizer state: by param index
+            return {"__int_keys__": {str(k): _flatten(v, tensors) for k, v in obj.items()}}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot store a {type(obj).__name__} in the trainer state")
+
+
+def _unflatten(obj, tensors: dict):
+    if isinstance(obj, list):
+        return [_unflatten(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if set(obj) == {"__tensor__"}:
+            return tensors[obj["__tensor__"]]
+        if set(obj) == {"__tuple__"}:
+            return tuple(_unflatten(v, tensors) for v in obj["__tuple__"])
+        if set(obj) == {"__int_keys__"}:
+            return {int(k): _unflatten(v, tensors) for k, v in obj["__int_keys__"].items()}
+        return {k: _unflatten(v, tensors) for k, v in obj.items()}
+    return obj
+
+
+def remove_stale(out: Path) -> None:
+    """Temporaries a killed earlier save left in `out` (SIGKILL skips every cleanup)."""
+    remove_stale_tmp(out)
+    for name in ("model.safetensors.tmp", "config.json.tmp"):  # an earlier version's save_pretrained temporaries
+        (out / name).unlink(missing_ok=True)
+    for p in out.glob(".tokenizer.*.tmp"):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def save_checkpoint(model, tok, opt, cfg, step, log, out: Path):
+    """Model, tokenizer, log, then the trainer state (last, with the digests of the model and the log)."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    model.save_pretrained(out, tokenizer=tok)  # atomic per file, no temporary left on any exit path
+    log_text = json_text(log).encode()
+    atomic_write(out / LOG_FILE, log_text)
+    tensors: dict = {}
+    meta = {"format": STATE_FORMAT, "step": step, "config": cfg.to_dict(), "optimizer": _flatten(opt.state_dict(), tensors),
+            "model_sha256": _sha256((out / "model.safetensors").read_bytes()), "log_sha256": _sha256(log_text)}
+    atomic_write(out / STATE_FILE, lambda tmp: save_file(tensors, tmp, metadata={"trainer_state": json_text(meta, None)}))
+    (out / LEGACY_STATE_FILE).unlink(missing_ok=True)  # an earlier version's pickle must not lie beside it
+
+
+def read_trainer_state(out: Path) -> tuple[dict, dict]:
+    """(metadata, tensors) of `out`'s trainer state; no code is run, whatever the file holds."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(out) / STATE_FILE), "pt") as f:
+        meta = json.loads((f.metadata() or {})["trainer_state"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT:
+        raise ValueError(f"{STATE_FILE} is not a {STATE_FORMAT} trainer state")
+    return meta, tensors
+
+
+def check_resume_files(out: Path) -> None:
+    if not (out / STATE_FILE).is_file():
+        if (out / LEGACY_STATE_FILE).is_file():
+            raise UserError(f"--resume: {out} holds {LEGACY_STATE_FILE}, an earlier version's trainer state (a "
+                            "pickle, which can run code when loaded, so it is not loaded); start over with --overwrite")
+        raise UserError(f"--resume: no {STATE_FILE} in {out}")
+
+
+def load_resume(model, opt, cfg, out: Path):
+    check_resume_files(out)
+    saved = FullBandwidthLM.read_config(out)
+    mine = model.lm.config.to_dict()
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads",
+            "num_key_value_heads", "n_embd", "n_layer", "n_head", "n_inner")  # n_*: GPT-2 spells its sizes so
+    diff = [k for k in keys if saved["base_config"].get(k) != mine.get(k)]
+    if diff:
+        raise UserError(f"--resume: checkpoint in {out} has another architecture ({', '.join(diff)} differ)")
+    try:
+        meta, tensors = read_trainer_state(out)
+        for name, digest in (("model.safetensors", meta["model_sha256"]), (LOG_FILE, meta["log_sha256"])):
+            if not (out / name).is_file():
+                raise ValueError(f"no {name}")
+            if _sha256((out / name).read_bytes()) != digest:
+                raise ValueError(f"{name} is not the one {STATE_FILE} was saved with (a save cut short?)")
+        step = meta["step"]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"bad step {step!r}")
+        log = json.loads((out / LOG_FILE).read_text())
+        load_weights(model, out / "model.safetensors")  # names, shapes, finite values: one line each
+        opt.load_state_dict(_unflatten(meta["optimizer"], tensors))
+    except Exception as e:
+        raise UserError(f"--resume: corrupt checkpoint in {out}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
+    # The run that saved this kept a zero gradient (zero_grad(set_to_none=False)) on every parameter that has had
+    # one, so AdamW went on stepping it (moments, weight decay) in steps that leave it unused, such as the fusion in
+    # a 1-pass step; a fresh process has none, and AdamW would skip it. Those parameters are exactly the ones
+    # with optimizer state: without this, a resume into a 1-pass step was not the run continued.
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p in opt.state and p.grad is None:
+                p.grad = torch.zeros_like(p)
+    return step, log

@@ -1,0 +1,113 @@
+"""Multi-pass (Jacobi) training of a FullBandwidthLM on the synthetic task mixture.
+
+    python -m training.train --preset tiny-fbt                     # trains into checkpoints/tiny-fbt
+    python -m training.train --preset tiny-fbt --out runs/x --resume
+    torchrun --nproc_per_node=2 -m training.train --preset smoke --out runs/ddp
+
+Loss: L = NTP(pass 1) + lambda/(K-1) * sum_{k=2..K} NTP(pass k); pass k>1 fuses pass k-1's top states shifted
+right by one; gradients flow through every pass (nothing detached). K is drawn per batch from the schedule.
+Every batch is a pure function of (seed, step), so `--resume` continues bit-identically; under torchrun the
+processes split each step's batch (DistributedDataParallel), so their number does not change what is trained.
+Every flag is checked before any work; a run holds a lock on --out, stops at the first non-finite loss, gradient
+or weight without saving it, and with --overwrite replaces an earlier run only once its own last checkpoint is
+written (training.output.RunOutput). Every recipe flag overrides that value of the --preset.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields, replace
+
+import torch
+
+from common.cli import Parser, int_in, output_dir
+from common.errors import UserError, cli_entry
+from training.config import CHOICES, FLOAT_LIMITS, INT_LIMITS, MAX_STEPS, TrainConfig, bounds_text, float_flag, int_flag
+from training.loop import train
+from training.output import check_output
+from training.presets import PRESETS, checkpoint_dir, get_preset
+
+def add_recipe_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per TrainConfig field, derived from the field: --name-with-dashes, its help from the field's
+    metadata, integer and float fields bounded by INT_LIMITS / FLOAT_LIMITS (the bound shown in the help), words
+    from CHOICES, switches as --x / --no-x, and the text of any other field read by the field's `parse`. Every
+    default is None: a flag that is not given leaves the preset's value."""
+    g = p.add_argument_group("recipe (each overrides the preset's value)")
+    for f in fields(TrainConfig):
+        flag, help = "--" + f.name.replace("_", "-"), f.metadata["help"]
+        if f.name in INT_LIMITS:
+            g.add_argument(flag, type=int_flag(f.name), help=f"{help}; {bounds_text(f.name)}")
+        elif f.name in FLOAT_LIMITS:
+            g.add_argument(flag, type=float_flag(f.name), help=f"{help}; {bounds_text(f.name)}")
+        elif f.name in CHOICES:
+            g.add_argument(flag, choices=CHOICES[f.name], help=help)
+        elif isinstance(f.default, bool):
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help)
+        else:
+            g.add_argument(flag, help=help)
+    # The earlier spelling of --no-tie-embeddings, kept so that existing commands still run.
+    g.add_argument("--untied", dest="tie_embeddings", action="store_const", const=False,
+                   help="separate input and output embeddings (= --no-tie-embeddings)")
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m training.train", description=__doc__)
+    p.add_argument("--preset", default="tiny-fbt", help=f"training recipe ({', '.join(PRESETS)}); default tiny-fbt")
+    p.add_argument("--out", help="output checkpoint dir (default checkpoints/<preset>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the trainer state in --out (on any number of processes)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run in --out: the new run is built beside it and swapped in whole once "
+                        "its last checkpoint is written (an error or interrupt leaves the earlier run as it was)")
+    p.add_argument("--stop-at", type=int_in(1, MAX_STEPS),
+                   help="stop (with a checkpoint) after this step, keeping the learning-rate schedule of --steps; "
+                        "continue later with --resume, possibly under another preset (a shared 1-pass phase); "
+                        "1..the total steps")
+    p.add_argument("--threads", type=int_in(1, 256), help="torch CPU threads per process (default: all); 1..256")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where to train: cpu (default; gloo between torchrun's processes) or cuda (one GPU per "
+                        "process, LOCAL_RANK; nccl)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_recipe_flags(p)
+    return p
+
+
+def parse_args(argv):
+    return build_parser().parse_args(argv)
+
+
+def config_of(args) -> TrainConfig:
+    """The recipe: the preset with the flags' overrides, validated (TrainConfig checks itself)."""
+    cfg = get_preset(args.preset)
+    over = {}
+    for f in fields(TrainConfig):
+        v = getattr(args, f.name)
+        if v is not None and "parse" in f.metadata:
+            v = f.metadata["parse"](v)
+        if v is not None:
+            over[f.name] = v
+    if args.tasks is not None and args.task_weights is None and cfg.task_weights is not None and \
+            len(over["tasks"]) != len(cfg.tasks):
+        # The preset's token shares are per task of ITS task list; keep a share only where the task stays.
+        share = dict(zip(cfg.tasks, cfg.task_weights))
+        over["task_weights"] = tuple(share.get(t, 1.0 / len(cfg.tasks)) for t in over["tasks"])
+    if args.lr_legs is None and "steps" in over:
+        # a shorter run of a legged preset keeps the legs that end before it (one leg of the chain)
+        over["lr_legs"] = tuple(e for e in cfg.lr_legs if e < over["steps"])
+    return replace(cfg, **over)
+
+
+@cli_entry
+def main(argv=None):
+    # Everything is checked before any work and before the output directory is touched.
+    args = parse_args(argv)
+    cfg = config_of(args)
+    stop = cfg.steps if args.stop_at is None else args.stop_at
+    if not 0 < stop <= cfg.steps:
+        raise UserError(f"--stop-at must be in 1..{cfg.steps} (the total steps), got {args.stop_at}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: this torch sees no CUDA device")
+    out = output_dir(args.out if args.out is not None else checkpoint_dir(args.preset))
+    staged = check_output(out, args.resume, args.overwrite)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    train(cfg, out, staged, resume=args.resume, stop=stop, progress=not args.no_progress, device=args.device)

@@ -1,0 +1,288 @@
+"""A training recipe: the TrainConfig dataclass, its bounds, and how its text form (a flag's value) is read.
+
+Every field is also a flag of `python -m training.train`: training.cli derives the flags from the fields (help from
+the field's metadata, integer and float bounds from INT_LIMITS / FLOAT_LIMITS, the allowed words from CHOICES), so
+a new recipe option is one field here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+from common.cli import float_in, int_in
+from common.errors import UserError
+
+
+def parse_schedule(s: str) -> tuple[float, ...]:
+    """'75/22/3' -> probabilities of 1, 2, 3 passes per batch (normalized)."""
+    try:
+        parts = [float(x) for x in str(s).split("/")]
+    except ValueError:
+        raise UserError(f"bad schedule {s!r}: use weights of 1, 2, 3... passes separated by '/', e.g. 75/22/3") from None
+    if not parts or any(p < 0 for p in parts) or sum(parts) <= 0 or any(p != p for p in parts):
+        raise UserError(f"bad schedule {s!r}: weights must be non-negative with a positive sum, e.g. 75/22/3")
+    total = sum(parts)
+    return tuple(p / total for p in parts)
+
+
+# (registers, writes per register) of the multi_register curriculum, easiest first; the task is 8 x {2, 4, 8}.
+REGISTER_LEVELS = ((2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 2), (8, 4), (8, 8))
+
+
+# Bounds of a recipe's values, from a preset or a flag alike (training.cli shows them in --help).
+MAX_STEPS = 10_000_000
+MAX_PASSES = 16  # weights in a schedule: every pass keeps its activations for the backward pass
+MAX_DISTRACTORS = 1024  # largest N of the distractor mixture (the tasks' grid ends at 256)
+INT_LIMITS = {  # name: (lo, hi), inclusive
+    "n_layers": (1, 1024), "d_model": (1, 65536), "n_heads": (1, 1024), "n_kv_heads": (1, 1024),
+    "d_ff": (1, 1_048_576), "max_len": (1, 1_048_576),
+    "steps": (1, MAX_STEPS), "warmup": (0, MAX_STEPS), "eval_every": (1, MAX_STEPS), "save_every": (1, MAX_STEPS),
+    "batch_tokens": (1, 1_000_000), "seq_len": (1, 1_048_576), "curriculum_seq_len": (1, 1_048_576),
+    "curriculum_steps": (0, MAX_STEPS), "curriculum_max_n": (0, MAX_DISTRACTORS),
+    "register_curriculum": (0, MAX_STEPS), "reads": (0, 64), "warm_passes": (0, 256),
+    "consistency_window": (0, 4096), "seed": (0, 2**32 - 1), "length_doubling": (0, MAX_STEPS),
+    "length_start": (1, MAX_DISTRACTORS),
+}
+FLOAT_LIMITS = {  # name: (lo, hi, lo_open, hi_open)
+    "lam": (0.0, 1000.0, False, False), "noise": (0.0, 10.0, False, False), "prefix_mix": (0.0, 1.0, False, False),
+    "label_weight": (0.0, 1000.0, False, False), "gate_std": (0.0, 100.0, True, False),
+    "warm_prob": (0.0, 1.0, False, False), "fixed_point_prob": (0.0, 1.0, False, False),
+    "fixed_point_tol": (0.0, 1.0, False, True), "consistency": (0.0, 1000.0, False, False),
+    "lr": (0.0, 1.0, True, False), "weight_decay": (0.0, 1.0, False, False),
+}
+CHOICES = {  # name: the allowed words
+    "arch": ("qwen3", "gpt2"), "targets": ("all", "labels"), "gate_init": ("default", "unit"),
+    "consistency_layers": ("top", "all"), "objective": ("multipass", "recurrent"),
+}
+
+
+def int_flag(name: str):
+    """argparse `type=` of an integer field: within INT_LIMITS."""
+    return int_in(*INT_LIMITS[name])
+
+
+def float_flag(name: str):
+    """argparse `type=` of a float field: finite, within FLOAT_LIMITS."""
+    lo, hi, lo_open, hi_open = FLOAT_LIMITS[name]
+    return float_in(lo, hi, lo_open=lo_open, hi_open=hi_open)
+
+
+def bounds_text(name: str) -> str:
+    """The bound of a field as --help shows it, e.g. '1..10000000' or '[0, 1]'."""
+    if name in INT_LIMITS:
+        return "%d..%d" % INT_LIMITS[name]
+    lo, hi, lo_open, hi_open = FLOAT_LIMITS[name]
+    return f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+
+# ----- the text form of the fields that are not a plain number, word or switch (their flags' values) -----------
+def parse_mixture(s: str) -> dict:
+    """'0:0.3,8:0.7' -> {0: 0.3, 8: 0.7}: N in 0..MAX_DISTRACTORS, finite weights >= 0."""
+    n_of, w_of = int_in(0, MAX_DISTRACTORS), float_in(0.0)
+    try:
+        return {n_of(k): w_of(v) for k, v in (part.split(":") for part in s.split(",") if part.strip())}
+    except (ValueError, argparse.ArgumentTypeError):
+        raise UserError(f"bad --distractors {s!r}: use N:weight pairs, N in 0..{MAX_DISTRACTORS} and finite weights "
+                        ">= 0, e.g. 0:0.3,8:0.3,32:0.3,128:0.1") from None
+
+
+def parse_tasks(s: str) -> tuple:
+    return tuple(t.strip() for t in s.split(",") if t.strip())
+
+
+def parse_task_weights(s: str) -> tuple:
+    try:
+        return tuple(float(x) for x in s.split(","))
+    except ValueError:
+        raise UserError(f"bad --task-weights {s!r}: use one number per task, e.g. 0.3,0.1,0.6") from None
+
+
+def parse_lr_legs(s: str) -> tuple:
+    try:
+        return tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"--lr-legs must be comma-separated integers, got {s!r}") from None
+
+
+def parse_base(s: str) -> str | None:
+    return s or None  # '' = no override: the preset's base (as the hand-written flag had it)
+
+
+def opt(default=None, help: str = "", *, factory=None, parse=None):
+    """A field with its --help text and, for a field whose flag takes text, the function that reads the text."""
+    meta = {"help": help, **({"parse": parse} if parse else {})}
+    return field(default_factory=factory, metadata=meta) if factory else field(default=default, metadata=meta)
+
+
+@dataclass
+class TrainConfig:
+    """A training recipe. Validates itself on construction."""
+    arch: str = opt("qwen3", "architecture of a model trained from scratch (ignored with --base)")
+    n_layers: int = opt(6, "decoder blocks (from scratch)")
+    d_model: int = opt(128, "model width (from scratch)")
+    n_heads: int = opt(4, "attention heads (from scratch)")
+    n_kv_heads: int = opt(2, "key/value heads, qwen3 only (from scratch)")
+    d_ff: int = opt(256, "MLP width, qwen3 only (from scratch)")
+    max_len: int = opt(2048, "the model's context in tokens (from scratch)")
+    tie_embeddings: bool = opt(True, "tied input and output embeddings (--no-tie-embeddings: separate ones)")
+    schedule: str = opt("60/25/15", f"pass-count weights of 1, 2, 3... passes per batch, e.g. 75/22/3; finite, at "
+                                    f"most {MAX_PASSES}")
+    lam: float = opt(1.0, "lambda, weight of the later passes")
+    noise: float = opt(0.02, "uniform state noise sigma: U[-sigma, sigma] on the carried state")
+    prefix_mix: float = opt(0.5, "probability of an unfused prefix per row")
+    skip_values: bool = opt(False, "no loss on the random value symbols (digits, register names); labels stay "
+                                   "targets (training.data.value_token_ids)")
+    # at 5, labels stalled at chance for 1000+ steps
+    label_weight: float = opt(20.0, "loss weight of the label token")
+    targets: str = opt("all", "loss targets: every token (labels weighted by --label-weight) or the label tokens "
+                              "alone (docs/recipe.md, multi_register)")
+    depth_scale: bool = opt(False, "scale residual-output init by 1/sqrt(2L)")
+    gate_init: str = opt("default", "init of the fusion gate W_G: nn.Linear's default, or scaled so sigmoid's input "
+                                    "starts at std --gate-std (training.model.build_model)")
+    gate_std: float = opt(1.0, "with --gate-init unit: std of the gate's pre-activation at init (larger = a stronger "
+                               "token code in the fused input)")
+    warm_passes: int = opt(4, "max extra no-grad Jacobi passes before pass 2 (exposes near-fixed-point states)")
+    warm_prob: float = opt(0.25, "probability of warm passes in a multi-pass batch")
+    fixed_point_prob: float = opt(0.0, "probability that a multi-pass batch starts its fused passes from the exact "
+                                       "fixed point of the feedback map (the recurrent-full states; no gradient "
+                                       "through it); 0 = off (docs/recipe.md)")
+    fixed_point_tol: float = opt(0.0, "fixed-point start: try up to 16 Jacobi passes first and keep them once the "
+                                      "largest relative state change is below this (engine.prefill.fixed_point_top; "
+                                      "2-5x cheaper where the map contracts); 0 = always the exact one-token-step "
+                                      "recurrence")
+    consistency: float = opt(0.0, "weight of the state-consistency loss: each fused pass's top state is pulled toward "
+                                  "the standard pass's (detached) at every fused position, relative squared error, "
+                                  "so the standard states become a fixed point of the feedback map; 0 = off")
+    consistency_window: int = opt(0, "add the consistency term again over the last W positions before each label "
+                                     "target alone (where a standard pass holds the answer: 1 position in ~100-300 "
+                                     "of the plain mean); 0 = off")
+    consistency_layers: str = opt("top", "states the consistency term compares: the top state or every block's "
+                                         "output (mean of the per-block relative errors)")
+    distractors: dict = opt(help=f"N mixture as N:weight pairs, e.g. 0:0.3,8:0.3,32:0.3,128:0.1; N in "
+                                 f"0..{MAX_DISTRACTORS}, finite weights >= 0 with a positive sum",
+                            factory=lambda: {0: 0.3, 8: 0.3, 32: 0.3, 128: 0.1}, parse=parse_mixture)
+    tasks: tuple = opt(("completion", "memory", "multi_register"), "comma-separated training tasks",
+                       parse=parse_tasks)
+    reads: int = opt(0, "answered queries inserted into each multi_register training sample (dense supervision of "
+                        "the latest-write lookup; unpacked only)")
+    # multi_register curriculum: over the first `register_curriculum` steps its training samples come from the
+    # first levels of REGISTER_LEVELS (registers x writes: plain key-value lookups first, then latest-write with
+    # ever more overwrites), one more level unlocked every register_curriculum / 8 steps; then the task.
+    register_curriculum: int = opt(0, "steps over which multi_register training samples ramp from 2-register "
+                                      "one-write lookups to the task (8 registers, 2/4/8 writes); 0 = off")
+    task_weights: tuple | None = opt(None, "share of each step's tokens per task, one weight per training task in "
+                                           "order, e.g. 0.3,0.1,0.6 (unpacked only; default equal); finite, > 0",
+                                     parse=parse_task_weights)
+    # The global batch: a run on several processes splits it (training.data.shard), so it trains the same data.
+    batch_tokens: int = opt(2048, "approximate tokens per optimizer step, over all processes together")
+    packing: bool = opt(True, "pack several samples per row (--no-packing: one sample per row, a micro-batch per "
+                              "task)")
+    seq_len: int = opt(1024, "packed row length in tokens, at most the model's context (max_len; the base's with "
+                             "--base)")
+    curriculum_steps: int = opt(600, "initial 1-pass steps on short samples (a standard warm start)")
+    curriculum_max_n: int = opt(8, "largest N during the curriculum")
+    curriculum_seq_len: int = opt(256, "packed row length during the curriculum, at most the model's context, as "
+                                       "--seq-len")
+    lr: float = opt(2e-3, "peak learning rate")
+    weight_decay: float = opt(0.01, "AdamW weight decay")
+    warmup: int = opt(100, "linear learning-rate warm-up steps")
+    steps: int = opt(4000, "total optimizer steps")
+    # Before lr_legs[i] the cosine decays toward lr_legs[i], as if the run had been started with --steps lr_legs[i]
+    # and then resumed with a larger --steps (which re-spreads the cosine over the new total): such a chain of
+    # resumed runs in one run.
+    lr_legs: tuple = opt((), "comma-separated ends of earlier legs, e.g. 1500,3000: the cosine decays toward each in "
+                             "turn, as a run resumed with a larger --steps at each ('' = one cosine; default: the "
+                             "preset's, minus legs that do not end before --steps)", parse=parse_lr_legs)
+    seed: int = opt(0, "data and init seed")
+    eval_every: int = opt(250, "steps between evaluations")
+    save_every: int = opt(250, "steps between checkpoints")
+    base: str | None = opt(None, "warm start from an HF causal LM dir or preset (its tokenizer is kept; fresh fusion, "
+                                 "fresh optimizer)", parse=parse_base)
+    objective: str = opt("multipass", "multipass: the Jacobi objective (pass k fuses pass k-1's states); recurrent: "
+                                      "every batch runs recurrent-full and backpropagates through the whole "
+                                      "recurrence (state tracking)")
+    dense_targets: bool = opt(False, "state-tracking tasks: the running value is a loss target at the end of every "
+                                     "update line (never a token of the input), beside the final label")
+    length_doubling: int = opt(0, "length curriculum: N <= length-start * 2**(step // this) (within --distractors); "
+                                  "0 = off")
+    length_start: int = opt(4, "largest N in the first leg of the length curriculum")
+
+    def __post_init__(self):
+        # Every value is checked here, whether it comes from a preset, a flag or a caller, so that a bad one is a
+        # one-line error before any work (a NaN weight once trained a NaN checkpoint, a NaN task share looped
+        # forever, a huge batch grew memory without bound). The bounds are in LIMITS (and in --help).
+        for name, (lo, hi) in INT_LIMITS.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise UserError(f"{name} must be an integer in {lo}..{hi}, got {v!r}")
+        for name, (lo, hi, lo_open, hi_open) in FLOAT_LIMITS.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo or v > hi \
+                    or (lo_open and v == lo) or (hi_open and v == hi):
+                raise UserError(f"{name} must be a finite number in {'(' if lo_open else '['}{lo}, {hi}"
+                                f"{')' if hi_open else ']'}, got {v!r}")
+        for name, words in CHOICES.items():
+            if getattr(self, name) not in words:
+                raise UserError(f"{name} must be {' or '.join(map(repr, words))}, got {getattr(self, name)!r}")
+        self.probs = parse_schedule(self.schedule)
+        if not all(math.isfinite(p) for p in self.probs) or len(self.probs) > MAX_PASSES:
+            raise UserError(f"bad schedule {self.schedule!r}: at most {MAX_PASSES} finite weights (of 1, 2, 3... "
+                            "passes), e.g. 75/22/3")
+        if self.seq_len > self.max_len or self.curriculum_seq_len > self.max_len:
+            raise UserError(f"seq_len ({self.seq_len}) and curriculum_seq_len ({self.curriculum_seq_len}) must be at "
+                            f"most the model's max_len ({self.max_len})")
+        self.lr_legs = tuple(self.lr_legs)
+        ends = (*self.lr_legs, self.steps)
+        if any(isinstance(e, bool) or not isinstance(e, int) or e <= self.warmup for e in self.lr_legs) or \
+                any(a >= b for a, b in zip(ends, ends[1:])):
+            raise UserError(f"lr_legs must be increasing steps after the warm-up ({self.warmup}) and before "
+                            f"steps ({self.steps}), got {list(self.lr_legs)}")
+        try:
+            self.distractors = {int(k): float(v) for k, v in dict(self.distractors).items()}
+        except (TypeError, ValueError):
+            raise UserError(f"distractors must map N to a weight, got {self.distractors!r}") from None
+        if not self.distractors or any(not 0 <= k <= MAX_DISTRACTORS or not math.isfinite(v) or v < 0
+                                       for k, v in self.distractors.items()) or sum(self.distractors.values()) <= 0:
+            raise UserError(f"distractors must map N in 0..{MAX_DISTRACTORS} to finite non-negative weights with a "
+                            f"positive sum, got {self.distractors}")
+        from tasks import ALL_TASKS, TRACKING_TASKS
+        self.tasks = tuple(self.tasks)
+        bad = [t for t in self.tasks if t not in ALL_TASKS]
+        if bad or not self.tasks:
+            raise UserError(f"unknown task(s) {', '.join(map(str, bad)) or '(none)'}; valid tasks: {', '.join(ALL_TASKS)}")
+        if self.dense_targets and (self.packing or any(t not in TRACKING_TASKS for t in self.tasks)):
+            raise UserError("dense_targets needs unpacked batches (--no-packing) and state-tracking tasks only "
+                            f"({', '.join(TRACKING_TASKS)})")
+        if any(t in TRACKING_TASKS for t in self.tasks) and min(self.distractors) < 1:
+            raise UserError("the state-tracking tasks need N >= 1 update lines: drop N = 0 from distractors")
+        if self.task_weights is not None:
+            try:
+                self.task_weights = tuple(float(w) for w in self.task_weights)
+            except (TypeError, ValueError):
+                raise UserError("task_weights needs one positive weight per task") from None
+            if len(self.task_weights) != len(self.tasks) or \
+                    any(not math.isfinite(w) or w <= 0 for w in self.task_weights) or \
+                    not math.isfinite(sum(self.task_weights)):
+                raise UserError(f"task_weights needs one positive weight per task (finite), got {list(self.task_weights)}")
+        if self.reads and self.packing:
+            raise UserError("reads must be >= 0 and needs unpacked batches (--no-packing)")
+
+    @property
+    def max_passes(self) -> int:
+        return len(self.probs)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0),
+                          ("fixed_point_tol", 0.0), ("consistency", 0.0), ("consistency_window", 0),
+                          ("consistency_layers", "top"), ("gate_std", 1.0), ("objective", "multipass"),
+                          ("dense_targets", False), ("length_doubling", 0), ("length_start", 4)):
+            if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
+                d.pop(name)
+        if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged
+            d.pop("lr_legs")
+        # Exactly what train_log.json reads back (tuples -> lists, int keys -> str), so a plain --resume
+        # compares equal and records no config change.
+        return json.loads(json.dumps(d))

@@ -1,0 +1,186 @@
+"""The training loop: one process, or several under torchrun with DistributedDataParallel.
+
+Several processes split every step's global batch by rows (training.data.shard), each normalizing its loss by
+the global batch's counts (training.loss.Share), and DDP averages their gradients, so a step trains what one
+process would: the world size changes the float rounding, not the run (tests/test_ddp.py). Rank 0 alone writes
+the checkpoints, the log and the progress; every process holds the whole model and optimizer state, so a run can
+be resumed on any number of processes.
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from common.distributed import Processes
+from common.errors import UserError
+from tasks import build_tokenizer
+from training.checkpoint import load_resume, save_checkpoint
+from training.config import TrainConfig
+from training.data import ROW_FIELDS, make_batches, shard
+from training.loss import StepLoss, share_of
+from training.model import build_model, context_limit
+from training.output import RunOutput
+from training.quick_eval import quick_eval
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    end = next((e for e in cfg.lr_legs if step < e), cfg.steps)  # the leg this step belongs to
+    t = (step - cfg.warmup) / max(1, end - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def noise_generator(cfg: TrainConfig, step: int) -> torch.Generator:
+    """The state noise of a step: a CPU stream of (seed, step), the same in every process (each takes its rows)."""
+    return torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 97)
+
+
+def _first_nonfinite(model) -> str | None:
+    for name, p in model.named_parameters():
+        if not bool(torch.isfinite(p).all()):
+            return name
+    return None
+
+
+def _wrap(net: StepLoss, procs: Processes):
+    """`net` as the module whose forward each process calls: DDP around it when there are several processes.
+
+    find_unused_parameters: a 1-pass step leaves the fusion module out of the graph (every process alike, as the
+    pass count is drawn for the global batch); DDP then leaves those gradients as they are, as one process does.
+    """
+    if procs.world == 1:
+        return net
+    return DistributedDataParallel(net, device_ids=[procs.device.index] if procs.device.type == "cuda" else None,
+                                   find_unused_parameters=True)
+
+
+def _step_gradients(net, micro, cfg: TrainConfig, gen, procs: Processes):
+    """Forward and backward of one step's micro-batches (gradient accumulation: the step's loss is their mean).
+    Returns (loss, [per-pass losses], {pass: consistency}) of the global batch."""
+    world, loss, parts, cons_sum = procs.world, 0.0, None, {}
+    for i, mb in enumerate(micro):
+        share = None
+        if world > 1:
+            share = share_of(mb, cfg, procs.rank, world)
+            share = share._replace(targets=share.targets.to(procs.device), fused=share.fused.to(procs.device),
+                                   window=share.window.to(procs.device))
+            mb = shard(mb, procs.rank, world)
+        mb = mb._replace(**{f: getattr(mb, f).to(procs.device) for f in ROW_FIELDS if getattr(mb, f) is not None})
+        # DDP all-reduces during a backward; the gradients of all micro-batches but the last are only accumulated
+        # (no_sync), and the last backward all-reduces their sum. The parameters a step uses are the same in all
+        # its micro-batches (one pass count per step), which find_unused_parameters needs under no_sync.
+        with net.no_sync() if world > 1 and i < len(micro) - 1 else nullcontext():
+            l_mb, p_mb, c_mb = net(mb, gen, share)
+            # DDP averages over the processes, and each loss is its process's share of the global batch's
+            (l_mb * world / len(micro) if world > 1 else l_mb / len(micro)).backward()
+        for j, c in enumerate(c_mb):
+            cons_sum[j] = cons_sum.get(j, 0.0) + c.item() / len(micro)
+        loss = loss + l_mb.detach() / len(micro)
+        parts = [x.detach() / len(micro) for x in p_mb] if parts is None else \
+            [a + x.detach() / len(micro) for a, x in zip(parts, p_mb)]
+    if world > 1:  # the logged figures (not the gradients): the global batch's, the sum of the processes' shares
+        figs = torch.tensor([float(loss), *map(float, parts), *(cons_sum[j] for j in sorted(cons_sum))],
+                            dtype=torch.float64, device=procs.device)
+        dist.all_reduce(figs)
+        loss, parts = figs[0], list(figs[1:1 + len(parts)])
+        cons_sum = {j: float(v) for j, v in enumerate(figs[1 + len(parts):])}
+    return loss, parts, cons_sum
+
+
+def train(cfg: TrainConfig, out: Path, staged: bool, *, resume: bool, stop: int, progress: bool = True,
+          device: str = "cpu") -> None:
+    """Train `cfg` into `out` up to step `stop` (checked by training.cli: every refusal comes before this)."""
+    procs = Processes.start(device)
+    try:
+        _train(cfg, out, staged, resume, stop, progress, procs)
+    finally:
+        procs.end()
+
+
+def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, progress: bool, procs: Processes):
+    rank = procs.rank
+    tok = build_tokenizer()
+    if cfg.base:
+        from training.presets import load_model
+        base, tok, _ = load_model(cfg.base)
+        if tok is None:
+            raise UserError(f"--base {cfg.base}: no tokenizer found beside the model")
+        limit = context_limit(base.lm)
+        if limit and max(cfg.seq_len, cfg.curriculum_seq_len) > limit:
+            raise UserError(f"seq_len ({cfg.seq_len}) and curriculum_seq_len ({cfg.curriculum_seq_len}) must be at "
+                            f"most the context of --base {cfg.base} ({limit})")
+        del base
+    model = build_model(cfg, len(tok), cfg.base).to(procs.device)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    with RunOutput(out, staged, active=rank == 0) as dest:
+        step, log = 0, {"config": cfg.to_dict(), "history": [], "evals": []}
+        if resume:  # every process loads the whole state, whatever the number of processes that saved it
+            step, log = load_resume(model, opt, cfg, out)
+            if log.get("config") != cfg.to_dict():
+                # Continuing under another recipe (e.g. a 1-pass phase shared by several presets, whose batches
+                # are identical by construction): keep a record of what ran when.
+                log.setdefault("config_changes", []).append({"step": step, "previous": log.get("config")})
+                log["config"] = cfg.to_dict()
+        net = _wrap(StepLoss(model, cfg), procs)
+        saved = step if resume else None
+        t0 = time.time() - log.get("wall_s", 0.0)
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.steps, initial=step, disable=not progress or rank != 0, dynamic_ncols=True)
+        run_loss: dict[int, float] = {}
+        tokens_seen, tick = 0, time.time()
+        try:
+            while step < stop:
+                micro = make_batches(cfg, tok, step)
+                gen = noise_generator(cfg, step)
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(cfg, step)
+                opt.zero_grad(set_to_none=False)
+                loss, parts, cons_sum = _step_gradients(net, micro, cfg, gen, procs)
+                k, n = micro[0].k, "; ".join(mb.desc for mb in micro)
+                mask = torch.cat([mb.mask.flatten() for mb in micro])
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+                lv = float(loss)
+                bad = None if math.isfinite(lv) and math.isfinite(grad_norm) else \
+                    f"loss {lv}, gradient norm {grad_norm}"
+                if bad is None:
+                    opt.step()
+                    name = _first_nonfinite(model)
+                    bad = None if name is None else f"parameter {name} after the update"
+                if bad is not None:  # a NaN/inf run is stopped, never saved
+                    kept = (f"{out} still holds the earlier run" if staged else
+                            f"the last checkpoint in {out} is step {saved}" if saved else "nothing was saved")
+                    raise UserError(f"training diverged at step {step + 1}: non-finite {bad}; stopped ({kept})")
+                step += 1
+                tokens_seen += int(mask.sum()) * k
+                run_loss[k] = 0.9 * run_loss.get(k, lv) + 0.1 * lv
+                if rank == 0:
+                    log["history"].append({"step": step, "passes": k, "batch": n, "loss": round(lv, 5),
+                                           "pass_losses": [round(x.item(), 5) for x in parts],
+                                           **({"consistency": [round(cons_sum[j], 5) for j in sorted(cons_sum)]}
+                                              if cons_sum else {})})
+                    el = time.time() - tick
+                    bar.set_postfix({**{f"loss{kk}": f"{v:.3f}" for kk, v in sorted(run_loss.items())},
+                                     "tok/s": f"{tokens_seen / max(el, 1e-9):.0f}"})
+                    bar.update(1)
+                    if step % cfg.eval_every == 0 or step == cfg.steps:
+                        ev = quick_eval(model, tok, cfg)
+                        log["evals"].append({"step": step, "wall_s": round(time.time() - t0, 1), "label_acc": ev})
+                        bar.write(f"step {step}: " + "; ".join(
+                            f"{t} " + " ".join(f"{m}={a:.2f}" for m, a in r.items()) for t, r in ev.items()))
+                    if step % cfg.save_every == 0 or step in (cfg.steps, stop):
+                        log["wall_s"] = round(time.time() - t0, 1)
+                        save_checkpoint(model, tok, opt, cfg, step, log, dest.path)
+                        saved = step
+        finally:
+            bar.close()
+        dest.commit()
+    if rank == 0:
+        print(f"done: {step} steps in {time.time() - t0:.0f}s -> {out}")

@@ -1,0 +1,34 @@
+"""The quick label-accuracy evaluation a run logs every eval_every steps (the full one is analysis.evaluate)."""
+from __future__ import annotations
+
+import torch
+
+from engine.prefill import pad_left, prefill_many
+from tasks import TRACKING_TASKS, label_token_ids, make_dataset
+from training.config import TrainConfig
+
+
+@torch.no_grad()
+def label_accuracy(model, tok, task: str, n: int, modes, n_pairs: int = 32, seed: int = 10_000) -> dict:
+    """Label accuracy at the final position per prefill mode (argmax over the two label words)."""
+    samples = make_dataset(task, n_pairs=n_pairs, n_distractors=n, seed=seed)
+    seqs = [tok(s.text, add_special_tokens=False)["input_ids"] for s in samples]
+    ids, mask = pad_left(seqs, tok.pad_token_id)
+    dev = next(model.parameters()).device
+    words = label_token_ids(tok, task)
+    labels = torch.tensor([s.label for s in samples], device=dev)
+    res = prefill_many(model, ids.to(dev), mask.to(dev), modes, positions=(-1,), collect=False)
+    return {m: float((r.logits[:, 0, words].argmax(-1) == labels).float().mean()) for m, r in res.items()}
+
+
+def quick_eval(model, tok, cfg: TrainConfig) -> dict:
+    model.eval()
+    out = {}
+    for task in cfg.tasks:
+        out[task] = label_accuracy(model, tok, task, 8, ["standard", "recurrent-1", "fused-8", "recurrent-full"],
+                                   n_pairs=16)
+        if task in TRACKING_TASKS:  # past the depth: where only the recurrence can carry the state
+            out[f"{task}@64"] = label_accuracy(model, tok, task, 64, ["standard", "recurrent-full"],
+                                               n_pairs=16)
+    model.train()
+    return out
