@@ -1,7 +1,7 @@
 """Label accuracy (and label loss, -log p(label)) of a model per task x decoding/prefill mode x N.
 
-    python -m models.evaluate --model tiny-fbt
-    python -m models.evaluate --model checkpoints/tiny-std --modes std --distractors 0,8
+    python -m analysis.evaluate --model tiny-fbt
+    python -m analysis.evaluate --model checkpoints/tiny-std --modes std --distractors 0,8
 
 Accuracy = greedy (full-vocabulary argmax) next token at the final prompt position equals the label word (any
 number K of label words); ``ci_low`` / ``ci_high`` = its 95% Wilson score interval over the cell's samples
@@ -26,12 +26,13 @@ from tqdm import tqdm
 from common.cli import Parser, int_in, int_list, output_dir, output_file, safe_name
 from common.errors import UserError, cli_entry
 from common.io import DirLock, atomic_write, json_text
-from engine.prefill import DECODINGS, MAX_FUSED_PASSES, fused_trajectory, pad_left, parse_mode, prefill_many
-from models.presets import load_model
+from engine.modes import DECODINGS, MAX_FUSED_PASSES, parse_mode
+from engine.prefill import fused_trajectory, pad_left, prefill_many
+from common.placement import Placement, add_placement_flags
+from training.presets import load_model
 from tasks import ALL_TASKS, DISTRACTOR_COUNTS, TASKS, TRACKING_TASKS
 from tasks.custom import TaskSource, resolve_task
 
-DECODING_AS_PREFILL = {"std": "standard", "soft": "recurrent-1", "fused": "fused-1"}
 DEFAULT_MODES = "std,soft,fused,recurrent-full,fused-1..30"
 EVAL_SEED = 424242  # disjoint from the training seeds' streams
 TRACKING_DISTRACTORS = (4, 8, 16, 32, 64, 128, 256)  # default N of parity / shell_game (N = 0 is invalid)
@@ -48,7 +49,7 @@ _SWEEP_RE = re.compile(r"^fused-1\.\.(\d+)$")
 
 def mode_key(mode: str) -> str:
     """The canonical prefill mode of a decoding or prefill mode name (std = standard = fused-0 = recurrent-0)."""
-    return parse_mode(DECODING_AS_PREFILL.get(mode, mode)).name
+    return parse_mode(mode).name
 
 
 def _display(mode: str) -> str:
@@ -88,7 +89,7 @@ def parse_modes(spec: str, has_fusion: bool = True) -> tuple[list[str], int]:
         modes.append(m)
     modes = list(_plan(modes, sweep).values())  # validates every mode name
     if not has_fusion:
-        dropped = [m for m in modes if mode_key(m) != "standard"]
+        dropped = [m for m in modes if parse_mode(m).has_feedback]
         if dropped or sweep:
             print(f"note: model has no fusion module; skipping {', '.join(dropped + (['fused sweep'] if sweep else []))}")
         modes, sweep = [m for m in modes if m not in dropped], 0
@@ -97,12 +98,15 @@ def parse_modes(spec: str, has_fusion: bool = True) -> tuple[list[str], int]:
     return modes, sweep
 
 
-def parse_tasks(spec: str) -> list[str]:
-    """'completion,memory' -> list of known task names (UserError on an unknown one)."""
+def parse_tasks(spec: str, ns=()) -> list[str]:
+    """'completion,parity' -> list of built-in task names (UserError on an unknown one, or on N = 0 in `ns`
+    for a tracking task: a pair differs in one of its update lines)."""
     tasks = [t.strip() for t in spec.split(",") if t.strip()]
     for t in tasks:
-        if t not in TASKS:
-            raise UserError(f"unknown task {t!r} (known: {', '.join(TASKS)})")
+        if t not in ALL_TASKS:
+            raise UserError(f"unknown task {t!r} (known: {', '.join(ALL_TASKS)})")
+        if t in TRACKING_TASKS and any(n < 1 for n in ns):
+            raise UserError(f"task {t} needs N >= 1 update line (a pair differs in one of them); got N = 0")
     if not tasks:
         raise UserError("no tasks given")
     return list(dict.fromkeys(tasks))
@@ -207,11 +211,11 @@ def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progre
             y = labels[i:i + batch_size]
             res = prefill_many(model, ids, mask, list(plan), collect=False)  # keyed by canonical mode
             for key, m in plan.items():
-                logits = res[key].logits[:, 0].float()  # [batch, vocab]
+                logits = res[key].logits[:, 0].float().cpu()  # [batch, vocab]
                 correct[m] += int((logits.argmax(-1) == y).sum())
                 nll[m] += float(-logits.log_softmax(-1).gather(1, y[:, None]).sum())
             if sweep:
-                lg = fused_trajectory(model, ids, mask, sweep).logits[:, :, 0].float()  # [passes+1, batch, vocab]
+                lg = fused_trajectory(model, ids, mask, sweep).logits[:, :, 0].float().cpu()  # [passes+1, batch, vocab]
                 sweep_correct += (lg.argmax(-1) == y[None]).sum(-1).float()
                 sweep_nll += -lg.log_softmax(-1).gather(2, y[None, :, None].expand(lg.shape[0], -1, 1)).sum((1, 2))
         total = len(samples)
@@ -245,7 +249,7 @@ def table(rows, sweep) -> str:
 
 @cli_entry
 def main(argv=None):
-    p = Parser(prog="python -m models.evaluate", description=__doc__)
+    p = Parser(prog="python -m analysis.evaluate", description=__doc__)
     p.add_argument("--model", default="tiny-fbt", help="preset name or checkpoint dir (default tiny-fbt)")
     p.add_argument("--tasks", default=",".join(TASKS),
                    help=f"comma-separated tasks: {', '.join(ALL_TASKS)}, path/to/samples.jsonl or "
@@ -266,10 +270,12 @@ def main(argv=None):
                                  "keep a copy beside the checkpoint)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_placement_flags(p)
     a = p.parse_args(argv)
     # --- everything that can be refused is checked before the model loads
     if not a.model.strip():
         raise UserError("--model is empty")
+    placement = Placement.from_args(a)
     tasks = resolve_tasks(a.tasks)
     ns = distractors_for(tasks, a.distractors)
     make_jobs(tasks, ns, a.n_pairs)  # every dataset can be made (the tokenizer checks need the model's)
@@ -281,7 +287,7 @@ def main(argv=None):
         output_dir(out)
     if out.exists() and not a.overwrite:
         raise UserError(f"{out} exists; pass --overwrite to replace it or --out elsewhere")
-    model, tok, name = load_model(a.model)
+    model, tok, name = load_model(a.model, placement)
     if tok is None:
         raise UserError(f"model {a.model} has no tokenizer beside it")
     modes, sweep = parse_modes(a.modes, model.has_fusion)
@@ -290,7 +296,8 @@ def main(argv=None):
     wall = time.time() - t0
     print(table(rows, sweep))
     meta = {"model": a.model, "n_pairs": a.n_pairs if a.n_pairs is not None else DEFAULT_N_PAIRS,
-            "seed": EVAL_SEED, "modes": a.modes, "wall_s": round(wall, 1),
+            "seed": EVAL_SEED, "modes": a.modes, "wall_s": round(wall, 1), "device": str(placement.torch_device),
+            "dtype": placement.dtype,
             "ci": "ci_low/ci_high: 95% Wilson score interval of accuracy over the cell's n_samples"}
     custom = [s.describe() for s in tasks if not s.builtin]
     if custom:
@@ -299,7 +306,7 @@ def main(argv=None):
     text = json_text(doc)
     # The write is atomic; the lock on the folder (for the moment of writing) makes the exists check and the
     # write one step, so a second run into the same file never silently replaces the first one's results.
-    with DirLock(out.parent, "models.evaluate run"):
+    with DirLock(out.parent, "analysis.evaluate run"):
         if out.exists() and not a.overwrite:
             raise UserError(f"{out} appeared while this run was working; pass --overwrite or --out elsewhere")
         for stale in out.parent.glob(f".{out.name}.*.tmp"):  # a killed earlier write's temporary

@@ -1,23 +1,24 @@
-"""Where a feedback model's fixed point departs from its standard pass (diagnostic behind docs/recipe.md 10-11).
+"""Where a feedback model's fixed point departs from its standard pass (the diagnostic behind docs/recipe.md
+items 10-11): `python -m analysis.fixed_point MODEL [--probe]`.
 
-    python scripts/fixed_point_diag.py MODEL            # relative state error per position, three tasks, N = 8
-    python scripts/fixed_point_diag.py MODEL --probe    # + multi_register: queried name / answer per depth
-
-Relative error = ||h - h_std||^2 / ||h_std||^2 of the top state, for one fused pass from the standard states
-(F(std)), k passes, and the exact fixed point (= recurrent-full). --probe fits a logistic regression on half
-of 150 multi_register pairs and scores the other half, at the query name's position (8 classes) and the last
-position (the answer), at every depth, for the standard pass and for a fused pass from the fixed point.
+Relative error = ||h - h_std||^2 / ||h_std||^2 of the top state, for fused-k from the standard states (k = 1..8)
+and for the exact fixed point (= recurrent-full), averaged over real positions and shown per position for the
+last tokens of one prompt. --probe: the project's grouped-CV probe (probes.linear.grouped_cv_score) on
+multi_register at the queried name's position (8 classes) and the last position (the answer), at every depth,
+for the standard pass and for one fused pass from the fixed point. Output: printed only (a diagnostic).
 """
 from __future__ import annotations
-
-import argparse
 
 import numpy as np
 import torch
 
-from engine.prefill import fixed_point_top, pad_left, shift_state
-from models.presets import load_model
+from common.cli import Parser, int_in
+from common.errors import UserError, cli_entry
+from engine.prefill import fixed_point_top, jacobi_pass, pad_left, shift_state
 from tasks import make_dataset
+from training.presets import load_model
+
+MAX_DISTRACTORS = 1024
 
 
 def _batch(tok, task, n_pairs, n, seed):
@@ -34,7 +35,7 @@ def _runs(m, ids, mask):
     fp_top = fixed_point_top(m, ids, mask, fuse, gate)
 
     def step(top):  # one fused pass from these top states
-        return m(ids, mask, state=shift_state(top, mask)[0], fuse_mask=fuse, gate=gate, hidden_states=True)
+        return jacobi_pass(m, ids, mask, top, fuse, gate, hidden_states=True)
     return std, fp_top, step
 
 
@@ -42,7 +43,7 @@ def errors(m, tok, n=8):
     for task in ("completion", "memory", "multi_register"):
         _, ids, mask = _batch(tok, task, 8, n, 123)
         std, fp_top, step = _runs(m, ids, mask)
-        rel = lambda h: (h - std.top).pow(2).sum(-1) / std.top.pow(2).sum(-1)  # [batch, pos]
+        rel = lambda h: (h - std.top).pow(2).sum(-1) / std.top.pow(2).sum(-1)  # noqa: E731  [batch, pos]
         real = mask.bool()
         h, ks = std.top, []
         for _ in range(8):
@@ -57,33 +58,45 @@ def errors(m, tok, n=8):
 
 
 def probe(m, tok, n=8):
-    from sklearn.linear_model import LogisticRegression
+    from probes.linear import ProbeConfig, grouped_cv_score
+
     s, ids, mask = _batch(tok, "multi_register", 150, n, 321)
     names = np.array([x.text.split("get ")[-1].split("\n")[0] for x in s])
     labels = np.array([x.label for x in s])
+    groups = np.array([x.group_id for x in s])
     col_name = -4  # "get F \n value :" : the queried name is 4 tokens before the end
-    assert tok.convert_ids_to_tokens([int(ids[0, col_name])])[0] == names[0], "prompt format changed"
+    if tok.convert_ids_to_tokens([int(ids[0, col_name])])[0] != names[0]:
+        raise UserError("the multi_register prompt format changed: the queried name is not 4 tokens from the end")
     std, fp_top, step = _runs(m, ids, mask)
     fp = step(fp_top)
-    half = len(s) // 2  # pairs are adjacent, so the split keeps each pair on one side
+    config = ProbeConfig(n_boot=50)  # the CI is not printed
 
     def acc(x, y):
-        x = x.float().numpy()
-        return LogisticRegression(max_iter=3000).fit(x[:half], y[:half]).score(x[half:], y[half:])
+        return grouped_cv_score(x.detach().double().numpy(), y, groups, config).accuracy
+
     for col, what, y in ((col_name, "queried name", names), (-1, "answer", labels)):
         cells = [f"{acc(a[:, col], y):.2f}/{acc(b[:, col], y):.2f}" for a, b in zip(std.hidden, fp.hidden)]
         print(f"{what}, depth 0..{len(cells) - 1} (standard / fixed point): " + " ".join(cells))
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", help="checkpoint dir or preset name")
-    ap.add_argument("--probe", action="store_true", help="also probe name and answer per depth (multi_register)")
-    ap.add_argument("--n", type=int, default=8, help="distractors N (default 8)")
-    a = ap.parse_args()
-    torch.set_num_threads(1)
+@cli_entry
+def main(argv=None):
+    ap = Parser(prog="python -m analysis.fixed_point", description=__doc__)
+    ap.add_argument("model", help="checkpoint dir or preset name (a model with a fusion module)")
+    ap.add_argument("--probe", action="store_true", help="also probe the name and the answer per depth "
+                                                          "(multi_register, grouped CV)")
+    ap.add_argument("--n", type=int_in(0, MAX_DISTRACTORS), default=8,
+                    help=f"distractor lines N, 0..{MAX_DISTRACTORS} (default 8)")
+    a = ap.parse_args(argv)
     model, tok, _ = load_model(a.model)
+    if not model.has_fusion:
+        raise UserError(f"{a.model} has no fusion module: it has no fixed point to diagnose")
     model.eval()
     errors(model, tok, a.n)
     if a.probe:
         probe(model, tok, a.n)
+    return 0
+
+
+if __name__ == "__main__":
+    main()

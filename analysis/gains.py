@@ -16,9 +16,9 @@ import time
 from common.cli import Parser, int_in, int_list, output_dir
 from common.errors import UserError, cli_entry
 from common.io import DirLock, atomic_write, json_text, remove_stale_tmp
-from models.evaluate import MAX_DISTRACTORS, MAX_PAIRS, evaluate, parse_tasks
-from models.presets import load_model
-from tasks import TASKS
+from analysis.evaluate import MAX_DISTRACTORS, MAX_PAIRS, evaluate, parse_tasks
+from training.presets import load_model
+from tasks import ALL_TASKS, TASKS
 
 ARMS = (("baseline", "std_model", "std"), ("fbt/std", "fbt_model", "std"), ("fbt/soft", "fbt_model", "soft"),
         ("fbt/fused", "fbt_model", "fused"))
@@ -53,7 +53,8 @@ def main(argv=None):
     p = Parser(prog="python -m analysis.gains", description=__doc__)
     p.add_argument("--fbt", default="tiny-fbt", help="full-bandwidth model (preset or dir)")
     p.add_argument("--std", default="tiny-std", help="standard baseline model (preset or dir)")
-    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks")
+    p.add_argument("--tasks", default=",".join(TASKS),
+                   help=f"comma-separated tasks of {', '.join(ALL_TASKS)} (default {','.join(TASKS)})")
     p.add_argument("--distractors", default="0,8,32,128",
                    help=f"comma-separated N, each in 0..{MAX_DISTRACTORS} (default 0,8,32,128)")
     p.add_argument("--n-pairs", type=int_in(1, MAX_PAIRS), default=50,
@@ -66,8 +67,8 @@ def main(argv=None):
     for flag in ("fbt", "std"):
         if not getattr(a, flag).strip():
             raise UserError(f"--{flag} is empty")
-    tasks = parse_tasks(a.tasks)
     ns = int_list(a.distractors, "--distractors", 0, MAX_DISTRACTORS)
+    tasks = parse_tasks(a.tasks, ns)
     out = output_dir(a.out)
 
     def refuse_existing():

@@ -1,11 +1,11 @@
 """Accuracy against the number of update lines N, per task, for several models and modes: the separation figure.
 
-Input: eval.json documents written by ``python -m models.evaluate`` (rows: task, n_distractors, mode, accuracy,
+Input: eval.json documents written by ``python -m analysis.evaluate`` (rows: task, n_distractors, mode, accuracy,
 n_samples, optional ci_low / ci_high). One panel per task, x = N (log2 axis), y = label accuracy, one line per
 (model, mode) with its 95% CI as a band where the rows carry one, and the chance line at 1/K.
 
 The HTML embeds plotly.js (works offline) and uses a fixed div id, so the same inputs always give the same page;
-``--png`` renders it with headless Chromium (analysis.depth_curves.html_to_png).
+``--png`` renders it with headless Chromium (probes.depth_curves.html_to_png).
 
     python -m analysis.length_curves checkpoints/tiny-fbt-track/eval.json checkpoints/tiny-std-track/eval.json \\
         --out docs/length_curves.html --png docs/length_curves.png
@@ -18,7 +18,7 @@ from common.cli import Parser, output_file
 from common.errors import UserError, cli_entry
 from common.io import atomic_write
 
-from analysis.depth_curves import PALETTE, rgba, load_results_doc
+from probes.depth_curves import PALETTE, rgba, load_results_doc
 
 DIV_ID = "length-curves"
 DASH = ("solid", "dash", "dot", "dashdot")
@@ -90,7 +90,7 @@ def render_html(evals, modes=DEFAULT_MODES) -> str:
 @cli_entry
 def main(argv=None):
     p = Parser(prog="python -m analysis.length_curves", description=__doc__)
-    p.add_argument("evals", nargs="+", help="eval.json files (models.evaluate), one per model")
+    p.add_argument("evals", nargs="+", help="eval.json files (analysis.evaluate), one per model")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"modes to draw (default {','.join(DEFAULT_MODES)})")
     p.add_argument("--out", default="figures/length_curves.html", help="HTML output file")
     p.add_argument("--png", help="also write a PNG here (needs headless Chromium)")
@@ -107,7 +107,7 @@ def main(argv=None):
     atomic_write(out, html)
     print(f"wrote {out}")
     if png:
-        from analysis.depth_curves import html_to_png
+        from probes.depth_curves import html_to_png
 
         n_tasks = len({r["task"] for _, rs in evals for r in rs})
         html_to_png(out, png, width=560 * n_tasks + 240, height=460)

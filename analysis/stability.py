@@ -21,10 +21,10 @@ from tqdm import tqdm
 from common.cli import Parser, int_in, output_dir
 from common.errors import UserError, cli_entry
 from common.io import DirLock, atomic_write, json_text, remove_stale_tmp
-from models.evaluate import EVAL_SEED, MAX_DISTRACTORS, parse_tasks
+from analysis.evaluate import EVAL_SEED, MAX_DISTRACTORS, parse_tasks
 from engine.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
-from models.presets import load_model
-from tasks import TASKS, make_dataset, tokenize_samples
+from training.presets import load_model
+from tasks import ALL_TASKS, TASKS, make_dataset, tokenize_samples
 
 
 @torch.no_grad()
@@ -93,7 +93,8 @@ OUTPUTS = ("stability.json", "stability.html")
 def main(argv=None):
     p = Parser(prog="python -m analysis.stability", description=__doc__)
     p.add_argument("--models", default="tiny-fbt,tiny-fbt-no3", help="comma-separated presets or checkpoint dirs")
-    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks (default all)")
+    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks of {', '.join(ALL_TASKS)} "
+                   f"(default {','.join(TASKS)})")
     p.add_argument("--distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
                    help=f"N distractor lines, 0..{MAX_DISTRACTORS} (default 8)")
     p.add_argument("--passes", type=int_in(1, MAX_FUSED_PASSES), default=30,
@@ -105,7 +106,7 @@ def main(argv=None):
     p.add_argument("--overwrite", action="store_true", help="replace existing results in --out")
     a = p.parse_args(argv)
     # --- everything that can be refused is checked before any model loads
-    tasks = parse_tasks(a.tasks)
+    tasks = parse_tasks(a.tasks, [a.distractors])
     models = list(dict.fromkeys(m.strip() for m in a.models.split(",") if m.strip()))
     if not models:
         raise UserError("--models is empty")

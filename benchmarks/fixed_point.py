@@ -4,7 +4,7 @@
 T cached one-token steps (`engine.prefill.fixed_point_top`), which a 2-core CPU runs at a few ms each whatever
 the batch; with `--fixed-point-tol` (the shipped presets: 1e-3) the trainer first tries up to 16 parallel
 Jacobi passes and keeps them once the largest relative state change is below the tolerance. This times both,
-side by side, on the micro-batches the trainer itself draws (`models.train.make_batches`, preset tiny-fbt, a
+side by side, on the micro-batches the trainer itself draws (`training.data.make_batches`, preset tiny-fbt, a
 run of consecutive steps), on a trained checkpoint (default tiny-fbt), alternating the two per micro-batch, and
 reports the total time of each, their ratio, and how far the tolerance result is from the exact one (relative
 error per position: max and mean over real positions).
@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from common.cpus import available_cpus  # noqa: E402
 from engine.prefill import fixed_point_top, shift_state  # noqa: E402
-from models.presets import PRESETS, load_model  # noqa: E402
-from models.train import make_batches  # noqa: E402
+from training.presets import PRESETS, load_model  # noqa: E402
+from training.data import make_batches  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -27,7 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
 from common.errors import UserError, cli_entry  # noqa: E402
-from models.recirculation import RecirculatedLM, base_generate, parse_recirculate  # noqa: E402
+from engine.prefill import generate  # noqa: E402
+from engine.recirculation import RecirculatedLM, parse_recirculate  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -51,7 +52,7 @@ def _load(name):
         from models.full_bandwidth import FullBandwidthLM
 
         return FullBandwidthLM.from_config(qwen3_config(64, n_layers=4, d_model=128), fusion=False, seed=0).eval()
-    from models.presets import load_model
+    from training.presets import load_model
 
     return load_model(name)[0]
 
@@ -83,8 +84,8 @@ def main(argv=None):
     # 1. generation latency per token
     base_t, rec_t = [], []
     for _ in range(a.repeats):
-        bN = _time(lambda: base_generate(model, prompt, pm, a.new_tokens))
-        b1 = _time(lambda: base_generate(model, prompt, pm, 1))
+        bN = _time(lambda: generate(model, prompt, pm, a.new_tokens, "std"))
+        b1 = _time(lambda: generate(model, prompt, pm, 1, "std"))
         rN = _time(lambda: r.generate(prompt, pm, a.new_tokens))
         r1 = _time(lambda: r.generate(prompt, pm, 1))
         base_t.append((bN - b1) / (a.new_tokens - 1))

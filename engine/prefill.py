@@ -1,71 +1,39 @@
-"""The prefill engine: every prefill and decoding mode, in one place.
+"""The prefill engine: every prefill and decoding mode, in one place; the only code that runs a model.
 
 Prompts are left-padded so that every row's last token (the probed position T) is the last column.
-Positions are given as negative offsets from the end (-1 = T, -2 = T-1).
+Positions are given as negative offsets from the end (-1 = T, -2 = T-1). Modes are engine.modes.Mode values
+(parsed once at the CLI boundary); recirc modes run through the second engine, engine.recirculation, behind the
+same `prefill` / `prefill_many` / `generate` contract.
 
 Modes
     standard        one parallel pass on token embeddings
     recurrent-k     standard prefill of all T columns (its KV cache is reused), crop the last k columns and
-                    recompute them one token at a time, each fused with the previous position's top state
+                    recompute them one token at a time (`recurrent_step`), each fused with the previous
+                    position's top state
     recurrent-full  recurrent-k with k = T-1: every position after the first fused, O(T) cached steps
-    fused-n         n extra parallel feedback passes over the whole prompt; fused-0 = standard
+    fused-n         n extra parallel feedback passes (`jacobi_pass`) over the whole prompt; fused-0 = standard
 Depths: 0 = vector entering block 0 (embedding or fused input), l = output of block l (L = raw output of the
-last block, *before* the final norm; HF's hidden_states[-1] is after it).
+last block, *before* the final norm; HF's hidden_states[-1] is after it). See docs/design.md.
 """
 from __future__ import annotations
 
-import re
-from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache
 
+from common.cpus import sequential_threads
 from common.errors import UserError
-from models.full_bandwidth import FullBandwidthLM, LMOutput, decoder_layers
+from engine.hooks import maybe_record
+from engine.inputs import check_inputs, context_length, pad_left, to_model
+from engine.modes import DECODINGS, MAX_FUSED_PASSES, Mode, parse_mode
+from models.full_bandwidth import FullBandwidthLM, LMOutput, positions_from_mask
 
-MODE_RE = re.compile(r"^(standard|recurrent-(\d+|full)|fused-(\d+))$")
-DECODINGS = ("std", "soft", "fused")
-# Bounds checked when a mode is parsed, before any work: fused-n keeps n passes' states, recurrent-k is cropped
-# to the prompt anyway. Larger values are typos (fused-99999 grew memory until killed).
-MAX_FUSED_PASSES = 1000
-MAX_RECURRENT_K = 100_000
-
-
-@dataclass(frozen=True)
-class Mode:
-    kind: str  # "standard" | "recurrent" | "fused"
-    n: int | None = None  # k for recurrent (None = full), passes for fused
-
-    @property
-    def name(self) -> str:
-        if self.kind == "standard":
-            return "standard"
-        if self.kind == "recurrent":
-            return "recurrent-full" if self.n is None else f"recurrent-{self.n}"
-        return f"fused-{self.n}"
-
-
-def parse_mode(mode: str | Mode) -> Mode:
-    if isinstance(mode, Mode):
-        return mode
-    m = MODE_RE.match(str(mode))
-    if not m:
-        raise UserError(f"unknown prefill mode {mode!r} (use standard, recurrent-K, recurrent-full or fused-N)")
-    if m.group(1) == "standard":
-        return Mode("standard")
-    if m.group(2) is not None:
-        if m.group(2) == "full":
-            return Mode("recurrent", None)
-        k = int(m.group(2))
-        if k > MAX_RECURRENT_K:
-            raise UserError(f"prefill mode {mode!r}: k must be <= {MAX_RECURRENT_K} (recurrent-full recomputes "
-                            "every position)")
-        return Mode("standard") if k == 0 else Mode("recurrent", k)
-    n = int(m.group(3))
-    if n > MAX_FUSED_PASSES:
-        raise UserError(f"prefill mode {mode!r}: at most {MAX_FUSED_PASSES} fused passes")
-    return Mode("standard") if n == 0 else Mode("fused", n)
+__all__ = ["PrefillResult", "prefill", "prefill_many", "generate", "call_schedule", "pad_left", "shift_state",
+           "jacobi_pass", "iter_fused", "fused_trajectory", "fixed_point_top", "recurrent_logits", "recurrent_run",
+           "recurrent_start", "recurrent_fuse", "recurrent_step", "cache_prefix", "DECODINGS", "MAX_FUSED_PASSES",
+           "Mode", "parse_mode"]
 
 
 @dataclass
@@ -77,85 +45,7 @@ class PrefillResult:
     resid: torch.Tensor | None = None  # [batch, n_pos, L+1, d_model] residual stream at every depth
 
 
-def pad_left(seqs: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token id lists -> (input_ids [batch, T], attention_mask [batch, T])."""
-    if not seqs:
-        raise UserError("empty dataset: nothing to run")
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if len(s) == 0:
-            raise UserError(f"sample {i} is empty")
-        ids[i, T - len(s):] = torch.as_tensor(s, dtype=torch.long)
-        mask[i, T - len(s):] = 1
-    return ids, mask
-
-
-class ResidualRecorder:
-    """Forward hooks on the blocks; records the residual stream at chosen columns of the current call."""
-
-    def __init__(self, model: FullBandwidthLM):
-        self.layers = decoder_layers(model.lm)
-        self.cols: torch.Tensor | None = None  # columns of the current call to keep; None = record nothing
-        self.buf: list[torch.Tensor | None] = [None] * (len(self.layers) + 1)
-        self.handles = []
-
-    def _keep(self, depth: int, h: torch.Tensor) -> None:
-        if self.cols is not None:
-            self.buf[depth] = h[:, self.cols].detach()
-
-    def __enter__(self):
-        def pre_hook(mod, args, kwargs):
-            self._keep(0, args[0] if args else kwargs["hidden_states"])
-
-        self.handles.append(self.layers[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
-        for i, layer in enumerate(self.layers):
-            def hook(mod, args, out, depth=i + 1):
-                self._keep(depth, out[0] if isinstance(out, tuple) else out)
-
-            self.handles.append(layer.register_forward_hook(hook))
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-
-    def take(self) -> torch.Tensor:
-        out = torch.stack(self.buf, dim=2)  # [batch, n_cols, L+1, d_model]
-        self.buf = [None] * len(self.buf)
-        return out
-
-
-@contextmanager
-def _maybe_record(model, collect: bool):
-    if collect:
-        with ResidualRecorder(model) as rec:
-            yield rec
-    else:
-        yield None
-
-
-def _check_inputs(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  positions: tuple[int, ...]) -> None:
-    if input_ids.ndim != 2 or input_ids.shape != attention_mask.shape:
-        raise UserError("input_ids and attention_mask must both be [batch, T]")
-    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
-        raise UserError("empty dataset: nothing to run")
-    if not bool(attention_mask[:, -1].all()):
-        raise UserError("prompts must be left-padded (the last column must be a real token in every row)")
-    T = input_ids.shape[1]
-    ctx = getattr(model.config, "max_position_embeddings", None)
-    longest = int(attention_mask.sum(-1).max())
-    if ctx is not None and longest > ctx:
-        raise UserError(f"prompt of {longest} tokens is longer than the model's context ({ctx})")
-    for p in positions:
-        if not (-T <= p < 0):
-            raise UserError(f"position {p} out of range for prompts of {T} columns (use -1 .. -{T})")
-
-
-def _shift_state(top: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def shift_state(top: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """state[:, t] = top[:, t-1]; fuse only where the previous column is a real token of the same row."""
     state = torch.zeros_like(top)
     state[:, 1:] = top[:, :-1]
@@ -171,16 +61,20 @@ def _standard(model, ids, mask, cols, rec, use_cache=False) -> LMOutput:
     return model(ids, mask, cache=cache, use_cache=use_cache)
 
 
-def _jacobi_pass(model, ids, mask, top, fuse_mask=None, gate=None, cache=None, use_cache=False) -> LMOutput:
+def jacobi_pass(model, ids, mask, top, fuse_mask=None, gate=None, cache=None, use_cache=False,
+                state=None, hidden_states=False) -> LMOutput:
     """One Jacobi pass: every position fuses the previous pass's top state of the position before it
-    (`fuse_mask` default: wherever that position is a real token of the same row)."""
-    state, fuse = _shift_state(top, mask)
-    return model(ids, mask, state=state, fuse_mask=fuse if fuse_mask is None else fuse_mask, gate=gate,
-                 cache=cache, use_cache=use_cache)
+    (`fuse_mask` default: wherever that position is a real token of the same row). `state` [B, T, D]: the
+    shifted state to feed instead (the trainer's noised state, an intervention's patched one)."""
+    shifted, fuse = shift_state(top, mask) if state is None else (state, shift_state(top, mask)[1])
+    kw = {"hidden_states": True} if hidden_states else {}
+    return model(ids, mask, state=shifted, fuse_mask=fuse if fuse_mask is None else fuse_mask, gate=gate,
+                 cache=cache, use_cache=use_cache, **kw)
 
 
-def _iter_fused(model, ids, mask, n, cols=None, rec=None, use_cache=False):
-    """Yield (k, output) for k = 0..n Jacobi passes; pass k fuses pass k-1's top states shifted right."""
+def iter_fused(model, ids, mask, n, cols=None, rec=None, use_cache=False):
+    """Yield (k, output) for k = 0..n Jacobi passes; pass k fuses pass k-1's top states shifted right.
+    A recorder `rec` records `cols` of the last pass only."""
     out = model(ids, mask)  # pass 0 (standard)
     yield 0, out
     for i in range(n):
@@ -188,15 +82,12 @@ def _iter_fused(model, ids, mask, n, cols=None, rec=None, use_cache=False):
         if rec is not None and last:
             rec.cols = cols
         cache = DynamicCache(config=model.config) if (use_cache and last) else None
-        out = _jacobi_pass(model, ids, mask, out.top, cache=cache, use_cache=use_cache and last)
+        out = jacobi_pass(model, ids, mask, out.top, cache=cache, use_cache=use_cache and last)
         yield i + 1, out
 
 
-iter_fused = _iter_fused  # public name for analyses that need every pass's full output
-
-
 def _fused(model, ids, mask, n, cols, rec, use_cache=False) -> LMOutput:
-    for _, out in _iter_fused(model, ids, mask, n, cols, rec, use_cache):
+    for _, out in iter_fused(model, ids, mask, n, cols, rec, use_cache):
         pass
     return out
 
@@ -214,12 +105,13 @@ def fused_trajectory(model: FullBandwidthLM, input_ids: torch.Tensor, attention_
     """Every fused-k for k = 0..n_passes in one run (the Jacobi iterates), with the state change per pass."""
     if not model.has_fusion:
         raise UserError("this model has no fusion module: fused prefill is not available")
-    _check_inputs(model, input_ids, attention_mask, positions)
+    check_inputs(model, input_ids, attention_mask, positions)
+    input_ids, attention_mask = to_model(model, input_ids, attention_mask)
     T = input_ids.shape[1]
     cols = torch.tensor([T + p for p in positions])
     real = attention_mask.bool()
     logits, change, norm, prev = [], [], [], None
-    for k, out in _iter_fused(model, input_ids, attention_mask, n_passes):
+    for k, out in iter_fused(model, input_ids, attention_mask, n_passes):
         logits.append(out.logits[:, cols])
         norm.append(out.top.norm(dim=-1)[real].mean())
         change.append(torch.tensor(float("nan")) if prev is None else (out.top - prev).norm(dim=-1)[real].mean())
@@ -241,11 +133,12 @@ def fixed_point_top(model: FullBandwidthLM, input_ids: torch.Tensor, attention_m
     from the first fused column on. With every position after the first fused, this is recurrent-full.
 
     `tol` (batches of fewer than JACOBI_MAX_ROWS rows): first run up to `max_jacobi` Jacobi passes from `start`
-    (default: the standard pass's top states) and return as soon as the largest relative state change at any real position, ||h^(k) - h^(k-1)|| / ||h^(k-1)||,
-    is below tol (for a map contracting at rate r that is within tol * r / (1 - r) of the fixed point); if they
-    have not got there, the exact recurrence above. A pass is one parallel forward, a few dozen of the
-    recurrence's one-token steps, so this is cheaper wherever the map contracts (the trained models: 1e-3 in
-    ~10 passes) and costs max_jacobi passes more where it does not.
+    (default: the standard pass's top states) and return as soon as the largest relative state change at any
+    real position, ||h^(k) - h^(k-1)|| / ||h^(k-1)||, is below tol (for a map contracting at rate r that is
+    within tol * r / (1 - r) of the fixed point); if they have not got there, the exact recurrence above. A
+    pass is one parallel forward, a few dozen of the recurrence's one-token steps, so this is cheaper wherever
+    the map contracts (the trained models: 1e-3 in ~10 passes) and costs max_jacobi passes more where it does
+    not.
     """
     # Many short rows: the recurrence's one-token steps are cheap and a Jacobi pass is not (measured, 2 threads:
     # 31 x 47 tokens 0.23 s exact vs 0.38 s Jacobi; 3 x 326 tokens 1.00 s vs 0.25 s).
@@ -253,7 +146,7 @@ def fixed_point_top(model: FullBandwidthLM, input_ids: torch.Tensor, attention_m
         real = attention_mask.bool()
         top = model(input_ids, attention_mask).top if start is None else start
         for _ in range(max_jacobi):
-            new = _jacobi_pass(model, input_ids, attention_mask, top, fuse_mask, gate).top
+            new = jacobi_pass(model, input_ids, attention_mask, top, fuse_mask, gate).top
             change = (new - top).norm(dim=-1) / top.norm(dim=-1).clamp_min(1e-12)  # [batch, pos]
             top = new
             if float(change[real].max()) < tol:
@@ -261,80 +154,203 @@ def fixed_point_top(model: FullBandwidthLM, input_ids: torch.Tensor, attention_m
     T = input_ids.shape[1]
     fused_cols = fuse_mask.any(0).nonzero()
     k = T - int(fused_cols[0]) if len(fused_cols) else 0  # columns before the first fused one: standard pass
-    return _recurrent(model, input_ids, attention_mask, k, torch.arange(T), None, fuse_mask, gate)[3]
+    return recurrent_run(model, input_ids, attention_mask, k, torch.arange(T), fuse_mask=fuse_mask, gate=gate,
+                         full_std=False).top
 
 
 def recurrent_logits(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Logits [batch, T, vocab] of recurrent-full at every position, differentiable: the trainer's recurrent
     objective backpropagates through the whole recurrence (every cached one-token step), not a Jacobi horizon."""
     T = input_ids.shape[1]
-    return _recurrent(model, input_ids, attention_mask, None, torch.arange(T), None)[2]
+    return recurrent_run(model, input_ids, attention_mask, None, torch.arange(T), full_std=False).logits
 
 
-def _recurrent(model, ids, mask, k, cols, rec, fuse_mask=None, gate=None):
-    """Standard prefill with cache, crop the last k columns, recompute them sequentially with feedback.
+# ----- the recurrence: one step, one loop ---------------------------------------------------------------------
+def recurrent_start(T: int, k: int | None) -> int:
+    """First recomputed (fused) column of recurrent-k on T columns (k None = recurrent-full): T - min(k, T-1)."""
+    return T - (T - 1 if k is None else min(k, T - 1))
+
+
+def recurrent_fuse(attention_mask: torch.Tensor, t: int) -> torch.Tensor:
+    """The fuse mask [batch, 1] of the one-token step at column t: previous and current column are real tokens."""
+    return (attention_mask[:, t - 1].bool() & attention_mask[:, t].bool())[:, None]
+
+
+def recurrent_step(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor, t: int,
+                   state: torch.Tensor, cache, fuse_mask: torch.Tensor | None = None,
+                   gate: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> LMOutput:
+    """The recurrence's cached one-token step at column t fed `state` [batch, d_model] (the top state of t-1);
+    `cache` holds columns 0..t-1 and gains column t. `fuse_mask` [batch, T] (default: previous and current
+    column real), `gate` [batch, T, D]: the model's token_gate(ids), when the caller has it; `position_ids`
+    [batch, T]: positions_from_mask(attention_mask, T), when the caller has it (a loop computes them once)."""
+    fuse = recurrent_fuse(attention_mask, t) if fuse_mask is None else fuse_mask[:, t:t + 1]
+    return model(input_ids[:, t:t + 1], attention_mask[:, :t + 1], state=state[:, None], fuse_mask=fuse,
+                 cache=cache, use_cache=True, gate=None if gate is None else gate[:, t:t + 1],
+                 position_ids=None if position_ids is None else position_ids[:, t:t + 1])
+
+
+def cache_prefix(cache, t: int, config) -> DynamicCache:
+    """A new DynamicCache holding the first t columns of `cache` (left untouched). The keys/values of a column
+    never change once computed, so the final cache of a clean recurrent run cropped to t columns is the cache
+    its step at column t started from."""
+    return DynamicCache(ddp_cache_data=[(layer.keys[..., :t, :], layer.values[..., :t, :])
+                                        for layer in cache.layers], config=config)
+
+
+class RecurrentRun(NamedTuple):
+    std: LMOutput  # the standard pass over all T columns (its logits/top serve mode "standard"); with
+    #                full_std=False over the first T-k columns only (the ones the recurrence keeps)
+    std_resid: torch.Tensor | None  # [batch, n_cols, L+1, D] standard residual at `cols` (recorder given);
+    #                                 with full_std=False at the `cols` before T-k only
+    logits: torch.Tensor  # [batch, n_cols, vocab] recurrent-k at `cols`
+    top: torch.Tensor  # [batch, n_cols, D]
+    resid: torch.Tensor | None  # [batch, n_cols, L+1, D]
+    cache: DynamicCache  # every column's keys/values after the last step
+
+
+def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None, full_std=True) -> RecurrentRun:
+    """Standard prefill with cache, crop the last k columns (None = T-1), recompute them with `recurrent_step`.
 
     `fuse_mask` [B, T] (default: every real position after a real one) says where the recomputed columns are
-    fused; `gate`: the model's token_gate(ids), when the caller has it.
-    Returns (standard_out, standard_resid, logits [B, cols, V], top, resid) for columns `cols`.
+    fused; `gate`: the model's token_gate(ids), when the caller has it; `rec`: a ResidualRecorder.
+    `full_std=False`: the standard prefill runs on the first T-k columns only, the ones the cache keeps (the
+    others would be cropped and recomputed): recurrent-full then costs T one-token-sized calls, not a full
+    parallel pass plus T-1 steps. The result is the same; only `std` and `std_resid` are shorter (see
+    RecurrentRun).
     """
     T = ids.shape[1]
     k = T - 1 if k is None else min(k, T - 1)
+    s = T - k  # first recomputed column
+    short = not full_std and k > 0
     if rec is not None:
-        rec.cols = cols
+        rec.cols = cols[cols < s] if short else cols
     cache = DynamicCache(config=model.config)
-    std = model(ids, mask, cache=cache, use_cache=True)
+    std = model(ids[:, :s], mask[:, :s], cache=cache, use_cache=True) if short else \
+        model(ids, mask, cache=cache, use_cache=True)
     std_resid = rec.take() if rec is not None else None
-    logits, top = std.logits[:, cols].clone(), std.top[:, cols].clone()
-    resid = std_resid.clone() if std_resid is not None else None
+    if short:
+        pre = cols < s
+        logits = std.logits.new_empty((ids.shape[0], len(cols), std.logits.shape[-1]))
+        top = std.top.new_empty((ids.shape[0], len(cols), std.top.shape[-1]))
+        logits[:, pre], top[:, pre] = std.logits[:, cols[pre]], std.top[:, cols[pre]]
+        resid = None
+        if std_resid is not None:
+            resid = std_resid.new_empty((ids.shape[0], len(cols)) + std_resid.shape[2:])
+            resid[:, pre] = std_resid
+    else:
+        logits, top = std.logits[:, cols].clone(), std.top[:, cols].clone()
+        resid = std_resid.clone() if std_resid is not None else None
     if k == 0:
-        return std, std_resid, logits, top, resid
-    cache.crop(-k)
-    prev = std.top[:, T - k - 1]  # [batch, d_model]
+        return RecurrentRun(std, std_resid, logits, top, resid, cache)
+    if not short:
+        cache.crop(-k)
+    prev = std.top[:, s - 1]  # [batch, d_model]
+    # Computed once for the loop, not per step: the default fuse mask and the position ids.
+    if fuse_mask is None:  # recurrent_fuse at every column
+        fuse_mask = torch.zeros_like(mask, dtype=torch.bool)
+        fuse_mask[:, 1:] = mask[:, :-1].bool() & mask[:, 1:].bool()
+    position_ids = positions_from_mask(mask, T)
     col_pos = {int(c): j for j, c in enumerate(cols.tolist())}
-    for t in range(T - k, T):
-        fuse = (mask[:, t - 1].bool() & mask[:, t].bool())[:, None] if fuse_mask is None else fuse_mask[:, t:t + 1]
-        j = col_pos.get(t)
-        if rec is not None:
-            rec.cols = torch.tensor([0]) if j is not None else None
-        out = model(ids[:, t:t + 1], mask[:, :t + 1], state=prev[:, None], fuse_mask=fuse, cache=cache,
-                    use_cache=True, gate=None if gate is None else gate[:, t:t + 1])
-        prev = out.top[:, 0]
-        if j is not None:
-            logits[:, j], top[:, j] = out.logits[:, 0], out.top[:, 0]
+    with sequential_threads():  # one-token steps: 1 thread (common.cpus); the prefill above keeps them all
+        for t in range(s, T):
+            j = col_pos.get(t)
             if rec is not None:
-                resid[:, j] = rec.take()[:, 0]
-    return std, std_resid, logits, top, resid
+                rec.cols = torch.tensor([0]) if j is not None else None
+            out = recurrent_step(model, ids, mask, t, prev, cache, fuse_mask, gate, position_ids)
+            prev = out.top[:, 0]
+            if j is not None:
+                logits[:, j], top[:, j] = out.logits[:, 0], out.top[:, 0]
+                if rec is not None:
+                    resid[:, j] = rec.take()[:, 0]
+    return RecurrentRun(std, std_resid, logits, top, resid, cache)
+
+
+# ----- the prefill contract -----------------------------------------------------------------------------------
+def _plan(modes) -> list[Mode]:
+    """The order the engine runs distinct modes in: recurrent modes first (each one's standard pass also serves
+    'standard'), then the rest. `call_schedule` and `prefill_many` both follow it."""
+    return [m for m in modes if m.kind == "recurrent"] + [m for m in modes if m.kind != "recurrent"]
+
+
+def call_schedule(modes, T: int, n_layers: int | None = None) -> tuple[dict[str, int], int]:
+    """({mode name: index of the engine's model call (block-0 call) that computes position -1 for it}, total
+    calls) for ``prefill_many(model, ids[:, :T], ..., modes)`` with distinct ``modes``: what a reader outside
+    the engine (nnsight in probes.collect) needs to pick the right call."""
+    from engine.recirculation import recirc_calls
+
+    parsed = _distinct(modes, n_layers)
+    want_std = any(m.kind == "standard" for m in parsed)
+    where: dict[str, int] = {}
+    idx = 0
+    for m in _plan(parsed):
+        if m.name in where:
+            continue
+        if m.kind == "recurrent":
+            k = T - 1 if m.n is None else min(m.n, T - 1)
+            if want_std and "standard" not in where:
+                where["standard"] = idx
+            where[m.name] = idx + k
+            idx += k + 1
+        elif m.kind == "standard":
+            where[m.name] = idx
+            idx += 1
+        elif m.kind == "fused":
+            idx += m.n + 1
+            where[m.name] = idx - 1
+        else:
+            idx += recirc_calls(m.recirc, T)
+            where[m.name] = idx - 1
+    return where, idx
+
+
+def _distinct(modes, n_layers=None) -> list[Mode]:
+    out: list[Mode] = []
+    for m in modes:
+        p = parse_mode(m, n_layers)
+        if p not in out:
+            out.append(p)
+    return out
 
 
 @torch.no_grad()
 def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  modes=("standard",), positions: tuple[int, ...] = (-1,), collect: bool = True
                  ) -> dict[str, PrefillResult]:
-    """Run several prefill modes on one left-padded batch, sharing work where modes allow.
+    """Run several modes on one left-padded batch, sharing work where modes allow.
 
-    The standard result comes for free with any recurrent mode (same prefill, same KV cache).
+    The standard result comes for free with any recurrent mode (same prefill, same KV cache). Recirc modes run
+    on the model's LM without its fusion module (engine.recirculation).
     """
+    from engine.recirculation import recirculated_prefill
+
     modes = list(modes)
-    parsed = [parse_mode(m) for m in modes]
-    if not model.has_fusion and any(m.kind != "standard" for m in parsed):
-        raise UserError("this model has no fusion module: only the standard prefill mode is available")
+    parsed = [parse_mode(m, model.n_layers) for m in modes]
+    if not model.has_fusion and any(m.has_feedback for m in parsed):
+        raise UserError("this model has no fusion module: only the standard and recirc modes are available")
     positions = tuple(int(p) for p in positions)
-    _check_inputs(model, input_ids, attention_mask, positions)
+    check_inputs(model, input_ids, attention_mask, positions)
+    input_ids, attention_mask = to_model(model, input_ids, attention_mask)
     T = input_ids.shape[1]
     cols = torch.tensor([T + p for p in positions])
     results: dict[str, PrefillResult] = {}
     want_std = any(m.kind == "standard" for m in parsed)
-    with _maybe_record(model, collect) as rec:
-        for m in parsed:
-            if m.kind == "recurrent":
-                std, std_resid, logits, top, resid = _recurrent(model, input_ids, attention_mask, m.n, cols, rec)
-                results[m.name] = PrefillResult(m.name, positions, logits, top, resid)
-                if want_std and "standard" not in results:
-                    results["standard"] = PrefillResult("standard", positions, std.logits[:, cols],
-                                                        std.top[:, cols], std_resid)
-        for m in parsed:
+    with maybe_record(model, collect) as rec:
+        for m in _plan(_distinct(parsed)):
             if m.name in results:
+                continue
+            if m.kind == "recurrent":
+                run = recurrent_run(model, input_ids, attention_mask, m.n, cols, rec,
+                                    full_std=want_std and "standard" not in results)
+                results[m.name] = PrefillResult(m.name, positions, run.logits, run.top, run.resid)
+                if want_std and "standard" not in results:
+                    results["standard"] = PrefillResult("standard", positions, run.std.logits[:, cols],
+                                                        run.std.top[:, cols], run.std_resid)
+                continue
+            if m.kind == "recirc":
+                if rec is not None:
+                    rec.cols = None  # the recirculation engine records with its own recorder
+                results[m.name] = recirculated_prefill(model, m.recirc, input_ids, attention_mask, positions,
+                                                       collect)
                 continue
             if m.kind == "standard":
                 out = _standard(model, input_ids, attention_mask, cols, rec)
@@ -347,8 +363,9 @@ def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask
 
 
 def prefill(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            mode: str = "standard", positions: tuple[int, ...] = (-1,), collect: bool = True) -> PrefillResult:
-    """One prefill mode; see `prefill_many`."""
+            mode: str | Mode = "standard", positions: tuple[int, ...] = (-1,), collect: bool = True
+            ) -> PrefillResult:
+    """One mode; see `prefill_many`."""
     return next(iter(prefill_many(model, input_ids, attention_mask, (mode,), positions, collect).values()))
 
 
@@ -357,17 +374,26 @@ def generate(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: to
              max_new_tokens: int, decoding: str = "std") -> torch.Tensor:
     """Greedy generation. Returns new token ids [batch, max_new_tokens].
 
-    std    token embeddings only
+    std    token embeddings only (the base model's cached greedy decoding)
     soft   recurrent-1 prefill (the last prompt token is fed like a decoding step, fused with h_{T-1}),
            then every generated token fused with the previous top state
     fused  fused-1 prefill, then as soft
+    recirc-S:D:A[:mode]  recirculation's exact sequential prefill, then one [r_{t-1}, n_t] step per token
     """
+    if str(decoding).startswith("recirc-"):
+        from engine.recirculation import RecirculatedLM, lm_only
+
+        return RecirculatedLM(lm_only(model), parse_mode(decoding, model.n_layers).recirc).generate(
+            input_ids, attention_mask, max_new_tokens)
     if decoding not in DECODINGS:
-        raise UserError(f"unknown decoding {decoding!r} (use one of {', '.join(DECODINGS)})")
+        raise UserError(f"unknown decoding {decoding!r} (use one of {', '.join(DECODINGS)} or recirc-S:D:A)")
     if decoding != "std" and not model.has_fusion:
         raise UserError(f"decoding {decoding!r} needs a model with a fusion module")
-    _check_inputs(model, input_ids, attention_mask, (-1,))
-    ctx = getattr(model.config, "max_position_embeddings", None)
+    if max_new_tokens < 0:
+        raise UserError(f"max_new_tokens must be >= 0, got {max_new_tokens!r}")
+    check_inputs(model, input_ids, attention_mask, (-1,))
+    input_ids, attention_mask = to_model(model, input_ids, attention_mask)
+    ctx = context_length(model.config)
     longest = int(attention_mask.sum(-1).max())
     if ctx is not None and longest + max_new_tokens - 1 > ctx:  # the last new token is never fed back in
         raise UserError(f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the model's context ({ctx})")
@@ -375,63 +401,24 @@ def generate(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: to
     cols = torch.tensor([T - 1])
     if decoding == "std":
         out = _standard(model, input_ids, attention_mask, cols, None, use_cache=True)
-        cache, prev = out.cache, out.top[:, -1]
-        logits = out.logits[:, -1]
+        cache = out.cache
     elif decoding == "fused":
         out = _fused(model, input_ids, attention_mask, 1, cols, None, use_cache=True)
-        cache, prev, logits = out.cache, out.top[:, -1], out.logits[:, -1]
-    elif T == 1:  # no previous state to feed: recurrent-1 of one token is the standard prefill
-        out = _standard(model, input_ids, attention_mask, cols, None, use_cache=True)
-        cache, prev, logits = out.cache, out.top[:, -1], out.logits[:, -1]
-    else:
-        cache = DynamicCache(config=model.config)
-        out = model(input_ids, attention_mask, cache=cache, use_cache=True)
-        cache.crop(-1)
-        fuse = (attention_mask[:, -2].bool() if T > 1 else torch.zeros_like(attention_mask[:, -1]).bool())[:, None]
-        out = model(input_ids[:, -1:], attention_mask, state=out.top[:, -2:-1], fuse_mask=fuse, cache=cache,
-                    use_cache=True)
-        prev, logits = out.top[:, -1], out.logits[:, -1]
+        cache = out.cache
+    else:  # soft: recurrent-1 (of one token: the standard prefill)
+        run = recurrent_run(model, input_ids, attention_mask, 1, cols)
+        out, cache = LMOutput(logits=run.logits, top=run.top), run.cache
+    prev, logits = out.top[:, -1], out.logits[:, -1]
     mask = attention_mask
     new = []
-    for step in range(max_new_tokens):
-        tok = logits.argmax(-1)  # [batch]
-        new.append(tok)
-        if step == max_new_tokens - 1:
-            break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        state = None if decoding == "std" else prev[:, None]
-        out = model(tok[:, None], mask, state=state, cache=cache, use_cache=True)
-        prev, logits = out.top[:, -1], out.logits[:, -1]
+    with sequential_threads():  # one-token decoding steps: 1 thread (common.cpus)
+        for step in range(max_new_tokens):
+            tok = logits.argmax(-1)  # [batch]
+            new.append(tok)
+            if step == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            state = None if decoding == "std" else prev[:, None]
+            out = model(tok[:, None], mask, state=state, cache=cache, use_cache=True)
+            prev, logits = out.top[:, -1], out.logits[:, -1]
     return torch.stack(new, dim=1) if new else input_ids.new_zeros((input_ids.shape[0], 0))
-
-
-# ===== Intervention primitives (interventions/*): new public functions only; the engine above is unchanged =====
-shift_state = _shift_state  # state[:, t] = top[:, t-1] and the default fuse mask, as every Jacobi pass uses them
-jacobi_pass = _jacobi_pass  # one parallel feedback pass (fused-n is n of them after the standard pass)
-
-
-def recurrent_start(T: int, k: int | None) -> int:
-    """First recomputed (fused) column of recurrent-k on T columns (k None = recurrent-full): T - min(k, T-1)."""
-    return T - (T - 1 if k is None else min(k, T - 1))
-
-
-def recurrent_fuse(attention_mask: torch.Tensor, t: int) -> torch.Tensor:
-    """The fuse mask [batch, 1] of the one-token step at column t: previous and current column are real tokens."""
-    return (attention_mask[:, t - 1].bool() & attention_mask[:, t].bool())[:, None]
-
-
-def recurrent_step(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor, t: int,
-                   state: torch.Tensor, cache, fuse_mask: torch.Tensor | None = None) -> LMOutput:
-    """The recurrence's cached one-token step at column t fed `state` [batch, d_model] (the top state of t-1);
-    `cache` holds columns 0..t-1 and gains column t. Exactly the step `_recurrent` takes."""
-    fuse = recurrent_fuse(attention_mask, t) if fuse_mask is None else fuse_mask
-    return model(input_ids[:, t:t + 1], attention_mask[:, :t + 1], state=state[:, None], fuse_mask=fuse,
-                 cache=cache, use_cache=True)
-
-
-def cache_prefix(cache, t: int, config) -> DynamicCache:
-    """A new DynamicCache holding the first t columns of `cache` (left untouched). The keys/values of a column
-    never change once computed, so the final cache of a clean recurrent run cropped to t columns is the cache
-    its step at column t started from."""
-    return DynamicCache(ddp_cache_data=[(layer.keys[..., :t, :], layer.values[..., :t, :])
-                                        for layer in cache.layers], config=config)

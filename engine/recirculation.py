@@ -40,13 +40,16 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from common.errors import UserError
+from common.cpus import sequential_threads
+from engine.hooks import Hooks, ResidualRecorder, maybe_record, on_depth
+from engine.inputs import check_inputs
 from models.full_bandwidth import FullBandwidthLM, decoder_layers, positions_from_mask
 
 MODES = ("convex", "residual")
@@ -147,44 +150,31 @@ class RecircOutput:
     last_zs: torch.Tensor | None = None  # sequential only: z_{T-1,s} [batch, d_model], to continue generating
 
 
-class _Injector:
-    """Pre-hook on block d (replaces chosen columns of its input by z') + forward hook on block s (records z_s)."""
+class _Injector(Hooks):
+    """Mixing at depth d (chosen columns of the residual entering block d+1 replaced by z') and a record of
+    z_s at depth s, both on the engine's one hook helper (engine.hooks.on_depth)."""
 
     def __init__(self, layers: nn.ModuleList, spec: RecircSpec):
+        super().__init__()
         self.spec = spec
         self.inject_cols: torch.Tensor | None = None  # columns of the current call to replace
         self.inject_zs: torch.Tensor | None = None  # [batch, n_inject, D] z_s for them
         self.inject_alpha: torch.Tensor | None = None  # [batch, n_inject]
         self.record_cols: torch.Tensor | None = None  # columns whose z_s to keep
         self.zs: torch.Tensor | None = None
-        self.handles = []
-        target, source = layers[spec.target], layers[spec.source - 1]
+        self.add(on_depth(layers, spec.target, self._inject))
+        self.add(on_depth(layers, spec.source, self._record))
 
-        def pre(mod, args, kwargs):
-            if self.inject_cols is None:
-                return None
-            h = args[0] if args else kwargs["hidden_states"]
-            h = h.clone()
-            cols = self.inject_cols
-            h[:, cols] = mix(h[:, cols], self.inject_zs, self.spec, self.inject_alpha)
-            if args:
-                return (h,) + tuple(args[1:]), kwargs
-            kwargs = dict(kwargs)
-            kwargs["hidden_states"] = h
-            return args, kwargs
+    def _inject(self, h):
+        if self.inject_cols is None:
+            return None
+        h = h.clone()
+        h[:, self.inject_cols] = mix(h[:, self.inject_cols], self.inject_zs, self.spec, self.inject_alpha)
+        return h
 
-        def post(mod, args, out):
-            if self.record_cols is not None:
-                h = out[0] if isinstance(out, tuple) else out
-                self.zs = h[:, self.record_cols].detach()
-
-        self.handles.append(target.register_forward_pre_hook(pre, with_kwargs=True))
-        self.handles.append(source.register_forward_hook(post))
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
+    def _record(self, h):
+        if self.record_cols is not None:
+            self.zs = h[:, self.record_cols].detach()
 
 
 def _float_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -241,23 +231,13 @@ class RecirculatedLM(nn.Module):
         return self.base.lm.get_output_embeddings()(top)
 
     def _check(self, input_ids, attention_mask):
-        if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
-            raise UserError("input_ids and attention_mask must both be [batch, T]")
-        if input_ids.shape[1] == 0:
-            raise UserError("empty prompt")
-        if not bool(attention_mask[:, -1].all()):
-            raise UserError("prompts must be left-padded (every row's last column must be a real token)")
-        ctx = getattr(self.config, "max_position_embeddings", None) or getattr(self.config, "n_positions", None)
-        if ctx is not None and int(attention_mask.sum(-1).max()) > ctx:
-            raise UserError(f"prompt longer than the model's context ({ctx})")
+        check_inputs(self.base, input_ids, attention_mask)
 
     # ----- sequential (exact) -----------------------------------------------------------------------------
     @torch.no_grad()
     def sequential(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cols: torch.Tensor | None = None,
                    collect: bool = False, keep_cache: bool = False) -> RecircOutput:
         """Exact recirculated prefill; outputs of the normal branch at `cols` (default: every column)."""
-        from engine.prefill import ResidualRecorder
-
         self._check(input_ids, attention_mask)
         B, T = input_ids.shape
         cols = torch.arange(T) if cols is None else cols
@@ -270,42 +250,43 @@ class RecirculatedLM(nn.Module):
         rec = ResidualRecorder(self.base) if collect else None
         logits = top = resid = None
         zs_prev = None
-        try:
-            if rec is not None:
-                rec.__enter__()
-            for t in range(T):
-                if t == 0:
-                    chunk, c_n = input_ids[:, :1], 0
-                    inj.inject_cols = None
-                else:
-                    chunk, c_n = input_ids[:, t - 1:t + 1], 1
-                    inj.inject_cols, inj.inject_zs = torch.tensor([0]), zs_prev[:, None]
-                    inj.inject_alpha = alpha_all[:, t - 1:t]
-                inj.record_cols = torch.tensor([c_n])
-                j = want.get(t)
+        with sequential_threads():  # one-token steps: 1 thread (common.cpus)
+            try:
                 if rec is not None:
-                    rec.cols = torch.tensor([c_n]) if j is not None else None
-                k = t + 1
-                q = chunk.shape[1]
-                allowed = valid[:, None, :k] & (torch.arange(k)[None, :] <= torch.arange(k - q, k)[:, None])[None]
-                h = self._run(chunk, _float_mask(allowed, self.base.lm.dtype), pos_all[:, t + 1 - q:t + 1], cache)
-                zs_prev = inj.zs[:, 0]
-                cache.crop(-1)  # drop n_t's keys/values; r_t replaces them at the next step
-                if j is not None:
-                    hn = h[:, c_n]
-                    if logits is None:
-                        logits = torch.empty(B, len(cols), self.config.vocab_size, dtype=hn.dtype)
-                        top = torch.empty(B, len(cols), hn.shape[-1], dtype=hn.dtype)
-                        if collect:
-                            resid = torch.empty(B, len(cols), self.n_layers + 1, hn.shape[-1], dtype=hn.dtype)
-                    logits[:, j] = self._head(hn)
-                    top[:, j] = hn
+                    rec.__enter__()
+                for t in range(T):
+                    if t == 0:
+                        chunk, c_n = input_ids[:, :1], 0
+                        inj.inject_cols = None
+                    else:
+                        chunk, c_n = input_ids[:, t - 1:t + 1], 1
+                        inj.inject_cols, inj.inject_zs = torch.tensor([0]), zs_prev[:, None]
+                        inj.inject_alpha = alpha_all[:, t - 1:t]
+                    inj.record_cols = torch.tensor([c_n])
+                    j = want.get(t)
                     if rec is not None:
-                        resid[:, j] = rec.take()[:, 0]
-        finally:
-            inj.remove()
-            if rec is not None:
-                rec.__exit__(None, None, None)
+                        rec.cols = torch.tensor([c_n]) if j is not None else None
+                    k = t + 1
+                    q = chunk.shape[1]
+                    allowed = valid[:, None, :k] & (torch.arange(k)[None, :] <= torch.arange(k - q, k)[:, None])[None]
+                    h = self._run(chunk, _float_mask(allowed, self.base.lm.dtype), pos_all[:, t + 1 - q:t + 1], cache)
+                    zs_prev = inj.zs[:, 0]
+                    cache.crop(-1)  # drop n_t's keys/values; r_t replaces them at the next step
+                    if j is not None:
+                        hn = h[:, c_n]
+                        if logits is None:
+                            logits = torch.empty(B, len(cols), self.config.vocab_size, dtype=hn.dtype)
+                            top = torch.empty(B, len(cols), hn.shape[-1], dtype=hn.dtype)
+                            if collect:
+                                resid = torch.empty(B, len(cols), self.n_layers + 1, hn.shape[-1], dtype=hn.dtype)
+                        logits[:, j] = self._head(hn)
+                        top[:, j] = hn
+                        if rec is not None:
+                            resid[:, j] = rec.take()[:, 0]
+            finally:
+                inj.remove()
+                if rec is not None:
+                    rec.__exit__(None, None, None)
         # The cache now holds r_{<T-1} only (n_{T-1} was cropped): `generate` feeds [r_{T-1}, n_T] next.
         return RecircOutput(logits, top, resid, cache if keep_cache else None, zs_prev)
 
@@ -314,8 +295,6 @@ class RecirculatedLM(nn.Module):
     def blockwise(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, passes: int = 2,
                   block: int | None = None, cols: torch.Tensor | None = None, collect: bool = False) -> RecircOutput:
         """Jacobi approximation: per block, pass 0 standard, then `passes` parallel [r | n] passes."""
-        from engine.prefill import ResidualRecorder
-
         self._check(input_ids, attention_mask)
         if not (isinstance(passes, int) and passes >= 1):
             raise UserError(f"blockwise recirculation needs passes >= 1, got {passes!r}")
@@ -387,9 +366,7 @@ class RecirculatedLM(nn.Module):
     # ----- base model (identity) --------------------------------------------------------------------------
     @torch.no_grad()
     def _base(self, input_ids, attention_mask, cols, collect) -> RecircOutput:
-        from engine.prefill import ResidualRecorder, _maybe_record
-
-        with _maybe_record(self.base, collect) as rec:
+        with maybe_record(self.base, collect) as rec:
             if rec is not None:
                 rec.cols = cols
             out = self.base(input_ids, attention_mask)
@@ -424,49 +401,48 @@ class RecirculatedLM(nn.Module):
         if max_new_tokens == 0:
             return input_ids.new_zeros((B, 0))
         if self.spec.is_identity and self.bypass_identity:
-            return base_generate(self.base, input_ids, attention_mask, max_new_tokens)
+            from engine.prefill import generate
+
+            return generate(self.base, input_ids, attention_mask, max_new_tokens, "std")
         out = self.sequential(input_ids, attention_mask, cols=torch.tensor([T - 1]), keep_cache=True)
         cache, zs, logits = out.cache, out.last_zs, out.logits[:, 0]
         mask = attention_mask
         prev = input_ids[:, -1]
         inj = _Injector(self.layers, self.spec)
         new = []
-        try:
-            for step in range(max_new_tokens):
-                tok = logits.argmax(-1)
-                new.append(tok)
-                if step == max_new_tokens - 1:
-                    break
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-                pos = positions_from_mask(mask, 2)
-                inj.inject_cols, inj.inject_zs = torch.tensor([0]), zs[:, None]
-                inj.inject_alpha = self._alpha(pos[:, :1], mask[:, -2:-1].bool())
-                inj.record_cols = torch.tensor([1])
-                chunk = torch.stack([prev, tok], 1)
-                h = self._run(chunk, mask, pos, cache)
-                cache.crop(-1)
-                zs, prev = inj.zs[:, 0], tok
-                logits = self._head(h[:, 1])
-        finally:
-            inj.remove()
+        with sequential_threads():  # one-token steps: 1 thread (common.cpus)
+            try:
+                for step in range(max_new_tokens):
+                    tok = logits.argmax(-1)
+                    new.append(tok)
+                    if step == max_new_tokens - 1:
+                        break
+                    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+                    pos = positions_from_mask(mask, 2)
+                    inj.inject_cols, inj.inject_zs = torch.tensor([0]), zs[:, None]
+                    inj.inject_alpha = self._alpha(pos[:, :1], mask[:, -2:-1].bool())
+                    inj.record_cols = torch.tensor([1])
+                    chunk = torch.stack([prev, tok], 1)
+                    h = self._run(chunk, mask, pos, cache)
+                    cache.crop(-1)
+                    zs, prev = inj.zs[:, 0], tok
+                    logits = self._head(h[:, 1])
+            finally:
+                inj.remove()
         return torch.stack(new, 1)
 
 
-@torch.no_grad()
-def base_generate(model: FullBandwidthLM, input_ids, attention_mask, max_new_tokens: int) -> torch.Tensor:
-    """Plain cached greedy decoding of the base model (one 1-token step per new token)."""
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids, attention_mask, cache=cache, use_cache=True)
-    logits, mask, new = out.logits[:, -1], attention_mask, []
-    for step in range(max_new_tokens):
-        tok = logits.argmax(-1)
-        new.append(tok)
-        if step == max_new_tokens - 1:
-            break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-        out = model(tok[:, None], mask, cache=cache, use_cache=True)
-        logits = out.logits[:, -1]
-    return torch.stack(new, 1)
+def lm_only(model: FullBandwidthLM | PreTrainedModel) -> FullBandwidthLM:
+    """The model recirculation runs: the LM alone (a fusion module, if any, is left out, never run)."""
+    if isinstance(model, FullBandwidthLM) and not model.has_fusion:
+        return model
+    return FullBandwidthLM(model.lm if isinstance(model, FullBandwidthLM) else model, fusion=False).eval()
+
+
+def recirc_calls(spec: RecircSpec, T: int) -> int:
+    """Model calls (calls of block 0) of the exact sequential prefill on T columns: identity mixing is the base
+    model's one parallel forward, anything else one 2-token step per column."""
+    return 1 if spec.is_identity else T
 
 
 # ----- the probes.run hook ----------------------------------------------------------------------------------
@@ -480,7 +456,7 @@ def recirculated_prefill(model: FullBandwidthLM | PreTrainedModel, spec: RecircS
     """
     from engine.prefill import PrefillResult
 
-    base = model if isinstance(model, FullBandwidthLM) else FullBandwidthLM(model, fusion=False).eval()
+    base = lm_only(model)
     if isinstance(spec, str):
         spec = parse_recirculate(spec, base.n_layers)
     rlm = RecirculatedLM(base, spec)
@@ -494,25 +470,5 @@ def recirculated_prefill(model: FullBandwidthLM | PreTrainedModel, spec: RecircS
     return PrefillResult(spec.name, positions, out.logits, out.top, out.resid)
 
 
-# ----- small utilities for the analysis ---------------------------------------------------------------------
-def random_rotation(d: int, angle: float | None = None, seed: int = 0) -> torch.Tensor:
-    """A D x D orthogonal matrix: Haar-random (angle None), or exp of a random skew matrix scaled so that the
-    rotation turns a typical vector by about `angle` radians (a 'small rotation')."""
-    g = torch.Generator().manual_seed(seed)
-    if angle is None:
-        q, r = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
-        return (q * torch.sign(torch.diagonal(r))[None]).float()
-    a = torch.randn(d, d, generator=g, dtype=torch.float64)
-    skew = (a - a.T) / math.sqrt(2 * d)  # ||skew x|| ~ ||x|| for a typical x
-    return torch.linalg.matrix_exp(angle * skew).float()
-
-
-def orthonormal(vectors: torch.Tensor) -> torch.Tensor:
-    """[k, D] directions -> [D, k] orthonormal basis of their span."""
-    q, _ = torch.linalg.qr(vectors.double().T)
-    return q.float()
-
-
 __all__ = ["RecircSpec", "RecirculatedLM", "RecircOutput", "parse_recirculate", "mix", "recirculated_prefill",
-           "base_generate", "random_rotation", "orthonormal", "MODES"]
-_ = replace  # re-exported for callers that build spec variants
+           "recirc_calls", "lm_only", "MODES"]

@@ -14,7 +14,7 @@ columns are aligned from the end)
 A state/fused patch matters only where the mode fuses (the fuse mask: previous and current column real tokens
 of the row); a patch at a padding column of a row has no effect on that row.
 
-Modes (engine.prefill.parse_mode; canonical names)
+Modes (engine.modes.parse_mode; canonical names)
     standard        one parallel forward; resid sites only (no fusion runs)
     recurrent-k     standard prefill of all T columns with a KV cache, then columns r0 = T - min(k, T-1) .. T-1
                     recomputed one token at a time, each fused with the previous column's top state.
@@ -32,24 +32,26 @@ Cost and sharing
     fused-n: the clean passes' top states are kept; a patch at pass k reuses pass k-1's and reruns passes
         k..n (n - k + 1 parallel forwards).
     State patches need no hook: the state is an explicit argument of the step / pass. fused and resid patches
-    use one hook helper (`_hooks`: forward hooks on the fusion module and the blocks) for the forward where
-    they apply; every other forward is a plain engine call.
+    use the engine's one hook helper (engine.hooks.patched) for the forward where they apply; every forward is
+    an engine primitive (the standard pass, engine.prefill.recurrent_step / recurrent_run / jacobi_pass).
 `CausalContext` checks at construction that every mode's clean run equals the engine's (engine.prefill.
 prefill_many: logits and top states at every position) bit for bit.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
+from common.cpus import sequential_threads
 from common.errors import UserError
+from engine.hooks import ResidualRecorder, patched
+from engine.modes import Mode, parse_mode
+from engine.prefill import (cache_prefix, iter_fused, jacobi_pass, recurrent_run, recurrent_start, recurrent_step,
+                            shift_state)
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
-from engine.prefill import (Mode, ResidualRecorder, cache_prefix, jacobi_pass, parse_mode, recurrent_start,
-                            recurrent_step, shift_state)
 
 SITES = ("state", "fused", "resid")
 MODES = ("standard", "recurrent-1")  # the default modes of a CausalContext
@@ -189,47 +191,14 @@ class RunOut:
     reads: dict = field(default_factory=dict)
 
 
-# ----- the one hook helper ------------------------------------------------------------------------------------
-@contextmanager
-def _hooks(model: FullBandwidthLM, layers, patches, col_of):
-    """Forward hooks substituting fused/resid `patches` at column col_of(p) of the current call."""
+def _hooks(model: FullBandwidthLM, patches, col_of):
+    """The engine's hook helper substituting the fused/resid `patches` at column col_of(p) of the current call."""
     fused = [(col_of(p), p.value) for p in patches if p.site == "fused"]
     resid: dict[int, list] = {}
     for p in patches:
         if p.site == "resid":
             resid.setdefault(p.depth, []).append((col_of(p), p.value))
-    handles = []
-
-    def put(h, items):
-        h = h.clone()
-        for c, v in items:
-            h[:, c] = v.to(h.dtype)
-        return h
-
-    try:
-        if fused:
-            handles.append(model.fusion.register_forward_hook(lambda mod, args, out: put(out, fused)))
-        for d, items in resid.items():
-            if d == 0:
-                def pre(mod, args, kwargs, items=items):
-                    if args:
-                        return (put(args[0], items),) + tuple(args[1:]), kwargs
-                    kwargs = dict(kwargs)
-                    kwargs["hidden_states"] = put(kwargs["hidden_states"], items)
-                    return args, kwargs
-
-                handles.append(layers[0].register_forward_pre_hook(pre, with_kwargs=True))
-            else:
-                def post(mod, args, out, items=items):
-                    if isinstance(out, tuple):
-                        return (put(out[0], items),) + tuple(out[1:])
-                    return put(out, items)
-
-                handles.append(layers[d - 1].register_forward_hook(post))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+    return patched(model, fused, resid)
 
 
 # ----- one runner per mode ------------------------------------------------------------------------------------
@@ -274,7 +243,7 @@ class _Standard(_Runner):
             raise UserError("standard prefill has no fused state: only resid patches apply")
 
     def run(self, patches) -> torch.Tensor:
-        with _hooks(self.model, self.layers, patches, self.col):
+        with _hooks(self.model, patches, self.col):
             return self.model(self.ids, self.mask).logits[:, -1]
 
     def resid(self, pass_=None):
@@ -288,24 +257,11 @@ class _Recurrent(_Runner):
         super().__init__(model, ids, mask, mode)
         T = self.T
         self.r0 = recurrent_start(T, mode.n)
-        cfg = model.config
         with ResidualRecorder(model) as rec:
-            rec.cols = torch.arange(T)
-            cache = DynamicCache(config=cfg)
-            std = model(ids, mask, cache=cache, use_cache=True)
-            resid = rec.take()
-            top = std.top.clone()
-            cache.crop(-(T - self.r0))
-            prev = std.top[:, self.r0 - 1]
-            rec.cols = torch.tensor([0])
-            for t in range(self.r0, T):
-                out = recurrent_step(model, ids, mask, t, prev, cache)
-                prev = out.top[:, 0]
-                top[:, t] = prev
-                resid[:, t] = rec.take()[:, 0]
-        self.cache = cache  # every column's keys/values: the shared prefix of every patched run
-        self.std_logits = std.logits[:, -1]
-        self.clean = RunOut(out.logits[:, 0], top, resid)
+            run = recurrent_run(model, ids, mask, mode.n, torch.arange(T), rec)
+        self.cache = run.cache  # every column's keys/values: the shared prefix of every patched run
+        self.std_logits = run.std.logits[:, -1]
+        self.clean = RunOut(run.logits[:, -1], run.top, run.resid)
 
     def fused_positions(self):
         return list(range(self.r0 - self.T, 0))
@@ -335,20 +291,21 @@ class _Recurrent(_Runner):
         else:  # a patch in the standard part: rerun the standard prefill patched, then every step
             pre = [p for p, c in zip(patches, cols) if c < self.r0]
             cache = DynamicCache(config=model.config)
-            with _hooks(model, self.layers, pre, self.col):
+            with _hooks(model, pre, self.col):
                 std = model(ids, mask, cache=cache, use_cache=True)
             cache.crop(-(T - self.r0))
             prev, start = std.top[:, self.r0 - 1], self.r0
             if start == T:
                 return std.logits[:, -1]
-        for t in range(start, T):
-            here = [p for p, c in zip(patches, cols) if c == t]
-            for p in here:
-                if p.site == "state":
-                    prev = p.value.to(prev.dtype)
-            with _hooks(model, self.layers, [p for p in here if p.site != "state"], lambda p: 0):
-                out = recurrent_step(model, ids, mask, t, prev, cache)
-            prev = out.top[:, 0]
+        with sequential_threads():  # the engine's thread policy for one-token steps (common.cpus)
+            for t in range(start, T):
+                here = [p for p, c in zip(patches, cols) if c == t]
+                for p in here:
+                    if p.site == "state":
+                        prev = p.value.to(prev.dtype)
+                with _hooks(model, [p for p in here if p.site != "state"], lambda p: 0):
+                    out = recurrent_step(model, ids, mask, t, prev, cache)
+                prev = out.top[:, 0]
         return out.logits[:, 0]
 
 
@@ -358,10 +315,8 @@ class _Fused(_Runner):
     def __init__(self, model, ids, mask, mode):
         super().__init__(model, ids, mask, mode)
         self.n = mode.n
-        out = model(ids, mask)
-        self.tops = [out.top]
-        for _ in range(self.n):
-            out = jacobi_pass(model, ids, mask, out.top)
+        self.tops = []
+        for _, out in iter_fused(model, ids, mask, self.n):
             self.tops.append(out.top)
         self._resid: dict[int, torch.Tensor] = {}
         self.clean = RunOut(out.logits[:, -1], out.top, None)
@@ -390,16 +345,16 @@ class _Fused(_Runner):
 
     def _pass(self, k, top_prev, patches):
         model, ids, mask = self.model, self.ids, self.mask
-        with _hooks(model, self.layers, [p for p in patches if p.site != "state"], self.col):
+        with _hooks(model, [p for p in patches if p.site != "state"], self.col):
             if k == 0:
                 return model(ids, mask)
-            state, fuse = shift_state(top_prev, mask)
             sp = [p for p in patches if p.site == "state"]
+            state = None
             if sp:
-                state = state.clone()
+                state = shift_state(top_prev, mask)[0]
                 for p in sp:
                     state[:, self.col(p)] = p.value.to(state.dtype)
-            return model(ids, mask, state=state, fuse_mask=fuse)
+            return jacobi_pass(model, ids, mask, top_prev, state=state)
 
     def resid(self, pass_=None) -> torch.Tensor:
         k = self.n if pass_ is None else pass_
@@ -442,7 +397,10 @@ class CausalContext:
         parsed = []
         for m in modes:
             p = parse_mode(m)
-            if p.name not in [q.name for q in parsed]:
+            if p.kind == "recirc":
+                raise UserError(f"interventions under {p.name} are not available: recirculation has no fed state "
+                                "(probe it with probes.run --recirculate)")
+            if p not in parsed:
                 parsed.append(p)
         if not model.has_fusion:
             parsed = [p for p in parsed if p.kind == "standard"] or [Mode("standard")]
@@ -465,7 +423,9 @@ class CausalContext:
         from engine.prefill import prefill_many
 
         T = self.batch.input_ids.shape[1]
-        ref = prefill_many(self.model, self.batch.input_ids, self.batch.attention_mask, self.modes,
+        # "standard" beside the modes: the engine's recurrent modes then share one full standard pass, the
+        # computation the runners keep (their patched runs restart from it)
+        ref = prefill_many(self.model, self.batch.input_ids, self.batch.attention_mask, ["standard", *self.modes],
                            positions=tuple(range(-T, 0)), collect=False)
         for m in self.modes:
             r = self.runners[m]

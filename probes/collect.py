@@ -45,74 +45,12 @@ from nnsight import NNsight
 from common.errors import UserError
 from common.io import atomic_write
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
-from engine.prefill import pad_left, parse_mode, prefill_many
+from engine.hooks import CallCounter
+from engine.modes import canonical_modes, parse_mode
+from engine.prefill import call_schedule, pad_left, prefill_many
 
 COLLECT_VERSION = 1  # bump when what is collected changes (invalidates the cache)
 POSITION = -1  # the probed position: the shared final token
-
-
-# ----------------------------------------------------------------------------------------------------------
-# which model call of the engine produces each mode's last-position residual
-# ----------------------------------------------------------------------------------------------------------
-RECIRC_PREFIX = "recirc-"
-
-
-def is_recirc(mode) -> bool:
-    """A recirculated 'mode' (probes.run --recirculate): 'recirc-s:d:alpha:convex|residual'."""
-    return str(mode).startswith(RECIRC_PREFIX)
-
-
-def recirc_spec(mode: str, n_layers: int | None = None):
-    from models.recirculation import parse_recirculate
-
-    return parse_recirculate(str(mode)[len(RECIRC_PREFIX):], n_layers)
-
-
-def mode_name(mode) -> str:
-    """Canonical name of a prefill mode or a recirculated mode."""
-    return recirc_spec(mode).name if is_recirc(mode) else parse_mode(mode).name
-
-
-def canonical_modes(modes) -> list[str]:
-    """Parse and de-duplicate modes (aliases such as fused-0 / recurrent-0 become 'standard'), keep order."""
-    out: list[str] = []
-    for m in modes:
-        name = mode_name(m)
-        if name not in out:
-            out.append(name)
-    if not out:
-        raise UserError("no prefill modes given")
-    return out
-
-
-def call_schedule(modes, T: int) -> tuple[dict[str, int], int]:
-    """({mode: index of the engine's model call that computes position -1 for it}, total calls) for
-    ``prefill_many(model, ids[:, :T], ..., modes)`` with canonical, de-duplicated ``modes``.
-
-    Mirrors engine/prefill.py: recurrent modes first, in order, each one standard pass with cache (call 0,
-    which also serves 'standard') and then min(k, T-1) single-token steps; then the remaining modes in order:
-    standard one call, fused-n n+1 calls. Checked against the engine after every trace (see module doc).
-    """
-    parsed = [parse_mode(m) for m in modes]
-    where: dict[str, int] = {}
-    idx = 0
-    for m in parsed:
-        if m.kind == "recurrent":
-            k = T - 1 if m.n is None else min(m.n, T - 1)
-            if "standard" not in where and any(p.kind == "standard" for p in parsed):
-                where["standard"] = idx
-            where[m.name] = idx + k
-            idx += k + 1
-    for m in parsed:
-        if m.name in where:
-            continue
-        if m.kind == "standard":
-            where[m.name] = idx
-            idx += 1
-        else:
-            idx += m.n + 1
-            where[m.name] = idx - 1
-    return where, idx
 
 
 def _layers_path(model: FullBandwidthLM) -> str:
@@ -121,20 +59,6 @@ def _layers_path(model: FullBandwidthLM) -> str:
         if mod is layers:
             return name
     raise UserError("cannot locate the decoder blocks inside the model")  # pragma: no cover
-
-
-class _CallCounter:
-    """Counts calls of block 0 (one per model call) with a plain forward pre-hook."""
-
-    def __init__(self, block):
-        self.n = 0
-        self.handle = block.register_forward_pre_hook(self._hook)
-
-    def _hook(self, *_):
-        self.n += 1
-
-    def close(self):
-        self.handle.remove()
 
 
 def _trace_batch(envoy, layers, run, ids, mask, steps):
@@ -180,71 +104,56 @@ class Collector:
         return out
 
     def _traced(self, run, ids, mask, steps, n_calls, what):
-        counter = _CallCounter(decoder_layers(self.model.lm)[0])
-        try:
+        with CallCounter(self.model) as counter:
             got = _trace_batch(self.envoy, self.layers, run, ids, mask, steps)
-        finally:
-            counter.close()
         if counter.n != n_calls or len(got) != len(steps):
             raise RuntimeError(f"{what} made {counter.n} model calls on {ids.shape[1]} columns, the collector "
                                f"expected {n_calls}: update probes.collect")
         return {s: torch.stack([t.detach().float() for t in g], dim=1) for s, g in zip(steps, got)}
 
-    def _collect_recirc(self, ids, mask, mode) -> torch.Tensor:
-        """Normal-branch residual at the last column under recirculation (models.recirculation, exact
-        sequential engine), read through the same nnsight trace: the engine's last model call computes it."""
-        from models.recirculation import RecirculatedLM
-
-        spec = recirc_spec(mode, self.n_layers)
-        # Recirculation only uses the LM; a fusion module (if any) is left out, never run.
-        rlm = RecirculatedLM(FullBandwidthLM(self.model.lm, fusion=False).eval(), spec)
-        T = ids.shape[1]
-        cols = torch.tensor([T - 1])
-
-        def run(ids_, mask_):
-            return rlm.prefill(ids_, mask_, method="sequential", cols=cols)
-
-        n_calls = 1 if spec.is_identity else T  # identity = the base model's one parallel forward
-        return self._traced(run, ids, mask, [n_calls - 1], n_calls, f"recirculation {spec.name}")[n_calls - 1]
-
     @torch.no_grad()
     def collect_batch(self, ids: torch.Tensor, mask: torch.Tensor, modes) -> dict[str, torch.Tensor]:
         """One left-padded batch -> {mode: [batch, L+1, d_model]} (canonical mode names)."""
-        modes = canonical_modes(modes)
-        out = {m: self._collect_recirc(ids, mask, m) for m in modes if is_recirc(m)}
-        engine = [m for m in modes if not is_recirc(m)]
-        if engine:
-            out.update(self._collect_engine(ids, mask, engine))
-        return {m: out[m] for m in modes}
-
-    def _collect_engine(self, ids: torch.Tensor, mask: torch.Tensor, modes) -> dict[str, torch.Tensor]:
-        where, n_calls = call_schedule(modes, ids.shape[1])
+        modes = canonical_modes(modes, self.n_layers)
+        where, n_calls = call_schedule(modes, ids.shape[1], self.n_layers)
         steps = sorted(set(where.values()))
 
         def run(ids_, mask_):
             return prefill_many(self.model, ids_, mask_, modes, collect=False)
 
-        by_step = self._traced(run, ids, mask, steps, n_calls, f"prefill engine (modes {modes})")
+        by_step = self._traced(run, ids, mask, steps, n_calls, f"the engine (modes {', '.join(modes)})")
         return {m: by_step[where[m]] for m in modes}
 
-    def collect(self, token_ids: list[list[int]], modes, desc: str = "collect") -> dict[str, np.ndarray]:
-        """Token id lists -> {mode: float32 [len(token_ids), L+1, d_model]} in the given sample order."""
+    def collect(self, token_ids: list[list[int]], modes, desc: str = "collect", procs=None
+                ) -> dict[str, np.ndarray] | None:
+        """Token id lists -> {mode: float32 [len(token_ids), L+1, d_model]} in the given sample order.
+
+        `procs` (common.distributed.Processes, under torchrun): the batches are formed over all samples exactly
+        as in one process and dealt out to the processes, each runs its own through the engine, and rank 0
+        gathers them: the same batches, so the same numbers. Returns None on the other ranks."""
         from tqdm.auto import tqdm
 
-        modes = canonical_modes(modes)
+        modes = canonical_modes(modes, self.n_layers)
         if not token_ids:
             raise UserError("empty dataset: nothing to collect")
-        n, depth, d = len(token_ids), self.n_layers + 1, self.model.d_model
-        out = {m: np.zeros((n, depth, d), dtype=np.float32) for m in modes}
         batches = self._batches([len(t) for t in token_ids])
+        if procs is not None and procs.world > 1:
+            batches = procs.share(batches)
+        rows_mine = [i for rows in batches for i in rows]
+        where = {i: j for j, i in enumerate(rows_mine)}
+        n, depth, d = len(token_ids), self.n_layers + 1, self.model.d_model
+        out = {m: np.zeros((len(rows_mine), depth, d), dtype=np.float32) for m in modes}
         bar = tqdm(batches, desc=desc, unit="batch", disable=not self.progress, file=sys.stderr, leave=False)
         for rows in bar:
             ids, mask = pad_left([token_ids[i] for i in rows], self.pad_id)
             res = self.collect_batch(ids, mask, modes)
             for m in modes:
-                out[m][rows] = res[m].cpu().numpy()
+                out[m][[where[i] for i in rows]] = res[m].float().cpu().numpy()
         bar.close()
-        return out
+        if procs is not None and procs.world > 1:
+            return procs.gather_rows(out, rows_mine, n)
+        order = np.argsort(rows_mine)  # one process: rows_mine is a permutation of 0..n-1
+        return {m: a[order] for m, a in out.items()}
 
 
 def collect_activations(model: FullBandwidthLM, token_ids: list[list[int]], modes, batch_size: int = 32,
@@ -278,7 +187,7 @@ def tokenizer_hash(tokenizer) -> str:
 
 def cache_key(weights: str, dataset: str, tokenizer: str, mode: str) -> str:
     blob = json.dumps({"collect_version": COLLECT_VERSION, "weights": weights, "dataset": dataset,
-                       "tokenizer": tokenizer, "mode": mode_name(mode), "position": POSITION},
+                       "tokenizer": tokenizer, "mode": parse_mode(mode).name, "position": POSITION},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
@@ -317,8 +226,12 @@ class ActivationCache:
 
 
 def collect_with_cache(collector: Collector, token_ids, samples, modes, tokenizer, cache: ActivationCache | None,
-                       weights: str | None = None, desc: str = "collect") -> tuple[dict[str, np.ndarray], dict]:
-    """Collect ``modes`` for a tokenized dataset, reusing cached modes; returns (acts, {mode: 'hit'|'miss'})."""
+                       weights: str | None = None, desc: str = "collect", procs=None
+                       ) -> tuple[dict[str, np.ndarray] | None, dict]:
+    """Collect ``modes`` for a tokenized dataset, reusing cached modes; returns (acts, {mode: 'hit'|'miss'}).
+
+    Under torchrun (`procs`): rank 0 decides the cache hits for everyone, the misses are collected sharded
+    (Collector.collect), and only rank 0 writes the cache and gets the activations (None elsewhere)."""
     from tasks import dataset_fingerprint
 
     modes = canonical_modes(modes)
@@ -335,12 +248,18 @@ def collect_with_cache(collector: Collector, token_ids, samples, modes, tokenize
             if hit is not None:
                 acts[m], status[m] = hit, "hit"
     missing = [m for m in modes if m not in acts]
+    if procs is not None and procs.world > 1:
+        missing = procs.broadcast(missing)  # one decision: a cache written meanwhile must not split the ranks
     if missing:
-        new = collector.collect(token_ids, missing, desc=desc)
+        new = collector.collect(token_ids, missing, desc=desc, procs=procs)
+        if new is None:  # not rank 0
+            return None, {m: "miss" if m in missing else "hit" for m in modes}
         for m in missing:
             acts[m], status[m] = new[m], "miss"
             if cache is not None:
                 cache.put(keys[m], new[m])
+    elif procs is not None and not procs.is_main:
+        return None, status
     return {m: acts[m] for m in modes}, status
 
 

@@ -10,7 +10,7 @@
   list[Sample]`` that carries ``f.label_words`` (and optionally ``f.task_name`` and ``f.distractors``, the
   default N values).
 
-Every CLI (probes.run, models.evaluate, interventions.run) uses it the same way::
+Every CLI (probes.run, analysis.evaluate, interventions.run) uses it the same way::
 
     src = resolve_task(args.task)           # UserError (one line) on a bad spec or a malformed file
     samples = src.make(n_pairs, n, seed)    # validated: pairs of two members with different labels, ...
@@ -18,8 +18,8 @@ Every CLI (probes.run, models.evaluate, interventions.run) uses it the same way:
     label_ids = src.label_token_ids(tokenizer)       # one distinct single token per label word
 
 A JSONL file is used whole (``n_pairs=None``) or cut to its first ``n_pairs`` pairs per N; its ``seed`` is
-ignored (the data are fixed). Samples of custom tasks carry ``task = src.name``; ``Sample.answer`` /
-``full_text`` look up ``tasks.LABEL_WORDS`` and so only work for built-in tasks: use ``src.label_words``.
+ignored (the data are fixed). Samples of custom tasks carry ``task = src.name`` and the task's
+``label_words``, so ``Sample.answer`` / ``full_text`` work for every task.
 """
 from __future__ import annotations
 
@@ -206,7 +206,8 @@ def validate_samples(samples, label_words, where: str) -> list[Sample]:
         if a.group_id != b.group_id:
             raise UserError(f"{where}: the two members of pair {pid} (N={n}) are in different groups "
                             f"({a.group_id}, {b.group_id}); a pair must lie in one CV group")
-    return samples
+    words = tuple(label_words)  # carried by each sample, so Sample.answer / full_text work for any task
+    return [s if s.label_words == words else dataclasses.replace(s, label_words=words) for s in samples]
 
 
 # ----- JSONL ------------------------------------------------------------------------------------------------
@@ -279,7 +280,7 @@ def _load_jsonl(spec: str) -> TaskSource:
             running = tuple(running)
         s = Sample(task=name, text=obj["text"], label=obj["label"], pair_id=pair_ids((n, obj["pair"])),
                    group_id=group_ids(obj["group"]), n_distractors=n, diff_line=obj.get("diff_line"),
-                   running=running)
+                   running=running, label_words=words)
         where[len(samples)] = i
         samples.append(s)
     try:

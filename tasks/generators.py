@@ -271,6 +271,7 @@ def dataset_fingerprint(samples) -> str:
     for s in samples:
         d = dataclasses.asdict(s)
         d.pop("n_tokens", None)
+        d.pop("label_words", None)  # the task's, not the sample's (and custom tasks' fingerprints predate it)
         for key in ("diff_line", "running"):
             if d[key] is None:
                 del d[key]

@@ -10,7 +10,7 @@ construction.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TASKS = ("completion", "memory", "multi_register")
 TRACKING_TASKS = ("parity", "shell_game")
@@ -46,10 +46,13 @@ class Sample:
     n_tokens: int | None = None  # filled by tasks.tokenize_samples
     diff_line: int | None = None  # tracking tasks: update line (0-based) where the pair members differ
     running: tuple[int, ...] | None = None  # tracking tasks: value after each update line (length N)
+    # custom tasks (tasks.custom): their label words; built-in tasks look theirs up in LABEL_WORDS. Not part of
+    # the sample's identity (left out of equality and of dataset_fingerprint).
+    label_words: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def answer(self) -> str:
-        return LABEL_WORDS[self.task][self.label]
+        return (self.label_words or LABEL_WORDS[self.task])[self.label]
 
     @property
     def full_text(self) -> str:

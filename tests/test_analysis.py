@@ -21,9 +21,9 @@ def ckpt(tmp_path_factory):
     return d
 
 
-def test_stability_records_every_pass_and_the_gate(ckpt, tmp_path):
+def test_stability_records_every_pass_and_the_gate(ckpt, tmp_path, capsys):
     from analysis import stability
-    from models.evaluate import EVAL_SEED
+    from analysis.evaluate import EVAL_SEED
 
     stability.main(["--models", str(ckpt), "--tasks", "memory", "--passes", "3", "--n-pairs", "3",
                     "--distractors", "2", "--out", str(tmp_path / "s")])
@@ -41,8 +41,17 @@ def test_stability_records_every_pass_and_the_gate(ckpt, tmp_path):
     assert rows[0]["label_accuracy"] == pytest.approx(float((pred == ids[:, -1]).float().mean()))
     g = doc["gate"][str(ckpt)]
     assert 0 < g["mean"] < 1 and g["token_std"] > 0
-    with pytest.raises(SystemExit):  # results exist: refuses without --overwrite
+    # results exist: refused without --overwrite, in one error line (exit 2), both files left byte for byte
+    before = {f: (tmp_path / "s" / f).read_bytes() for f in ("stability.json", "stability.html")}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
         stability.main(["--models", str(ckpt), "--tasks", "memory", "--passes", "1", "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "already holds stability results" in err \
+        and "--overwrite" in err, err
+    assert {f: (tmp_path / "s" / f).read_bytes() for f in before} == before
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["stability.html", "stability.json"]
 
 
 def test_gate_statistics_of_a_token_blind_gate():
@@ -72,7 +81,7 @@ def test_gains_baseline_row_is_the_standard_models_accuracy(ckpt, tmp_path):
     # and the baseline's figures are a plain forward's, computed here by hand
     model = FullBandwidthLM.from_pretrained(ckpt).eval()
     tok = build_tokenizer()
-    from models.evaluate import EVAL_SEED
+    from analysis.evaluate import EVAL_SEED
 
     samples = make_dataset("memory", n_pairs=4, n_distractors=0, seed=EVAL_SEED)
     words = torch.tensor(label_token_ids(tok, "memory"))
@@ -82,3 +91,57 @@ def test_gains_baseline_row_is_the_standard_models_accuracy(ckpt, tmp_path):
     target = words[torch.tensor([s.label for s in samples])]
     assert arms["baseline"]["accuracy"] == pytest.approx(float((lp.argmax(-1) == target).float().mean()))
     assert arms["baseline"]["label_loss"] == pytest.approx(float(-lp.gather(1, target[:, None]).mean()), rel=1e-4)
+
+
+def test_stability_and_gains_run_the_tracking_tasks(ckpt, tmp_path):
+    from analysis import gains, stability
+
+    stability.main(["--models", str(ckpt), "--tasks", "parity,shell_game", "--passes", "1", "--n-pairs", "3",
+                    "--distractors", "4", "--out", str(tmp_path / "s")])
+    rows = json.loads((tmp_path / "s" / "stability.json").read_text())["results"][str(ckpt)]
+    assert {r["task"] for r in rows} == {"parity", "shell_game"}
+    gains.main(["--fbt", str(ckpt), "--std", str(ckpt), "--tasks", "shell_game", "--distractors", "4",
+                "--n-pairs", "3", "--out", str(tmp_path / "g"), "--no-progress"])
+    arms = {r["arm"]: r for r in json.loads((tmp_path / "g" / "gains.json").read_text())["results"]}
+    assert arms["baseline"]["task"] == "shell_game" and 0 <= arms["baseline"]["accuracy"] <= 1
+
+
+@pytest.mark.parametrize("argv", [["--tasks", "parity", "--distractors", "0"], ["--tasks", "nope"]])
+def test_stability_refuses_a_bad_task_in_one_line(argv, ckpt, tmp_path, capsys):
+    from analysis import stability
+
+    with pytest.raises(SystemExit) as e:
+        stability.main(["--models", str(ckpt), "--out", str(tmp_path / "s"), *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "s" / "stability.json").exists()
+
+
+def test_fixed_point_diagnostic_when_the_fused_input_ignores_the_state(tiny_ckpt, tmp_path, capsys):
+    """analysis.fixed_point: with the fusion's up-projection zeroed the fused input no longer depends on the
+    state, so every fused-k (k >= 1) is one and the same computation, the fixed point; the printed errors of
+    k = 1..8 all equal the fixed point's, and they are not 0 (fusing still replaces the embedding)."""
+    from analysis import fixed_point
+    from tasks import build_tokenizer
+
+    model = FullBandwidthLM.from_pretrained(tiny_ckpt).eval()
+    with torch.no_grad():
+        model.fusion.up.weight.zero_()
+    model.save_pretrained(tmp_path / "m", tokenizer=build_tokenizer())
+    fixed_point.main([str(tmp_path / "m"), "--n", "2"])
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "fused-k from std" in ln]
+    assert [ln.split(":")[0] for ln in lines] == ["completion N=2", "memory N=2", "multi_register N=2"]
+    for ln in lines:
+        ks = [float(v) for v in ln.split("k = 1..8:")[1].split("|")[0].split()]
+        fix = float(ln.split("fixed point")[1])
+        assert len(ks) == 8 and fix > 0.01 and all(abs(k - fix) <= 0.0015 for k in ks), ln
+
+
+def test_fixed_point_diagnostic_refuses_a_model_without_fusion(tiny_ckpt, tmp_path, capsys):
+    from analysis import fixed_point
+
+    FullBandwidthLM(FullBandwidthLM.from_pretrained(tiny_ckpt).lm, fusion=False).save_pretrained(tmp_path / "b")
+    with pytest.raises(SystemExit) as e:
+        fixed_point.main([str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and "no fusion module" in err, err

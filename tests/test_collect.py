@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.prefill import pad_left, prefill_many
-from probes.collect import ActivationCache, Collector, call_schedule, collect_with_cache, save_activations
+from engine.prefill import call_schedule, pad_left, prefill_many
+from probes.collect import ActivationCache, Collector, collect_with_cache, save_activations
 
 TOL = 1e-5
 SEQS = [[7, 3, 41, 12, 5, 29, 33, 8], [4, 9, 2], [11, 12, 13, 14, 15], [3, 3, 3, 3, 3, 3], [20, 21]]

@@ -1,5 +1,5 @@
 """Bring-your-own tasks (tasks.custom.resolve_task): the JSONL format, module:function generators, their
-one-line validation errors, and probes.run / models.evaluate on them (docs/tasks.md)."""
+one-line validation errors, and probes.run / analysis.evaluate on them (docs/tasks.md)."""
 from __future__ import annotations
 
 import json
@@ -184,16 +184,17 @@ def test_probes_run_refuses_unscorable_label_words(tiny_ckpt, tmp_path, capsys):
     lines[0] = json.dumps({"label_words": ["0", "1", "zzz"], "name": "lw2"})
     p = tmp_path / "lw2.jsonl"
     p.write_text("\n".join(lines) + "\n")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         main(["--task", str(p), "--model", str(tiny_ckpt), "--out", str(tmp_path / "o"), "--no-cache",
               "--no-progress"])
     err = capsys.readouterr().err
-    assert "label word 'zzz' is unknown" in err and err.count("\n") == 1
+    assert e.value.code == 2, err
+    assert err.startswith("error: ") and "label word 'zzz' is unknown" in err and err.count("\n") == 1, err
     assert not (tmp_path / "o").exists()
 
 
 def test_evaluate_on_custom_tasks(tiny_ckpt, tmp_path):
-    from models.evaluate import main
+    from analysis.evaluate import main
 
     out = tmp_path / "eval.json"
     main(["--model", str(tiny_ckpt), "--tasks", f"{JSONL},{FUNC}", "--modes", "std,soft", "--n-pairs", "4",
@@ -222,3 +223,16 @@ def test_interventions_run_on_a_jsonl_file(tiny_ckpt, tmp_path):
     assert rep["dataset"]["n_samples"] == 30
     swap = next(r for r in rep["results"]["interventions"] if r["name"] == "state_swap")
     assert swap["n"] == 30 and 0.0 <= swap["flip_rate"] <= 1.0
+
+
+def test_custom_samples_know_their_answer(tmp_path):
+    """Sample.answer / full_text work for a custom task: the samples carry the task's label words."""
+    from tasks.custom import resolve_task
+
+    path = tmp_path / "mine.jsonl"
+    rows = [{"label_words": ["red", "blue"], "name": "colours"}]
+    rows += [{"text": f"item {i} is :", "label": i % 2, "pair": i // 2, "group": i // 4} for i in range(16)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    samples = resolve_task(str(path)).make(None, 0, 0)
+    assert [s.answer for s in samples[:2]] == ["red", "blue"]
+    assert samples[1].full_text == "item 1 is : blue"

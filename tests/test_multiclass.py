@@ -1,5 +1,5 @@
 """K label classes: multinomial probes (chance 1/K), the K-class control, probes.run / depth curves /
-models.evaluate on the tracking tasks (parity, shell_game); binary numbers pinned to their pre-K values."""
+analysis.evaluate on the tracking tasks (parity, shell_game); binary numbers pinned to their pre-K values."""
 from __future__ import annotations
 
 import json
@@ -25,7 +25,7 @@ def three_class_pairs(n_pairs=90, d=16, seed=0):
 def test_softmax_solver_matches_sklearn_narrow_and_wide():
     from sklearn.linear_model import LogisticRegression
 
-    from probes.linear import _SoftmaxLogReg
+    from probes.estimator import RowSpaceLogisticRegression
 
     rng = np.random.default_rng(1)
     for n, d in ((90, 8), (30, 60)):  # d > n: solved in the row space
@@ -33,7 +33,7 @@ def test_softmax_solver_matches_sklearn_narrow_and_wide():
         y = np.arange(n) % 3
         X[:, 0] += y
         for C in (0.1, 10.0):
-            m = _SoftmaxLogReg(C).fit(X, y)
+            m = RowSpaceLogisticRegression(C=C).fit(X, y)
             ref = LogisticRegression(C=C, tol=1e-12, max_iter=100000, class_weight="balanced").fit(X, y)
             assert m.coef_.shape == (3, d) and m.intercept_.shape == (3,)
             assert np.allclose(m.coef_, ref.coef_, atol=1e-4) and np.allclose(m.intercept_, ref.intercept_, atol=1e-4)
@@ -106,7 +106,7 @@ def test_binary_numbers_unchanged():
 
 
 def test_probes_run_shell_game_k3(tiny_ckpt, tmp_path):
-    from analysis.depth_curves import depth_curve_figure
+    from probes.depth_curves import depth_curve_figure
     from probes.run import main
 
     out = tmp_path / "sg"
@@ -139,7 +139,7 @@ def test_probes_run_tracking_defaults_and_n0_refused(capsys):
 
 
 def test_depth_curves_chance_fallbacks():
-    from analysis.depth_curves import chance_level
+    from probes.depth_curves import chance_level
 
     assert chance_level({"meta": {}}, "completion") == 0.5
     assert chance_level({"meta": {}}, "shell_game") == pytest.approx(1 / 3)
@@ -150,7 +150,7 @@ def test_depth_curves_chance_fallbacks():
 def test_evaluate_k_labels_by_hand_and_ci(tiny_ckpt):
     import torch
 
-    from models.evaluate import EVAL_SEED, evaluate, wilson_interval
+    from analysis.evaluate import EVAL_SEED, evaluate, wilson_interval
     from models.full_bandwidth import FullBandwidthLM
     from engine.prefill import pad_left
     from tasks import build_tokenizer, label_token_ids, make_dataset
@@ -170,7 +170,7 @@ def test_evaluate_k_labels_by_hand_and_ci(tiny_ckpt):
 
 
 def test_wilson_interval():
-    from models.evaluate import wilson_interval
+    from analysis.evaluate import wilson_interval
 
     lo, hi = wilson_interval(0, 10)
     assert lo == 0 and hi == pytest.approx(0.2775, abs=1e-4)
@@ -180,7 +180,7 @@ def test_wilson_interval():
 
 
 def test_evaluate_cli_tracking_defaults_and_n0(tmp_path, capsys):
-    from models.evaluate import distractors_for, main, resolve_tasks
+    from analysis.evaluate import distractors_for, main, resolve_tasks
 
     srcs = resolve_tasks("completion,parity,shell_game")
     assert distractors_for(srcs, None) == {"completion": [0, 8, 32, 128, 256],

@@ -1,4 +1,4 @@
-"""Recirculation (models/recirculation.py) on tiny random Qwen3-style (Llama-like) and GPT-2-style models."""
+"""Recirculation (engine/recirculation.py) on tiny random Qwen3-style (Llama-like) and GPT-2-style models."""
 from __future__ import annotations
 
 import subprocess
@@ -11,8 +11,9 @@ import torch
 from common.errors import UserError
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
 from engine.prefill import pad_left
-from models.recirculation import (RecircSpec, RecirculatedLM, base_generate, mix, parse_recirculate,
-                                  random_rotation, recirculated_prefill)
+from analysis.recirculation.basis import random_rotation
+from engine.prefill import generate
+from engine.recirculation import RecircSpec, RecirculatedLM, mix, parse_recirculate, recirculated_prefill
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-5
@@ -84,21 +85,24 @@ def test_sequential_equals_naive_reference(base, spec):
     assert (got - base(ids, mask).logits).abs().max() > 1e-3
 
 
-def test_identity_is_bit_identical_to_base(base):
+@pytest.mark.parametrize("mode", ["convex", "residual"])
+def test_identity_is_bit_identical_to_base(base, mode):
+    """alpha = 0 is beta = 1 in both mixing modes: the identity, short-circuited to the base model bit for bit."""
     ids, mask = _ids(2, 8)
     plain = base(ids, mask)
-    for mode in ("residual",):  # alpha = 0 with beta = 1
-        r = RecirculatedLM(base, RecircSpec(3, 1, 0.0, mode))
-        for method in ("sequential", "blockwise"):
-            out = r.prefill(ids, mask, method=method)
-            assert torch.equal(out.logits, plain.logits) and torch.equal(out.top, plain.top)
-        assert torch.equal(r.generate(ids, mask, 4), base_generate(base, ids, mask, 4))
-    # The machinery itself (no short-circuit) reproduces the base to float rounding, both engines.
-    r = RecirculatedLM(base, RecircSpec(3, 0, 0.0, "residual"), bypass_identity=False)
+    spec = RecircSpec(3, 1, 0.0, mode)
+    assert spec.beta == 1.0 and spec.is_identity
+    r = RecirculatedLM(base, spec)
     for method in ("sequential", "blockwise"):
-        assert (r.prefill(ids, mask, method=method).logits - plain.logits).abs().max() <= TOL
-    # convex alpha = 0 is also beta = 1: identity
-    assert RecircSpec(2, 0, 0.0, "convex").is_identity and not RecircSpec(2, 0, 1e-3, "residual").is_identity
+        out = r.prefill(ids, mask, method=method)
+        assert torch.equal(out.logits, plain.logits) and torch.equal(out.top, plain.top), method
+    assert torch.equal(r.generate(ids, mask, 4), generate(base, ids, mask, 4, "std"))
+    # The machinery itself (no short-circuit) reproduces the base to float rounding, both engines.
+    r = RecirculatedLM(base, RecircSpec(3, 0, 0.0, mode), bypass_identity=False)
+    for method in ("sequential", "blockwise"):
+        assert (r.prefill(ids, mask, method=method).logits - plain.logits).abs().max() <= TOL, method
+    # the smallest non-zero alpha is no identity
+    assert not RecircSpec(3, 1, 1e-3, mode).is_identity
 
 
 def test_norm_matching_by_hand():

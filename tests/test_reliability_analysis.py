@@ -1,4 +1,4 @@
-"""Reliability of models.evaluate, analysis.stability, analysis.gains and analysis.recirculation's CLIs.
+"""Reliability of analysis.evaluate, analysis.stability, analysis.gains and analysis.recirculation's CLIs.
 
 Aliased modes are one mode (keyed by what they compute, never by position); every size flag is bounded and
 every output path checked before any model loads (a bad invocation: one stderr line, exit 2); results are
@@ -29,7 +29,7 @@ def one_line_error(capsys, main, argv, *needles):
 
 
 def evaluate_main():
-    from models.evaluate import main
+    from analysis.evaluate import main
     return main
 
 
@@ -44,7 +44,7 @@ def gains_main():
 
 
 def recirculation_main():
-    from analysis.recirculation import main
+    from analysis.recirculation.cli import main
     return main
 
 
@@ -69,7 +69,7 @@ def test_aliased_modes_give_the_plain_numbers(tiny_ckpt, tmp_path, capsys):
 
 
 def test_evaluate_function_dedupes_aliases(tiny_ckpt):
-    from models.evaluate import evaluate
+    from analysis.evaluate import evaluate
     from models.full_bandwidth import FullBandwidthLM
     from tasks import build_tokenizer
 
@@ -245,7 +245,7 @@ def test_dir_outputs_refuse_existing_results_and_a_held_lock(name, owned, tmp_pa
 
 
 def test_recirculation_writes_strict_json_atomically_and_drops_stale_files(tmp_path, capsys):
-    from analysis.recirculation import _results_text
+    from analysis.recirculation.cli import _results_text
     from common.errors import UserError
 
     out = tmp_path / "r"

@@ -1,4 +1,4 @@
-"""models.presets.load_model on damaged checkpoints: exactly one clear UserError line, never a traceback.
+"""training.presets.load_model on damaged checkpoints: exactly one clear UserError line, never a traceback.
 
 Every model-loading CLI goes through load_model, so these are the errors those CLIs print (cli_entry: one stderr
 line, exit 2). Each case corrupts a copy of a tiny checkpoint saved with its tokenizer.
@@ -16,7 +16,7 @@ import torch
 
 from common.errors import UserError
 from models.full_bandwidth import FullBandwidthLM, check_finite_weights
-from models.presets import load_model
+from training.presets import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -251,7 +251,7 @@ def test_evaluate_cli_on_nan_checkpoint_exits_2_with_one_line(qwen_ckpt, tmp_pat
 
     _edit_weights(qwen_ckpt, poison)
     out = tmp_path / "e.json"
-    r = subprocess.run([sys.executable, "-m", "models.evaluate", "--model", str(qwen_ckpt), "--n-pairs", "1",
+    r = subprocess.run([sys.executable, "-m", "analysis.evaluate", "--model", str(qwen_ckpt), "--n-pairs", "1",
                         "--tasks", "completion", "--distractors", "0", "--modes", "std", "--out", str(out),
                         "--no-progress"], capture_output=True, text=True, cwd=ROOT, timeout=600,
                        env={**__import__("os").environ, "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore"})

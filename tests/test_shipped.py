@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from models.evaluate import evaluate
-from models.presets import checkpoint_dir, load_model
+from analysis.evaluate import evaluate
+from training.presets import checkpoint_dir, load_model
 
 CARD = checkpoint_dir("tiny-fbt") / "eval.json"
 

@@ -1,0 +1,3 @@
+from analysis.recirculation.cli import main
+
+main()

@@ -1,0 +1,232 @@
+"""`python -m analysis.recirculation`: the arguments, the run folder, and the experiments (a)-(f) in order.
+The experiments and their outputs are described in analysis/recirculation/__init__.py."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from analysis.recirculation.basis import basis_test
+from analysis.recirculation.cost import cost
+from analysis.recirculation.dose import dose_response, heatmap, temperature
+from analysis.recirculation.figures import mediation_figure, write_figures
+from analysis.recirculation.mediation import mediation
+from analysis.recirculation.perplexity import Evaluator, load
+from analysis.recirculation.study import Study
+from analysis.recirculation.text import builtin_documents, file_documents, make_splits
+from common.cli import Parser, float_in, float_list, int_in, int_list, output_dir, safe_name
+from common.errors import UserError, cli_entry
+from common.io import DirLock, atomic_write, json_text, remove_owned, remove_stale_tmp
+from common.placement import DTYPES, Placement
+from engine.recirculation import RecircSpec, parse_recirculate
+
+ROOT = Path(__file__).resolve().parents[2]
+_PACKAGE_DOC = sys.modules["analysis.recirculation"].__doc__
+
+
+def _pairs(s: str) -> list[tuple[int, int]]:
+    out = []
+    for part in s.split(","):
+        try:
+            a, b = part.split(":")
+            pair = (int(a), int(b))
+        except ValueError:
+            raise UserError(f"--pairs: expected s:d[,s:d...], got {part!r}") from None
+        RecircSpec(pair[0], pair[1], 0.1)  # s > d, d >= 0
+        if pair not in out:  # a repeated pair is one heatmap cell
+            out.append(pair)
+    return out
+
+
+def default_pairs(L: int) -> list[tuple[int, int]]:
+    srcs = sorted({L, round(2 * L / 3), round(L / 3)})
+    tgts = sorted({max(1, round(L / 15)), round(L / 4), round(L / 2)})
+    return [(s, d) for s in srcs for d in tgts if s > d]
+
+
+# Size bounds of the numeric flags, checked when the arguments are parsed (before anything loads).
+MAX_SEQ_LEN = 4096
+MAX_CHUNKS = 1000  # --n-tune / --n-test
+MAX_BATCH = 1024
+MAX_PASSES = 1000  # blockwise Jacobi passes of (e); passes >= the block size is already exact
+MAX_PAIRS = 5000  # --mediation-pairs
+MAX_DISTRACTORS = 1024
+MAX_THREADS = 1024
+MAX_SEED = 2**31 - 1
+MAX_TEMP = 100.0
+OUTPUTS = ("results.json", "heatmap.html", "dose.html", "temperature.html", "basis.html", "cost.html",
+           "mediation.html")
+
+
+def parse_args(argv=None):
+    p = Parser(prog="python -m analysis.recirculation", description=_PACKAGE_DOC.split("\n\n")[0],
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m",
+                   help="model: smollm2-135m, a local HF model dir, or tiny-random-qwen3/-gpt2 (smoke tests)")
+    p.add_argument("--text", nargs="+", metavar="FILE",
+                   help="English text files to use instead of the built-in CPython pydoc topics (one document "
+                        "per file; with one file its first half tunes and the second half is held out)")
+    p.add_argument("--out", help="output folder (default figures/<model>/recirculation)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing results folder")
+    p.add_argument("--seq-len", type=int_in(2, MAX_SEQ_LEN), default=64,
+                   help=f"tokens per chunk (one chunk = one sequence), 2..{MAX_SEQ_LEN}")
+    p.add_argument("--n-tune", type=int_in(1, MAX_CHUNKS), default=4,
+                   help=f"chunks in the tuning split, 1..{MAX_CHUNKS}")
+    p.add_argument("--n-test", type=int_in(1, MAX_CHUNKS), default=4,
+                   help=f"chunks in the held-out split, 1..{MAX_CHUNKS}")
+    p.add_argument("--batch", type=int_in(1, MAX_BATCH), default=4, help=f"chunks per forward batch, 1..{MAX_BATCH}")
+    p.add_argument("--pairs", help="source:target depth pairs for the heatmap, comma-separated "
+                                   "(default: a coarse 3x3 grid over L/3, 2L/3, L and ~L/15, L/4, L/2)")
+    p.add_argument("--alpha", type=float_in(0, 1), default=0.1, help="alpha of the heatmap, in [0, 1]")
+    p.add_argument("--alphas", default="0.05,0.1,0.2,0.4,1.0",
+                   help="dose-response alphas, each in [0, 1] (0 is added); tuning picks the best on the tuning "
+                        "split")
+    p.add_argument("--fail", type=float_in(0), default=5.0,
+                   help="failure point: the first alpha whose held-out perplexity change exceeds this many percent "
+                        "(a finite number >= 0)")
+    p.add_argument("--temps", default="0.8,0.9,0.95,1.0,1.05,1.1,1.2",
+                   help=f"temperatures tried for (c), each in (0, {MAX_TEMP:g}]")
+    p.add_argument("--small-angle", type=float_in(0, math.pi), default=0.1,
+                   help="radians a typical vector is turned by the 'small rotation' of (d), in [0, pi]")
+    p.add_argument("--passes", default="1,2", help=f"blockwise Jacobi passes compared in (e), each in 1..{MAX_PASSES}")
+    p.add_argument("--cost-block", type=int_in(0, MAX_SEQ_LEN), default=0,
+                   help=f"block size for blockwise in (e), 0..{MAX_SEQ_LEN}; 0 = whole chunk")
+    p.add_argument("--ramp", type=int_in(0, MAX_SEQ_LEN), default=0,
+                   help=f"early-token ramp length for every recirculated run, 0..{MAX_SEQ_LEN}")
+    p.add_argument("--mediation", action="store_true", help="run the mediation experiment (f) as well")
+    p.add_argument("--mediation-only", action="store_true",
+                   help="run only (f), without the text experiments (for models trained on the tasks, e.g. "
+                        "tiny-base, which solve them; results go to figures/<model>/mediation-<task>)")
+    p.add_argument("--mediation-spec", metavar="S:D:ALPHA[:MODE]",
+                   help="recirculation of (f); default: the text-tuned best, or with --mediation-only the pair and "
+                        "mode (--pairs x convex/residual, at --alpha) whose full recirculation moves the label logit "
+                        "difference most on the TRAINING groups")
+    p.add_argument("--mediation-task", default="memory", help="synthetic task of (f)")
+    p.add_argument("--mediation-pairs", type=int_in(1, MAX_PAIRS), default=16,
+                   help=f"sample pairs of (f) (half the groups held out), 1..{MAX_PAIRS}")
+    p.add_argument("--mediation-distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
+                   help=f"distractor lines per prompt in (f), 0..{MAX_DISTRACTORS}")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="weights and activations: float32 or bfloat16 (float16 is refused: it needs a GPU, and "
+                        "recirculation runs on the CPU only; its engine builds CPU index tensors, so there is no "
+                        "--device yet). Perplexities and KL are computed in float32 either way")
+    p.add_argument("--threads", type=int_in(0, MAX_THREADS), default=0,
+                   help=f"torch threads, 0..{MAX_THREADS} (0 = torch's default)")
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
+                   help=f"seed of the split and of the random rotations, 0..{MAX_SEED}")
+    return p.parse_args(argv)
+
+
+def _results_text(res: dict) -> str:
+    try:
+        return json_text(res, indent=2, default=str)
+    except ValueError:
+        raise UserError("the results contain NaN or inf (a diverged run?); refusing to write invalid JSON") from None
+
+
+def _write_results(res: dict, out: Path, write_figures_) -> None:
+    """Figures, then results.json (it marks a complete run); then an earlier run's files this run did not
+    write are removed (under --overwrite), so the folder holds one run. Invalid JSON is refused first."""
+    text = _results_text(res)  # checked before any file is touched
+    written = set(write_figures_())
+    atomic_write(out / "results.json", text)
+    remove_owned(out, OUTPUTS, keep=written | {"results.json"})
+
+
+@cli_entry
+def main(argv=None):
+    a = parse_args(argv)
+    # --- everything that can be refused is checked before anything loads or any file is touched
+    if not a.model.strip():
+        raise UserError("--model is empty")
+    alphas = sorted({0.0} | set(float_list(a.alphas, "--alphas", 0, 1)))
+    temps = sorted(set(float_list(a.temps, "--temps", 0, MAX_TEMP)) | {1.0})
+    if any(t <= 0 for t in temps):
+        raise UserError("--temps must be positive")
+    passes_list = int_list(a.passes, "--passes", 1, MAX_PASSES)
+    pairs = _pairs(a.pairs) if a.pairs else None
+    from tasks import TASKS
+    if a.mediation_task not in TASKS:
+        raise UserError(f"--mediation-task: unknown task {a.mediation_task!r} (known: {', '.join(TASKS)})")
+    if a.mediation_spec:
+        parse_recirculate(a.mediation_spec)  # syntax and alpha now; the depths once the model is known
+    placement = _placement(a.dtype)
+    docs = file_documents(a.text) if a.text else None
+    sub = f"mediation-{a.mediation_task}" if a.mediation_only else "recirculation"
+    out = output_dir(a.out if a.out is not None else ROOT / "figures" / safe_name(a.model) / sub)
+
+    def refuse_existing():
+        if not a.overwrite and any((out / f).exists() for f in OUTPUTS):
+            raise UserError(f"{out} already holds results: pass --overwrite to replace them")
+
+    refuse_existing()
+    with DirLock(out, "analysis.recirculation run"):
+        refuse_existing()  # again under the lock: another run may have finished meanwhile
+        remove_stale_tmp(out)
+        return _run(a, argv, out, alphas, temps, passes_list, pairs, docs, placement)
+
+
+def _placement(dtype: str) -> Placement:
+    """The CPU placement of --dtype; float16 is refused (CPU half matmuls are slow or missing, and recirculation
+    has no GPU path yet)."""
+    if dtype == "float16":
+        raise UserError("--dtype float16 needs a GPU, and recirculation runs on the CPU only (use bfloat16)")
+    return Placement("cpu", dtype)
+
+
+def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement: Placement):
+    if a.threads:
+        torch.set_num_threads(a.threads)
+
+    model, tok, mname = load(a.model, placement)
+    L = model.n_layers
+    pairs = pairs or default_pairs(L)
+    for s, d in pairs:
+        RecircSpec(s, d, a.alpha).validate(L)
+    med_spec = parse_recirculate(a.mediation_spec, L) if a.mediation_spec else None
+    command = "python -m analysis.recirculation " + " ".join(argv if argv is not None else sys.argv[1:])
+    if a.mediation_only:
+        t_start = time.perf_counter()
+        # Tuned over pairs x modes at the one --alpha: tuning alpha by effect size would just pick the most
+        # destructive dose (alpha = 1 convex replaces z_d outright).
+        cands = [med_spec] if med_spec else [RecircSpec(s, d, a.alpha, mode, ramp=a.ramp) for s, d in pairs
+                                             for mode in ("convex", "residual")]
+        res = {"model": mname, "dtype": placement.dtype, "n_layers": L, "d_model": model.d_model,
+               "mediation": mediation(model, tok, cands, a.mediation_task, a.mediation_pairs,
+                                      a.mediation_distractors, a.batch, a.seed)}
+        res["seconds_total"] = time.perf_counter() - t_start
+        res["command"] = command
+        _write_results(res, out, lambda: [mediation_figure(res["mediation"], out) or "mediation.html"])
+        print(f"wrote {out}/results.json and mediation.html ({res['seconds_total']:.0f}s)")
+        return res
+    docs = docs or builtin_documents()
+    tune, test = make_splits(docs, tok, a.seq_len, a.n_tune, a.n_test, a.seed)
+    print(f"model {mname} ({placement.dtype}): L={L}, D={model.d_model}; {len(tune)}+{len(test)} chunks x "
+          f"{a.seq_len} tokens; pairs {pairs}", flush=True)
+    t_start = time.perf_counter()
+    st = Study(a, model, Evaluator(model, tune, a.batch, temps), Evaluator(model, test, a.batch, temps), pairs,
+               alphas, temps, passes_list)
+    st.res.update({"model": mname, "dtype": placement.dtype, "n_layers": L, "d_model": model.d_model,
+                   "seq_len": a.seq_len, "n_tune_chunks": len(tune), "n_test_chunks": len(test),
+                   "text": a.text or "pydoc_data.topics", "ramp": a.ramp,
+                   "base": {"tune_ppl": st.E_tune.base.ppl, "test_ppl": st.E_test.base.ppl},
+                   "mediation": "not run (pass --mediation)"})
+    best_mode, best_s, best_d = heatmap(st)  # (a)
+    best_test = dose_response(st, best_mode, best_s, best_d)  # (b)
+    best_spec = st.spec(best_s, best_d, st.res["best"]["alpha"], best_mode)
+    temperature(st, best_spec, best_test)  # (c)
+    basis_test(st, best_spec, best_test)  # (d)
+    cost(st, best_spec)  # (e)
+    res = st.res
+    if a.mediation:  # (f)
+        res["mediation"] = mediation(model, tok, [med_spec or best_spec], a.mediation_task, a.mediation_pairs,
+                                     a.mediation_distractors, a.batch, a.seed)
+    res["seconds_total"] = time.perf_counter() - t_start
+    res["command"] = command
+    _write_results(res, out, lambda: write_figures(res, out))
+    print(f"wrote {out}/results.json and {len(list(out.glob('*.html')))} HTML figures ({res['seconds_total']:.0f}s)")
+    return res

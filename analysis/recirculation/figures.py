@@ -1,0 +1,103 @@
+"""The study's figures (offline plotly HTML, written atomically)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from common.io import atomic_write
+
+
+def html(fig, path: Path):
+    atomic_write(path, lambda tmp: fig.write_html(str(tmp), full_html=True,
+                                                  include_plotlyjs="cdn" if os.environ.get("FBPROBE_PLOTLY_CDN")
+                                                  else True))
+
+
+def mediation_figure(med: dict, out: Path) -> None:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    c = med["conditions"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("change in LD vs base (held-out)", "accuracy"))
+    fig.add_trace(go.Bar(x=list(c), y=[v["mean_ld_change"] for v in c.values()], showlegend=False,
+                         error_y={"type": "data", "array": [1.96 * v["ld_change_se"] for v in c.values()]}),
+                  row=1, col=1)
+    fig.add_trace(go.Bar(x=list(c), y=[v["accuracy"] for v in c.values()], showlegend=False), row=1, col=2)
+    fig.update_layout(title=f"Mediation on {med['task']} ({med['config']}; rank-{med['rank']} probe subspace "
+                            f"at depth {med['probe_depth']})")
+    html(fig, out / "mediation.html")
+
+
+def write_figures(res: dict, out: Path) -> None:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    cells = res["heatmap"]["cells"]
+    srcs = sorted({c["source"] for c in cells})
+    tgts = sorted({c["target"] for c in cells})
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("convex (beta = 1 - alpha)", "residual (beta = 1)"))
+    vmax = max(1e-9, max(abs(c["ppl_change_pct"]) for c in cells))
+    for i, mode in enumerate(("convex", "residual")):
+        z = [[next((c["ppl_change_pct"] for c in cells if c["mode"] == mode and c["source"] == s
+                    and c["target"] == d), None) for d in tgts] for s in srcs]
+        fig.add_trace(go.Heatmap(z=z, x=[str(d) for d in tgts], y=[str(s) for s in srcs], zmid=0, zmin=-vmax,
+                                 zmax=vmax, colorscale="RdBu_r", showscale=i == 1,
+                                 colorbar={"title": "ppl change %"},
+                                 hovertemplate="source %{y} -> target %{x}: %{z:+.2f}%<extra></extra>"),
+                      row=1, col=i + 1)
+        fig.update_xaxes(title_text="target depth d", row=1, col=i + 1)
+        fig.update_yaxes(title_text="source depth s", row=1, col=i + 1)
+    fig.update_layout(title=f"{res['model']}: perplexity change at alpha = {res['heatmap']['alpha']} "
+                            f"(tuning split; chosen {res['best']['name']}, held-out "
+                            f"{res['best']['test_ppl_change_pct']:+.2f}%)")
+    html(fig, out / "heatmap.html")
+
+    pts = res["dose"]["points"]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Scatter(x=[p["alpha"] for p in pts], y=[p["test_ppl_change_pct"] for p in pts],
+                             name="held-out ppl change %", mode="lines+markers"))
+    fig.add_trace(go.Scatter(x=[p["alpha"] for p in pts], y=[p["tune_ppl_change_pct"] for p in pts],
+                             name="tuning ppl change %", mode="lines+markers", line={"dash": "dot"}))
+    fig.add_trace(go.Scatter(x=[p["alpha"] for p in pts], y=[max(p["test_kl"], 1e-12) for p in pts],
+                             name="held-out KL(base || recirc)", mode="lines+markers"), secondary_y=True)
+    fig.update_yaxes(title_text="ppl change %", secondary_y=False)
+    fig.update_yaxes(title_text="KL (nats/token)", type="log", secondary_y=True)
+    fig.update_xaxes(title_text="alpha")
+    fa = res["dose"]["failure_alpha"]
+    fig.update_layout(title=f"Dose-response, {res['dose']['mode']} s={res['dose']['pair'][0]} "
+                            f"d={res['dose']['pair'][1]}; failure (> +{res['dose']['fail_threshold_pct']}%) at "
+                            f"alpha = {fa if fa is not None else 'not reached'}")
+    html(fig, out / "dose.html")
+
+    t = res["temperature"]
+    labels = [f"temperature only (T={t['t_temperature_only']})", "recirculation only",
+              f"both (T={t['t_both']})", "sum of the two parts"]
+    vals = [t["temperature_only_pct"], t["recirculation_only_pct"], t["both_pct"], t["sum_of_parts_pct"]]
+    fig = go.Figure(go.Bar(x=labels, y=vals, text=[f"{v:+.3f}%" for v in vals], textposition="outside"))
+    fig.update_layout(title="Temperature additivity (held-out ppl change vs base at T = 1)",
+                      yaxis_title="ppl change %")
+    html(fig, out / "temperature.html")
+
+    bz = res["basis"]["ppl_change_pct"]
+    fig = go.Figure(go.Bar(x=list(bz), y=list(bz.values()), text=[f"{v:+.3f}%" for v in bz.values()],
+                           textposition="outside"))
+    fig.update_layout(title=f"Basis test at {res['best']['name']} (held-out): z_s as is vs small rotation "
+                            f"(mean cos {res['basis']['small_rotation_mean_cos']:.3f}) vs random orthogonal",
+                      yaxis_title="ppl change %")
+    html(fig, out / "basis.html")
+
+    med = res.get("mediation")
+    if isinstance(med, dict):
+        mediation_figure(med, out)
+
+    rows = res["cost"]["rows"]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("tokens/s", "peak RSS increase (MB)",
+                                                        "ppl gap vs sequential (%)"))
+    for i, key in enumerate(("tokens_per_s", "peak_rss_increase_mb", "ppl_gap_vs_sequential_pct")):
+        fig.add_trace(go.Bar(x=[r["method"] for r in rows], y=[r[key] for r in rows], showlegend=False),
+                      row=1, col=i + 1)
+    fig.update_layout(title=f"Cost of recirculated prefill ({res['cost']['config']}, block {res['cost']['block']})")
+    html(fig, out / "cost.html")
+    return ["heatmap.html", "dose.html", "temperature.html", "basis.html", "cost.html"] + \
+        (["mediation.html"] if isinstance(med, dict) else [])
+

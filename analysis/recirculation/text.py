@@ -1,0 +1,71 @@
+"""The study's text: documents, a tuning / held-out split of fixed-length chunks, a byte tokenizer for the
+random smoke-test models."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from common.errors import UserError
+
+
+def builtin_documents() -> list[tuple[str, str]]:
+    """(name, text) documents that exist offline on any machine with CPython: the pydoc topics."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # pragma: no cover - stripped Python builds
+        topics = {}
+    docs = [(f"pydoc:{k}", v) for k, v in sorted(topics.items()) if len(v) > 400]
+    if not docs:
+        raise UserError("no built-in English text found (pydoc_data.topics is missing): pass --text FILE...")
+    return docs
+
+
+def file_documents(paths: list[str]) -> list[tuple[str, str]]:
+    docs = []
+    for p in paths:
+        f = Path(p)
+        if not f.is_file():
+            raise UserError(f"--text: no such file {p}")
+        text = f.read_text(errors="replace")
+        if not text.strip():
+            raise UserError(f"--text: {p} is empty")
+        docs.append((str(f), text))
+    return docs
+
+
+def make_splits(docs, tokenizer, seq_len: int, n_tune: int, n_test: int, seed: int = 0):
+    """Chunks of seq_len token ids: ([tune chunks], [held-out chunks]), from disjoint documents when possible."""
+    rng = random.Random(seed)
+    order = list(range(len(docs)))
+    rng.shuffle(order)
+    halves: list[list[list[int]]] = [[], []]
+    for i, di in enumerate(order):
+        ids = tokenizer(docs[di][1], add_special_tokens=False)["input_ids"]
+        chunks = [ids[j:j + seq_len] for j in range(0, len(ids) - seq_len + 1, seq_len)]
+        if len(docs) == 1:  # one file: first half of its chunks tunes, the second half is held out
+            h = len(chunks) // 2
+            halves[0] += chunks[:h]
+            halves[1] += chunks[h:]
+        else:
+            halves[i % 2] += chunks
+    for h in halves:
+        rng.shuffle(h)
+    tune, test = halves[0][:n_tune], halves[1][:n_test]
+    if len(tune) < n_tune or len(test) < n_test:
+        raise UserError(f"not enough text for {n_tune} + {n_test} chunks of {seq_len} tokens "
+                        f"(got {len(tune)} + {len(test)}): pass more --text or lower --seq-len / --n-tune / --n-test")
+    return torch.tensor(tune), torch.tensor(test)
+
+
+class ByteTokenizer:
+    """Stand-in tokenizer for the random smoke-test models: bytes folded into the model's vocabulary."""
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [2 + b % (self.vocab - 2) for b in text.encode()]}
+
+

@@ -1,0 +1,51 @@
+"""Input checks and padding shared by both engines (feedback and recirculation): one message per mistake."""
+from __future__ import annotations
+
+import torch
+
+from common.errors import UserError
+
+
+def pad_left(seqs: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token id lists -> (input_ids [batch, T], attention_mask [batch, T])."""
+    if not seqs:
+        raise UserError("empty dataset: nothing to run")
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s) == 0:
+            raise UserError(f"sample {i} is empty")
+        ids[i, T - len(s):] = torch.as_tensor(s, dtype=torch.long)
+        mask[i, T - len(s):] = 1
+    return ids, mask
+
+
+def context_length(config) -> int | None:
+    """The model's context (Llama-style max_position_embeddings, GPT-2-style n_positions), None if unbounded."""
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def check_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 positions: tuple[int, ...] = (-1,)) -> None:
+    """Left-padded [batch, T] ids and mask within the model's context; positions are offsets -T..-1."""
+    if input_ids.ndim != 2 or input_ids.shape != attention_mask.shape:
+        raise UserError("input_ids and attention_mask must both be [batch, T]")
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise UserError("empty dataset: nothing to run")
+    if not bool(attention_mask[:, -1].all()):
+        raise UserError("prompts must be left-padded (the last column must be a real token in every row)")
+    T = input_ids.shape[1]
+    ctx = context_length(model.config)
+    longest = int(attention_mask.sum(-1).max())
+    if ctx is not None and longest > ctx:
+        raise UserError(f"prompt of {longest} tokens is longer than the model's context ({ctx})")
+    for p in positions:
+        if not (-T <= p < 0):
+            raise UserError(f"position {p} out of range for prompts of {T} columns (use -1 .. -{T})")
+
+
+def to_model(model, *tensors):
+    """The tensors on the device of the model's input embedding (a device-mapped model: its first device)."""
+    dev = model.lm.get_input_embeddings().weight.device
+    return tuple(t.to(dev) for t in tensors)

@@ -1,0 +1,109 @@
+"""A mode is parsed once, here: the one spelling of every way the engine can run a prompt.
+
+    standard          one parallel pass on token embeddings (aliases: std, fused-0, recurrent-0)
+    recurrent-K       the last K columns recomputed one token at a time, each fused with the previous top state
+                      (alias: soft = recurrent-1)
+    recurrent-full    every position after the first fused: O(T) cached one-token steps
+    fused-N           N parallel Jacobi feedback passes after the standard one (alias: fused = fused-1)
+    recirc-S:D:A[:convex|residual]
+                      training-free recirculation of depth S into depth D with weight A (engine.recirculation)
+
+CLIs call :func:`parse_mode` / :func:`canonical_modes` at their boundary and pass :class:`Mode` values (or
+their canonical ``.name``) down; every error for a bad mode is the one message below.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from common.errors import UserError
+
+DECODINGS = ("std", "soft", "fused")  # generation: token only, fed-back state, fused-1 prefill then fed back
+ALIASES = {"std": "standard", "soft": "recurrent-1", "fused": "fused-1"}
+RECIRC_PREFIX = "recirc-"
+# Bounds checked when a mode is parsed, before any work: fused-n keeps n passes' states, recurrent-k is cropped
+# to the prompt anyway. Larger values are typos (fused-99999 grew memory until killed).
+MAX_FUSED_PASSES = 1000
+MAX_RECURRENT_K = 100_000
+_MODE_RE = re.compile(r"^(standard|recurrent-(\d+|full)|fused-(\d+))$")
+HELP = "standard, recurrent-K, recurrent-full, fused-N or recirc-S:D:ALPHA[:convex|residual]"
+
+
+@dataclass(frozen=True, eq=False)
+class Mode:
+    kind: str  # "standard" | "recurrent" | "fused" | "recirc"
+    n: int | None = None  # k for recurrent (None = full), passes for fused
+    recirc: object | None = None  # engine.recirculation.RecircSpec for kind "recirc"
+
+    @property
+    def name(self) -> str:
+        if self.kind == "standard":
+            return "standard"
+        if self.kind == "recurrent":
+            return "recurrent-full" if self.n is None else f"recurrent-{self.n}"
+        if self.kind == "fused":
+            return f"fused-{self.n}"
+        return self.recirc.name
+
+    @property
+    def has_feedback(self) -> bool:
+        """Needs the model's fusion module (recirculation runs on models without one)."""
+        return self.kind in ("recurrent", "fused")
+
+    def __eq__(self, other):
+        return isinstance(other, Mode) and other.name == self.name
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __str__(self):
+        return self.name
+
+
+def parse_mode(mode, n_layers: int | None = None) -> Mode:
+    """A mode name, alias or Mode -> Mode (recirc depths checked against `n_layers` when given)."""
+    if isinstance(mode, Mode):
+        if mode.kind == "recirc" and n_layers is not None:
+            mode.recirc.validate(n_layers)
+        return mode
+    s = ALIASES.get(str(mode).strip(), str(mode).strip())
+    if s.startswith(RECIRC_PREFIX):
+        from engine.recirculation import parse_recirculate
+
+        return Mode("recirc", recirc=parse_recirculate(s[len(RECIRC_PREFIX):], n_layers))
+    m = _MODE_RE.match(s)
+    if not m:
+        raise UserError(f"unknown prefill mode {mode!r} (use {HELP})")
+    if m.group(1) == "standard":
+        return Mode("standard")
+    if m.group(2) is not None:
+        if m.group(2) == "full":
+            return Mode("recurrent", None)
+        k = int(m.group(2))
+        if k > MAX_RECURRENT_K:
+            raise UserError(f"mode {mode!r}: k must be <= {MAX_RECURRENT_K} (recurrent-full recomputes every "
+                            "position)")
+        return Mode("standard") if k == 0 else Mode("recurrent", k)
+    n = int(m.group(3))
+    if n > MAX_FUSED_PASSES:
+        raise UserError(f"mode {mode!r}: at most {MAX_FUSED_PASSES} fused passes")
+    return Mode("standard") if n == 0 else Mode("fused", n)
+
+
+def canonical_modes(modes, n_layers: int | None = None) -> list[str]:
+    """Parse and de-duplicate modes (aliases become one canonical name), keep order. A comma-separated string
+    or a list of names / Modes."""
+    if isinstance(modes, str):
+        modes = [m for m in modes.split(",") if m.strip()]
+    out: list[str] = []
+    for m in modes:
+        name = parse_mode(m, n_layers).name
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise UserError("no modes given")
+    return out
+
+
+def is_recirc(mode) -> bool:
+    return (mode.kind == "recirc") if isinstance(mode, Mode) else str(mode).startswith(RECIRC_PREFIX)
