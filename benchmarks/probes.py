@@ -1,12 +1,20 @@
-"""Benchmark: grouped-CV probe scoring of a wide model's depths, row-space solve vs the full d-dim Newton solve.
+"""Benchmark: the probe solver (row-space logistic regression) against scikit-learn's lbfgs and newton-cholesky.
 
-    python benchmarks/probes.py [--depths 8] [--d-model 576] [--n-pairs 48] [--threads 1]
+    python benchmarks/probes.py [--depths 8] [--d-model 576] [--n-pairs 48] [--classes 2] [--tight-tol 1e-8]
+                                [--threads 1]
 
-Synthetic activations shaped like SmolLM2-135M's (576 dims, 96 samples in 48 pair groups, the
-label linearly present at half the depths), scored twice with the same ``ProbeConfig`` side by side: once as
-shipped (``_BinaryLogReg.fit`` works in the row space of X when d > n) and once with that path switched off
-(every fit solves the d-dimensional Newton system). Reports both wall times, their ratio and the largest
-accuracy difference (must be 0: the two solve the same convex problem). Last line: one JSON object.
+Synthetic activations shaped like SmolLM2-135M's (576 dims, 96 samples in 48 pair groups, the label linearly
+present at half the depths). The problems are exactly the fits ``grouped_cv_scores`` runs for them with the
+default ``ProbeConfig``: every inner-CV training fold of every outer fold, and every outer training fold, each
+standardized on its own training rows, at every C of ``Cs``. Each solver fits the same problems (same data,
+same C, same objective: unweighted for 2 classes, ``class_weight="balanced"`` for K > 2) through the
+scikit-learn estimator API; reported side by side: total fit time and the ratio to ours, the held-out accuracy
+agreement with ours (problems whose held-out accuracy differs, largest difference), and how far each solution's
+objective lies above the lowest of them (relative). Each scikit-learn solver runs twice: at its default
+``tol`` (what a caller gets) and at ``--tight-tol`` (ours stops at 1e-8; the criteria differ, the objective
+excess shows the precision actually reached). Then one end-to-end ``grouped_cv_scores`` run for scale.
+Exit 1 if a tight-tolerance solver's pooled held-out accuracy differs from ours. Last line: one JSON object.
+(``--classes 3`` takes minutes: newton-cholesky builds a (K d)^2 Hessian.)
 """
 from __future__ import annotations
 
@@ -14,57 +22,133 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+def _objective(clf, X, y, C, classes, balanced):
+    """sklearn's L2 logistic objective of a fitted linear classifier: 0.5 ||W||^2 + C * sum_i w_i * loss_i."""
+    import numpy as np
+    from scipy.special import log_softmax
+
+    dec = X @ clf.coef_.T + clf.intercept_
+    if len(classes) == 2:
+        t = np.where(y == classes[1], 1.0, -1.0)
+        loss = np.logaddexp(0.0, -t * dec[:, 0])
+        pen = 0.5 * float(np.sum(clf.coef_ ** 2))
+    else:
+        loss = -log_softmax(dec, axis=1)[np.arange(len(y)), np.searchsorted(classes, y)]
+        pen = 0.5 * float(np.sum(clf.coef_ ** 2))
+    w = np.ones(len(y))
+    if balanced:
+        counts = np.array([np.sum(y == c) for c in classes])
+        w = (len(y) / (len(classes) * counts))[np.searchsorted(classes, y)]
+    return pen + C * float(np.sum(w * loss))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--depths", type=int, default=8, help="depths scored (SmolLM2 has 31; time scales linearly)")
+    p.add_argument("--depths", type=int, default=8, help="depths (SmolLM2 has 31; time scales linearly)")
     p.add_argument("--d-model", type=int, default=576)
     p.add_argument("--n-pairs", type=int, default=48)
+    p.add_argument("--classes", type=int, default=2, help="label classes (3: shell_game-like pairs)")
+    p.add_argument("--tight-tol", type=float, default=1e-8, help="tol of the tight scikit-learn runs")
     p.add_argument("--threads", type=int, default=1, help="BLAS threads")
     a = p.parse_args(argv)
+    if a.classes < 2 or a.depths < 1 or a.n_pairs < 10:
+        p.error("need --classes >= 2, --depths >= 1, --n-pairs >= 10")
 
     import numpy as np
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+    from threadpoolctl import threadpool_limits  # a scikit-learn dependency
 
     import probes.linear as lin
-
-    from threadpoolctl import threadpool_limits  # a scikit-learn dependency
+    from probes.estimator import RowSpaceLogisticRegression
 
     threadpool_limits(a.threads)
     rng = np.random.default_rng(0)
-    n = 2 * a.n_pairs
-    y = np.tile([0, 1], a.n_pairs)
+    k = a.classes
+    # pairs of two different labels, one group each (binary: (0, 1); K classes: (c, c + 1 mod K) cycling)
+    y = np.array([(p + j) % k for p in range(a.n_pairs) for j in (0, 1)])
     groups = np.repeat(np.arange(a.n_pairs), 2)
+    n = len(y)
     Xs = []
     for depth in range(a.depths):
         X = rng.normal(size=(n, a.d_model))
         if depth >= a.depths // 2:
-            X[:, :4] += 0.8 * (2 * y[:, None] - 1)
+            X[np.arange(n), y] += 1.6  # one informative direction per class (binary: 0.8 * (2y - 1) contrast)
         Xs.append(X)
     cfg = lin.ProbeConfig(n_boot=200)
 
-    def score():
-        t = time.perf_counter()
-        res = lin.grouped_cv_scores(Xs, y, groups, cfg)
-        return time.perf_counter() - t, [r.accuracy for r in res]
+    plan = lin._Plan(y, groups, cfg)  # the folds grouped_cv_scores uses
+    problems = []
+    for X in Xs:
+        for tr, te, inner in plan.outer:
+            for itr, ite in [(tr[i], tr[j]) for i, j in inner] + [(tr, te)]:
+                sc = StandardScaler().fit(X[itr])
+                for C in cfg.Cs:
+                    problems.append((sc.transform(X[itr]), y[itr], sc.transform(X[ite]), y[ite], C))
 
-    t_fast, acc_fast = score()
-    shipped = lin._BinaryLogReg.fit
-    lin._BinaryLogReg.fit = lambda self, X, y: (setattr(self, "classes_", np.unique(y)), self._fit(X, y))[1]
-    try:
-        t_full, acc_full = score()
-    finally:
-        lin._BinaryLogReg.fit = shipped
-    out = {"depths": a.depths, "d_model": a.d_model, "samples": n, "row_space_s": round(t_fast, 2),
-           "full_newton_s": round(t_full, 2), "speedup": round(t_full / t_fast, 2),
-           "max_accuracy_diff": float(np.max(np.abs(np.array(acc_fast) - np.array(acc_full))))}
-    print(f"{a.depths} depths x {a.d_model} dims, {n} samples: row-space {t_fast:.1f}s, full Newton {t_full:.1f}s "
-          f"-> {out['speedup']}x; max accuracy difference {out['max_accuracy_diff']}")
+    balanced = k > 2
+    cw = "balanced" if balanced else None
+
+    def sk(solver, **tol):
+        return lambda C: LogisticRegression(C=C, solver=solver, max_iter=cfg.max_iter, class_weight=cw, **tol)
+
+    solvers = {
+        "ours": lambda C: RowSpaceLogisticRegression(C=C, max_iter=cfg.max_iter),
+        "lbfgs": sk("lbfgs"),
+        "lbfgs_tight": sk("lbfgs", tol=a.tight_tol),
+        "newton_cholesky": sk("newton-cholesky"),
+        "newton_cholesky_tight": sk("newton-cholesky", tol=a.tight_tol),
+    }
+    times, correct, objective, n_warn = {}, {}, {}, {}
+    for name, make in solvers.items():
+        ok, obj = [], []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            t = time.perf_counter()
+            fitted = [make(C).fit(Xtr, ytr) for Xtr, ytr, _, _, C in problems]
+            times[name] = time.perf_counter() - t
+        n_warn[name] = sum(issubclass(w.category, ConvergenceWarning) for w in caught)
+        for clf, (Xtr, ytr, Xte, yte, C) in zip(fitted, problems):
+            ok.append(int(np.sum(clf.predict(Xte) == yte)))
+            obj.append(_objective(clf, Xtr, ytr, C, clf.classes_, balanced))
+        correct[name], objective[name] = np.array(ok), np.array(obj)
+    n_test = np.array([len(yte) for _, _, _, yte, _ in problems])
+    best = np.min(np.stack(list(objective.values())), axis=0)
+
+    t = time.perf_counter()
+    lin.grouped_cv_scores(Xs, y, groups, cfg)
+    t_cv = time.perf_counter() - t
+
+    out = {"depths": a.depths, "d_model": a.d_model, "samples": n, "classes": k, "problems": len(problems),
+           "tight_tol": a.tight_tol, "grouped_cv_scores_s": round(t_cv, 2), "solvers": {}}
+    agree = True
+    print(f"{len(problems)} fits ({a.depths} depths x {a.d_model} dims, {n} samples, {k} classes, Cs {list(cfg.Cs)}):")
+    for name in solvers:
+        diff = np.abs(correct[name] - correct["ours"]) / n_test
+        gap = (objective[name] - best) / np.maximum(best, 1e-300)
+        same_pooled = int(correct[name].sum()) == int(correct["ours"].sum())
+        if name.endswith("_tight"):
+            agree &= same_pooled
+        out["solvers"][name] = {
+            "fit_s": round(times[name], 3), "time_vs_ours": round(times[name] / times["ours"], 2),
+            "heldout_correct": int(correct[name].sum()), "problems_differing": int(np.sum(diff > 0)),
+            "max_heldout_accuracy_diff": round(float(diff.max()), 4), "max_objective_excess": float(gap.max()),
+            "convergence_warnings": n_warn[name]}
+        r = out["solvers"][name]
+        print(f"  {name:22s} {times[name]:7.2f}s  x{r['time_vs_ours']:<6} held-out correct {r['heldout_correct']} "
+              f"({r['problems_differing']} problems differ, max {r['max_heldout_accuracy_diff']}), objective "
+              f"excess <= {r['max_objective_excess']:.1e}, {n_warn[name]} convergence warnings")
+    print(f"  end to end: grouped_cv_scores on the {a.depths} depths {t_cv:.2f}s")
+    out["tight_pooled_accuracy_agrees"] = bool(agree)
     print(json.dumps(out))
-    return 0
+    return 0 if agree else 1
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import math
 import numpy as np
 import torch
 
+from common.bootstrap import ClusterBootstrap, percentile_ci
+
 
 def label_ld(logits: torch.Tensor, labels, label_ids, other=None) -> np.ndarray:
     """LD = logit(label word of `labels`) - logit(label word of `other`), per row. logits [B, V].
@@ -81,32 +83,21 @@ def summarize(ld_patched, ld_clean, ld_ref, labels, ref_labels, groups, n_boot: 
     flip = ((1.0 - acc) if follow is None else np.asarray(follow, dtype=np.float64)) * fmask
     dp, dr = ld_p - ld_c, ld_r - ld_c
 
-    uniq, inv = np.unique(groups, return_inverse=True)
-    G = len(uniq)
-
-    def gsum(v):
-        return np.bincount(inv, weights=v, minlength=G)
-
-    cols = {"ld": gsum(ld_p), "acc": gsum(acc), "flip": gsum(flip), "nflip": gsum(fmask), "dp": gsum(dp),
-            "dr": gsum(dr), "n": np.bincount(inv, minlength=G).astype(np.float64)}
+    boot = ClusterBootstrap(groups, n_boot, seed)
+    sums = {k: boot.sums(v) for k, v in {"ld": ld_p, "acc": acc, "flip": flip, "nflip": fmask, "dp": dp, "dr": dr,
+                                         "n": np.ones(n)}.items()}
 
     def stats(s):
         with np.errstate(divide="ignore", invalid="ignore"):
             return {"ld_mean": s["ld"] / s["n"], "accuracy": s["acc"] / s["n"], "flip_rate": s["flip"] / s["nflip"],
                     "normalized_effect": (s["dp"] / s["n"]) / (s["dr"] / s["n"])}
 
-    point = stats({k: v.sum() for k, v in cols.items()})
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, G, size=(n_boot, G))
-    boot = stats({k: v[draws].sum(1) for k, v in cols.items()})
-    out = {"n": int(n), "n_groups": int(G), "n_flip": int(fmask.sum()),
+    point = stats({k: v[0] for k, v in sums.items()})
+    reps = stats({k: v[1] for k, v in sums.items()})
+    out = {"n": int(n), "n_groups": boot.n_groups, "n_flip": int(fmask.sum()),
            "ld_clean_mean": float(ld_c.mean()), "ld_ref_mean": float(ld_r.mean())}
     for k, v in point.items():
-        b = boot[k][np.isfinite(boot[k])]
         out[k] = _finite(float(v))
-        if len(b) and math.isfinite(float(v)):
-            lo, hi = np.percentile(b, [2.5, 97.5])
-            out[k + "_ci"] = [float(lo), float(hi)]
-        else:
-            out[k + "_ci"] = None
+        ci = percentile_ci(reps[k]) if math.isfinite(float(v)) else None
+        out[k + "_ci"] = None if ci is None else list(ci)
     return out

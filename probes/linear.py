@@ -5,30 +5,37 @@ Everything is sklearn-style and deterministic: every source of randomness comes 
 
 Protocol of :func:`grouped_cv_score`
     * outer ``StratifiedGroupKFold(n_splits, shuffle=True, random_state)``: whole groups are held out;
-    * inside every outer training fold a :class:`LinearProbe` (standardize -> logistic regression) picks its
-      inverse regularization ``C`` from ``config.Cs`` by an inner grouped CV on that training fold only;
+    * inside every outer training fold a :class:`LinearProbe` (``Pipeline``: ``StandardScaler`` ->
+      :class:`probes.estimator.RowSpaceLogisticRegression`) picks its inverse regularization ``C`` from
+      ``config.Cs`` by ``GridSearchCV`` over an inner grouped CV on that training fold only;
     * ``accuracy`` = accuracy of all held-out predictions pooled (every sample is predicted exactly once);
       ``accuracy_std`` = standard deviation of the per-fold accuracies (``fold_accuracies``);
     * 95% CI: percentile bootstrap over **groups** (cluster bootstrap): groups are resampled with
       replacement together with all their held-out predictions, because samples of one group (a pair and its
-      siblings) are not independent. ``n_boot`` resamples, seeded by ``random_state``;
+      siblings) are not independent. ``n_boot`` resamples, seeded by ``random_state``
+      (:class:`common.bootstrap.ClusterBootstrap`, shared with the intervention metrics);
     * ``control_accuracy``: the same protocol with the labels permuted at the group level
       (:func:`permute_labels_by_group`): the control task of Hewitt & Liang (2019). Selectivity =
       accuracy - control_accuracy.
 
-K classes: two classes use the exact binary solver below (``_BinaryLogReg``); K > 2 classes (e.g. shell_game)
-use multinomial (softmax) logistic regression (``_SoftmaxLogReg``: scikit-learn's lbfgs, solved in the row
-space of X as the binary one), with the same grouped CV, C selection, control and bootstrap; chance is 1/K
-(``ProbeScore.chance``).
+K classes: two classes are fitted by exact Newton, K > 2 classes (e.g. shell_game) by class-balanced multinomial
+(softmax) logistic regression (both in the row space of X when it is wide: probes/estimator.py), with the same
+grouped CV, C selection, control and bootstrap; chance is 1/K (``ProbeScore.chance``).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
+from sklearn import config_context
+from sklearn.exceptions import NotFittedError
+from sklearn.model_selection import GridSearchCV, StratifiedGroupKFold, StratifiedKFold
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
 
+from common.bootstrap import ClusterBootstrap, percentile_ci
 from common.errors import UserError
+from probes.estimator import RowSpaceLogisticRegression
 
 __all__ = ["ProbeConfig", "LinearProbe", "ProbeScore", "grouped_cv_score", "grouped_cv_scores", "check_groups", "permute_labels_by_group"]
 
@@ -82,157 +89,44 @@ def _as_xy(X, y, groups=None):
     return X, y, groups
 
 
-class _Scaler:
-    """StandardScaler without sklearn's per-call validation overhead (zero-variance features: scale 1)."""
-
-    def fit(self, X):
-        self.mean_ = X.mean(0)
-        scale = X.std(0)
-        scale[scale < 10 * np.finfo(np.float64).eps * np.maximum(1.0, np.abs(self.mean_))] = 1.0
-        self.scale_ = scale
-        return self
-
-    def transform(self, X):
-        return (X - self.mean_) / self.scale_
-
-
-class _BinaryLogReg:
-    """L2-regularized binary logistic regression, sklearn's objective, solved by damped Newton.
-
-    Minimizes ``0.5 ||w||^2 + C * sum_i log(1 + exp(-s_i (w.x_i + b)))`` (intercept not penalized), the same
-    objective as ``sklearn.linear_model.LogisticRegression(C=C)``. A dense Newton step costs one
-    [d+1, d+1] solve, which for probe-sized problems (d <= a few hundred) is far faster than lbfgs, and it is
-    exactly deterministic. Exposes ``coef_`` [1, d], ``intercept_`` [1], ``classes_``, ``predict``,
-    ``decision_function``.
-    """
-
-    def __init__(self, C: float = 1.0, max_iter: int = 100, tol: float = 1e-8):
-        self.C, self.max_iter, self.tol = float(C), int(max_iter), tol
-
-    @staticmethod
-    def _loss(Xb, t, beta, C, reg):
-        z = Xb @ beta
-        return C * np.sum(np.logaddexp(0.0, -t * z)) + 0.5 * np.dot(reg * beta, beta)
-
-    def fit(self, X, y):
-        self.classes_ = np.unique(y)
-        if len(self.classes_) != 2:
-            raise UserError(f"binary logistic regression needs 2 classes (got {len(self.classes_)})")
-        n, d = X.shape
-        if d > n:
-            # Wide problem (e.g. 576-d states, ~100 samples): the penalty only touches w, so the optimum lies in
-            # the row space of X (any component orthogonal to it adds penalty and changes no prediction). With
-            # X = U S V^T, w = V c and X w = (U S) c: the same objective in rank(X) <= n coordinates, solved
-            # exactly, then mapped back. Newton then solves [n, n] instead of [d, d] systems.
-            U, S, Vt = np.linalg.svd(X, full_matrices=False)
-            r = int((S > S[0] * max(n, d) * np.finfo(np.float64).eps).sum()) if len(S) and S[0] > 0 else 0
-            self._fit(U[:, :r] * S[:r], y)
-            self.coef_ = self.coef_ @ Vt[:r]
-            return self
-        return self._fit(X, y)
-
-    def _fit(self, X, y):
-        t = np.where(y == self.classes_[1], 1.0, -1.0)
-        n, d = X.shape
-        Xb = np.hstack([X, np.ones((n, 1))])
-        reg = np.ones(d + 1)
-        reg[-1] = 0.0  # intercept not penalized
-        beta = np.zeros(d + 1)
-        C = self.C
-        f = self._loss(Xb, t, beta, C, reg)
-        for _ in range(self.max_iter):
-            z = Xb @ beta
-            p = 0.5 * (1.0 + np.tanh(0.5 * t * z))  # sigmoid(t z), stable
-            grad = -C * (Xb.T @ (t * (1.0 - p))) + reg * beta
-            W = C * p * (1.0 - p)
-            H = (Xb.T * W) @ Xb + np.diag(reg) + 1e-10 * np.eye(d + 1)
-            try:
-                step = np.linalg.solve(H, grad)
-            except np.linalg.LinAlgError:
-                step = np.linalg.lstsq(H, grad, rcond=None)[0]
-            dec = float(grad @ step)  # Newton decrement^2
-            if dec / 2 <= self.tol * max(1.0, abs(f)):
-                break
-            a = 1.0
-            while True:  # backtracking (Armijo)
-                cand = beta - a * step
-                f_new = self._loss(Xb, t, cand, C, reg)
-                if f_new <= f - 1e-4 * a * dec or a < 1e-8:
-                    break
-                a *= 0.5
-            beta, f = cand, f_new
-        self.coef_ = beta[None, :d].copy()
-        self.intercept_ = beta[d:].copy()
-        return self
-
-    def decision_function(self, X):
-        return X @ self.coef_[0] + self.intercept_[0]
-
-    def predict(self, X):
-        return np.where(self.decision_function(X) > 0, self.classes_[1], self.classes_[0])
+def _inner_splits(y, groups, config):
+    """The inner CV choosing C: StratifiedGroupKFold over ``groups`` (fewer folds if fewer groups), or
+    StratifiedKFold without groups; None if it cannot run (fewer than 2 groups, or a class too small)."""
+    k = config.inner_splits
+    if groups is not None:
+        k = min(k, len(np.unique(groups)))
+        if k < 2:
+            return None
+        cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=config.random_state)
+        return list(cv.split(np.zeros(len(y)), y, groups))
+    k = min(k, int(np.unique(y, return_counts=True)[1].min()))
+    if k < 2:
+        return None
+    cv = StratifiedKFold(n_splits=k, shuffle=True, random_state=config.random_state)
+    return list(cv.split(np.zeros(len(y)), y))
 
 
-class _SoftmaxLogReg:
-    """L2-regularized multinomial (softmax) logistic regression for K > 2 classes, sklearn's objective.
+def _n_correct(estimator, X, y) -> float:
+    """Inner-CV scorer: correct predictions in the fold. Their mean over folds ranks C like the pooled inner
+    accuracy (a mean of per-fold accuracies would weight the unequal grouped folds differently). A plain callable:
+    ``make_scorer(accuracy_score, normalize=False)`` gives the same numbers but re-validates the labels per call."""
+    return float(np.sum(estimator.predict(X) == y))
 
-    Minimizes ``0.5 ||W||_F^2 + C * sum_i w_{y_i} * -log softmax(W x_i + b)[y_i]`` (intercepts not penalized)
-    with class weights ``w_c = n / (K n_c)``: ``sklearn.linear_model.LogisticRegression(C=C,
-    class_weight="balanced")``, which it calls (lbfgs, deterministic for fixed inputs). The weights matter
-    for grouped CV: folds of pairs cannot be exactly balanced over K > 2 classes, and an unweighted probe
-    with uninformative inputs predicts the training fold's majority class, which is the held-out fold's
-    minority, so it lands *below* chance (e.g. ~0.2 instead of 1/3 at standard-prefill depth 0). Balanced,
-    all classes tie and the first wins, whatever the fold: chance exactly. (Two classes need no weights:
-    every pair, so every group and fold, holds both labels equally.) Wide problems (d > n) are solved in the
-    row space of X, exactly as in ``_BinaryLogReg`` (the penalty is invariant under that orthonormal change
-    of coordinates). Exposes ``coef_`` [K, d], ``intercept_`` [K], ``classes_``, ``predict``,
-    ``decision_function`` [n, K].
-    """
 
-    def __init__(self, C: float = 1.0, max_iter: int = 1000, tol: float = 1e-8):
-        self.C, self.max_iter, self.tol = float(C), int(max_iter), tol
-
-    def fit(self, X, y):
-        import warnings
-
-        from sklearn.exceptions import ConvergenceWarning
-        from sklearn.linear_model import LogisticRegression
-
-        self.classes_ = np.unique(y)
-        if len(self.classes_) < 3:
-            raise UserError(f"multinomial logistic regression needs 3 or more classes (got {len(self.classes_)})")
-        n, d = X.shape
-        Vt = None
-        if d > n:
-            U, S, Vt = np.linalg.svd(X, full_matrices=False)
-            r = int((S > S[0] * max(n, d) * np.finfo(np.float64).eps).sum()) if len(S) and S[0] > 0 else 0
-            if r == 0:  # constant (zero) inputs: only the intercepts can fit
-                X, Vt = np.zeros((n, 1)), np.zeros((1, d))
-            else:
-                X, Vt = U[:, :r] * S[:r], Vt[:r]
-        clf = LogisticRegression(C=self.C, solver="lbfgs", max_iter=self.max_iter, tol=self.tol,
-                                 class_weight="balanced")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            clf.fit(X, y)
-        coef = clf.coef_
-        self.coef_ = coef @ Vt if Vt is not None else coef.copy()
-        self.intercept_ = clf.intercept_.copy()
-        return self
-
-    def decision_function(self, X):
-        return X @ self.coef_.T + self.intercept_
-
-    def predict(self, X):
-        return self.classes_[np.argmax(self.decision_function(X), axis=1)]
+class _NotFitted(UserError, NotFittedError):
+    """A UserError for this project's CLIs, a NotFittedError for scikit-learn."""
 
 
 class LinearProbe:
-    """Standardized logistic regression (binary, or multinomial for K > 2 classes); ``C`` chosen by inner
-    (grouped) CV on the training data only.
+    """``Pipeline([StandardScaler(), RowSpaceLogisticRegression()])`` (binary, or balanced multinomial for K > 2
+    classes) whose ``C`` is chosen from ``config.Cs`` by ``GridSearchCV`` over an inner grouped CV on the
+    training data only.
 
     With ``groups`` the inner CV is a ``StratifiedGroupKFold`` (fewer folds if there are fewer groups than
-    ``inner_splits``); without, a ``StratifiedKFold``. If the inner CV cannot run (fewer than 2 groups, or a
-    class too small), ``C`` falls back to the middle of ``Cs`` (``chosen_C_`` records what was used).
+    ``inner_splits``); without, a ``StratifiedKFold``. Inner folds whose training part has a single class are
+    left out. ``C`` ties go to the smallest (strongest regularization). If the inner CV cannot run (fewer than 2
+    groups, or a class too small), ``C`` falls back to the middle of ``Cs``. Fitted: ``pipeline_``,
+    ``scaler_`` / ``clf_`` (its two steps), ``chosen_C_``, ``classes_``, ``n_features_in_``.
     """
 
     def __init__(self, config: ProbeConfig = ProbeConfig()):
@@ -240,71 +134,53 @@ class LinearProbe:
             raise UserError("LinearProbe needs a ProbeConfig")
         self.config = config
 
-    # -- internals ---------------------------------------------------------------------------------
-    def _fit_fixed(self, X, y, C):
-        scaler = _Scaler().fit(X)
-        solver = _BinaryLogReg if len(np.unique(y)) == 2 else _SoftmaxLogReg
-        clf = solver(C=C, max_iter=self.config.max_iter).fit(scaler.transform(X), y)
-        return scaler, clf
+    def _pipeline(self, C):
+        return Pipeline([("scale", StandardScaler()),
+                         ("logreg", RowSpaceLogisticRegression(C=C, max_iter=self.config.max_iter))])
 
-    def _inner_splits(self, y, groups):
-        k = self.config.inner_splits
-        _, counts = np.unique(y, return_counts=True)
-        if groups is not None:
-            n_groups = len(np.unique(groups))
-            k = min(k, n_groups)
-            if k < 2:
-                return None
-            cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=self.config.random_state)
-            return list(cv.split(np.zeros(len(y)), y, groups))
-        k = min(k, int(counts.min()))
-        if k < 2:
-            return None
-        cv = StratifiedKFold(n_splits=k, shuffle=True, random_state=self.config.random_state)
-        return list(cv.split(np.zeros(len(y)), y))
-
-    def _choose_C(self, X, y, groups, splits=None):
-        Cs = self.config.Cs
-        if len(Cs) == 1:
-            return Cs[0]
-        if splits is None:
-            splits = self._inner_splits(y, groups)
-        if splits is None:
-            return Cs[len(Cs) // 2]
-        scores = np.zeros(len(Cs))
-        for tr, te in splits:
-            if len(np.unique(y[tr])) < 2:
-                continue
-            for i, C in enumerate(Cs):
-                scaler, clf = self._fit_fixed(X[tr], y[tr], C)
-                scores[i] += (clf.predict(scaler.transform(X[te])) == y[te]).sum()
-        # ties -> the strongest regularization (smallest C), deterministic
-        order = np.argsort(Cs, kind="stable")
-        best = max(order, key=lambda i: (scores[i], -Cs[i]))
-        return Cs[best]
-
-    # -- public API ----------------------------------------------------------------------------------
     def fit(self, X, y, groups=None, _inner=None) -> "LinearProbe":
         """Fit; ``_inner`` (internal) = precomputed inner splits, so many depths share one split computation."""
         X, y, groups = _as_xy(X, y, groups)
-        self.classes_ = np.unique(y)
-        if len(self.classes_) < 2:
-            raise UserError(f"cannot fit a probe: the training labels have a single class ({self.classes_.tolist()})")
-        self.chosen_C_ = float(self._choose_C(X, y, groups, _inner))
-        self.scaler_, self.clf_ = self._fit_fixed(X, y, self.chosen_C_)
+        classes = np.unique(y)
+        if len(classes) < 2:
+            raise UserError(f"cannot fit a probe: the training labels have a single class ({classes.tolist()})")
+        Cs = self.config.Cs
+        splits = None if len(Cs) == 1 else (_inner if _inner is not None else _inner_splits(y, groups, self.config))
+        # X was checked finite above: skip scikit-learn's repeated finiteness and parameter checks in the inner fits.
+        with config_context(assume_finite=True, skip_parameter_validation=True):
+            if len(Cs) == 1:
+                C, pipe = Cs[0], None
+            elif splits is None:
+                C, pipe = Cs[len(Cs) // 2], None
+            else:
+                usable = [(tr, te) for tr, te in splits if len(np.unique(y[tr])) >= 2]
+                if usable:
+                    # Candidates in ascending order: GridSearchCV keeps the first best, i.e. the smallest tied C.
+                    search = GridSearchCV(self._pipeline(Cs[0]), {"logreg__C": sorted(Cs)}, scoring=_n_correct,
+                                          cv=usable, error_score="raise").fit(X, y)
+                    C, pipe = search.best_params_["logreg__C"], search.best_estimator_
+                else:  # no inner fold can be scored: every C ties, the smallest wins
+                    C, pipe = min(Cs), None
+            if pipe is None:
+                pipe = self._pipeline(C).fit(X, y)
+        self.chosen_C_ = float(C)
+        self.pipeline_ = pipe
+        self.scaler_, self.clf_ = pipe[0], pipe[-1]
+        self.classes_ = self.clf_.classes_
+        self.n_features_in_ = self.clf_.n_features_in_
         return self
 
     def _check_fitted(self):
-        if not hasattr(self, "clf_"):
-            raise UserError("this LinearProbe is not fitted yet: call fit(X, y, groups) first")
+        if not hasattr(self, "pipeline_"):
+            raise _NotFitted("this LinearProbe is not fitted yet: call fit(X, y, groups) first")
 
     def decision_function(self, X) -> np.ndarray:
         self._check_fitted()
-        return self.clf_.decision_function(self.scaler_.transform(np.asarray(X, dtype=np.float64)))
+        return self.pipeline_.decision_function(np.asarray(X, dtype=np.float64))
 
     def predict(self, X) -> np.ndarray:
         self._check_fitted()
-        return self.clf_.predict(self.scaler_.transform(np.asarray(X, dtype=np.float64)))
+        return self.pipeline_.predict(np.asarray(X, dtype=np.float64))
 
     def score(self, X, y) -> float:
         return float(np.mean(self.predict(X) == np.asarray(y)))
@@ -323,6 +199,7 @@ class LinearProbe:
         w = self.clf_.coef_[0] / self.scaler_.scale_
         norm = np.linalg.norm(w)
         return w / norm if norm > 0 else w
+
 
 
 @dataclass
@@ -406,11 +283,10 @@ class _Plan:
             cv = StratifiedGroupKFold(n_splits=config.n_splits, shuffle=True, random_state=config.random_state)
             outer = list(cv.split(np.zeros(len(y)), y, groups))
         self.outer = []
-        helper = LinearProbe(config)
         for tr, te in outer:
             if len(np.unique(y[tr])) < 2:
                 raise UserError("a training fold has a single class: too few groups per label for grouped CV")
-            self.outer.append((tr, te, helper._inner_splits(y[tr], groups[tr])))
+            self.outer.append((tr, te, _inner_splits(y[tr], groups[tr], config)))
 
 
 def _outer_predictions(X, y, groups, config, plan):
@@ -421,17 +297,6 @@ def _outer_predictions(X, y, groups, config, plan):
         pred[te] = probe.predict(X[te])
         folds.append(float(np.mean(pred[te] == y[te])))
     return pred, folds
-
-
-def _bootstrap_ci(correct, groups, config) -> tuple[float, float]:
-    uniq, inv = np.unique(groups, return_inverse=True)
-    n_ok = np.bincount(inv, weights=correct.astype(np.float64), minlength=len(uniq))
-    n_all = np.bincount(inv, minlength=len(uniq)).astype(np.float64)
-    rng = np.random.default_rng(config.random_state)
-    draws = rng.integers(0, len(uniq), size=(config.n_boot, len(uniq)))
-    accs = n_ok[draws].sum(1) / n_all[draws].sum(1)
-    lo, hi = np.percentile(accs, [2.5, 97.5])
-    return float(lo), float(hi)
 
 
 def check_groups(y, groups, n_splits: int) -> int:
@@ -478,11 +343,13 @@ def grouped_cv_scores(Xs, y, groups, config: ProbeConfig = ProbeConfig()) -> lis
     for _, te, _ in plan.outer:
         y_ctrl[te] = permute_labels_by_group(y[te], groups[te], rng)
     plan_c = _Plan(y_ctrl, groups, config, outer=[(tr, te) for tr, te, _ in plan.outer])
+    boot = ClusterBootstrap(groups, config.n_boot, config.random_state)  # the same resamples for every X
+    n_rep = boot.sums(np.ones(len(y)))[1]
     out = []
     for X in Xs:
         pred, folds = _outer_predictions(X, y, groups, config, plan)
         correct = pred == y
-        lo, hi = _bootstrap_ci(correct, groups, config)
+        lo, hi = percentile_ci(boot.sums(correct)[1] / n_rep)
         pred_c, _ = _outer_predictions(X, y_ctrl, groups, config, plan_c)
         out.append(ProbeScore(
             accuracy=float(np.mean(correct)),

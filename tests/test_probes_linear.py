@@ -150,7 +150,7 @@ def test_wide_problem_solved_in_the_row_space_matches_the_full_newton_and_sklear
     # the same one the full d-dimensional Newton solve and sklearn find.
     from sklearn.linear_model import LogisticRegression
 
-    from probes.linear import _BinaryLogReg
+    from probes.estimator import RowSpaceLogisticRegression
 
     rng = np.random.default_rng(3)
     n, d = 40, 120
@@ -158,12 +158,85 @@ def test_wide_problem_solved_in_the_row_space_matches_the_full_newton_and_sklear
     y = (X[:, 0] + 0.5 * rng.normal(size=n) > 0).astype(int)
     X = (X - X.mean(0)) / X.std(0)
     for C in (0.01, 1.0):
-        wide = _BinaryLogReg(C).fit(X, y)
-        full = _BinaryLogReg(C)
-        full.classes_ = np.unique(y)
-        full._fit(X, y)
+        wide = RowSpaceLogisticRegression(C).fit(X, y)  # "auto": row space, as d > n
+        full = RowSpaceLogisticRegression(C, row_space=False).fit(X, y)
         ref = LogisticRegression(C=C, tol=1e-12, max_iter=100000).fit(X, y)
         assert wide.coef_.shape == (1, d)
         assert np.allclose(wide.coef_, full.coef_, atol=1e-10)
         assert np.allclose(wide.intercept_, full.intercept_, atol=1e-10)
         assert np.allclose(wide.coef_, ref.coef_, atol=1e-4)
+
+
+def test_c_choice_is_pooled_inner_accuracy_with_ties_to_the_smallest_c():
+    # The choice LinearProbe delegates to GridSearchCV, written out as it was before: total correct inner-fold
+    # predictions per C (folds of unequal size: completion groups), ties -> smallest C, folds whose training
+    # part has one class skipped.
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from probes.estimator import RowSpaceLogisticRegression
+    from probes.linear import _inner_splits
+    from tasks import make_dataset
+
+    s = make_dataset("completion", 40, 0, seed=1)
+    y = np.array([x.label for x in s])
+    groups = np.array([x.group_id for x in s])
+    cfg = ProbeConfig(Cs=(1.0, 0.01, 0.1, 10.0))
+    chosen = []
+    for seed in range(6):
+        X = np.random.default_rng(seed).normal(size=(len(y), 12))
+        X[:, 0] += 0.4 * seed * y
+        splits = _inner_splits(y, groups, cfg)
+        assert len({len(te) for _, te in splits}) > 1  # unequal folds: pooled accuracy != mean fold accuracy
+        scores = np.zeros(len(cfg.Cs))
+        for tr, te in splits:
+            for i, C in enumerate(cfg.Cs):
+                m = make_pipeline(StandardScaler(), RowSpaceLogisticRegression(C)).fit(X[tr], y[tr])
+                scores[i] += np.sum(m.predict(X[te]) == y[te])
+        best = min(range(len(cfg.Cs)), key=lambda i: (-scores[i], cfg.Cs[i]))
+        p = LinearProbe(cfg).fit(X, y, groups)
+        assert p.chosen_C_ == cfg.Cs[best]
+        chosen.append(p.chosen_C_)
+    assert len(set(chosen)) > 1  # the data really move the choice
+    # constant inputs: every C ties, the smallest wins (not the first listed)
+    assert LinearProbe(cfg).fit(np.ones((len(y), 3)), y, groups).chosen_C_ == 0.01
+
+
+def test_numbers_unchanged_by_the_library_pipeline():
+    # Values computed with probes.linear before it used Pipeline / GridSearchCV / common.bootstrap (K = 3 and a
+    # wide binary problem; the binary narrow case is pinned in tests/test_multiclass.py).
+    rng = np.random.default_rng(0)
+    cyc = [(0, 1), (1, 2), (2, 0)]
+    y = np.array([c for p in range(90) for c in cyc[p % 3]])
+    groups = np.repeat(np.arange(90), 2)
+    X = rng.normal(size=(len(y), 16))
+    X[np.arange(len(y)), y] += 1.0
+    s = grouped_cv_score(X, y, groups, FAST)
+    assert (s.accuracy, s.ci_low, s.ci_high, s.control_accuracy) == (
+        0.5833333333333334, 0.5165277777777778, 0.6445833333333334, 0.3055555555555556)
+    assert s.fold_accuracies == [0.5833333333333334, 0.6388888888888888, 0.5833333333333334, 0.6111111111111112, 0.5]
+    X, y, groups, rng = pairs(n_groups=48, d=576, seed=7)
+    X[:, 0] += 0.6 * y
+    s = grouped_cv_score(X, y, groups, FAST)
+    assert (s.accuracy, s.ci_low, s.ci_high, s.control_accuracy) == (
+        0.5416666666666666, 0.4270833333333333, 0.6356770833333334, 0.4791666666666667)
+    assert LinearProbe(FAST).fit(X, y, groups).chosen_C_ == 0.1 and LinearProbe(FAST).fit(X, y).chosen_C_ == 1.0
+
+
+def test_probe_exposes_its_library_pipeline():
+    from sklearn.exceptions import NotFittedError
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from probes.estimator import RowSpaceLogisticRegression
+
+    X, y, groups, _ = pairs(seed=6)
+    X[:, 0] += y
+    with pytest.raises(NotFittedError):  # also a UserError (test_predict_before_fit_and_bad_shapes)
+        LinearProbe(FAST).decision_function(X)
+    p = LinearProbe(FAST).fit(X, y, groups)
+    assert isinstance(p.pipeline_, Pipeline) and isinstance(p.scaler_, StandardScaler)
+    assert isinstance(p.clf_, RowSpaceLogisticRegression) and p.clf_.C == p.chosen_C_
+    assert p.n_features_in_ == X.shape[1] and p.classes_.tolist() == [0, 1]
+    assert np.array_equal(p.decision_function(X), p.pipeline_.decision_function(X))
+    assert np.array_equal(p.predict(X.astype(np.float32)), p.predict(X.astype(np.float32).astype(np.float64)))
