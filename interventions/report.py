@@ -1,6 +1,19 @@
 """causal_report.{json,md,html}: the verdict sentence, tables, and Plotly figures (self-contained HTML).
 
-JSON schema {"name": "causal-report", "version": 2}. Version 2 (interventions in every prefill mode, at every
+JSON schema {"name": "causal-report", "version": 3}. Version 3 keeps every field of version 2 and adds LEACE
+concept erasure (interventions.erasure):
+    config.erase_depths, config.erase_positions   the --erase-depths (null = every depth) / --erase-positions
+    results.leace               {method, package_version, concept, n_folds, fit, settings, rows, dose} or absent
+                                when not run. rows[*]: name (leace_state = fed state at T, leace_state@T-k = at
+                                one position, leace_state_all = at every fused position, leace_resid_d<l> = the
+                                residual stream at depth l, position T), description, mode, site (state | resid),
+                                position (-1, an offset or "all"), depth (resid rows), reference "paired sample",
+                                relative_change (mean ||erased - clean|| / mean ||clean||), probe (null for
+                                leace_state_all, else {before, after, clean_on_erased: {accuracy, ci,
+                                fold_accuracies, n}, chance}), n_positions (leace_state_all), <metrics>;
+                                dose {alphas, site "state", rows [{alpha, position -1, <metrics>}]} (null under
+                                standard): x + alpha (LEACE(x) - x) of the fed state at T.
+Version 2 (interventions in every prefill mode, at every
 position, K-class labels) keeps every field of version 1 and adds:
     config.mode                 any canonical mode name (standard, recurrent-K, recurrent-full, fused-N)
     config.max_positions        the sweep / heatmap cover the last this many positions (null = all)
@@ -31,7 +44,7 @@ import math
 from pathlib import Path
 
 REPORT_FILES = ("causal_report.json", "causal_report.md", "causal_report.html")
-SCHEMA = {"name": "causal-report", "version": 2}
+SCHEMA = {"name": "causal-report", "version": 3}
 
 
 def clean_json(x):
@@ -133,6 +146,39 @@ def _table(rows, first="intervention"):
     return "\n".join(out)
 
 
+def _leace_rows(res, site=None) -> list[dict]:
+    rows = (res.get("leace") or {}).get("rows") or []
+    return [r for r in rows if site is None or r.get("site") == site]
+
+
+def _leace_markdown(res) -> list[str]:
+    le = res.get("leace")
+    if not le:
+        return []
+    out = ["", "## Concept erasure (LEACE)", "",
+           f"{le['method']} {le.get('package_version') or ''}: the concept ({le['concept']}) erased by the least-squares "
+           f"affine map after which no linear classifier beats a constant one; {le['fit']} ({le['n_folds']} grouped "
+           "folds, the subspace swaps' folds). Reference: the paired sample, so erasing the label to 'no "
+           "information' (LD ~ 0) reads about 0.5 as normalized effect on a binary task. Probe accuracies held out: "
+           "before = clean probe on clean rows; after = probe refitted on erased training rows (chance by the "
+           "guarantee); clean on erased = the clean probe on the erased held-out rows. Relative change = mean "
+           "||erased - clean|| / mean ||clean||.", "",
+           "| erasure | position | probe before / after / clean on erased | relative change | LD mean | accuracy | "
+           "flip rate | normalized effect | n |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in le["rows"]:
+        pr = r.get("probe")
+        probe = (" / ".join(_f((pr.get(k) or {}).get("accuracy")) for k in ("before", "after", "clean_on_erased"))
+                 if pr else "n/a")
+        pos = "all" if r["position"] == "all" else ("T" if r["position"] == -1 else f"T{r['position'] + 1}")
+        out.append(f"| {r['name']} | {pos} | {probe} | {_f(r.get('relative_change'))} | {_f(r['ld_mean'])} "
+                   f"{_ci(r, 'ld_mean')} | {_f(r['accuracy'])} {_ci(r, 'accuracy')} | {_f(r['flip_rate'])} "
+                   f"{_ci(r, 'flip_rate')} | {_f(r['normalized_effect'])} {_ci(r, 'normalized_effect')} | {r['n']} |")
+    if le.get("dose"):
+        out += ["", "Dose: h = h + a (LEACE(h) - h) of the fed state at T:", ""]
+        out.append(_table([{**r, "label": f"a = {r['alpha']:.1f}"} for r in le["dose"]["rows"]], "alpha"))
+    return out
+
+
 def markdown(report: dict) -> str:
     cfg, res = report["config"], report["results"]
     label, sentence = report["verdict"]["label"], report["verdict"]["sentence"]
@@ -152,13 +198,14 @@ def markdown(report: dict) -> str:
                   "position sweep.", ""]
     else:
         lines += ["", "## Interventions on the fused state at T", ""]
-        lines.append(_table(res["interventions"] + sub["rows"]))
+        lines.append(_table(res["interventions"] + sub["rows"] + _leace_rows(res, "state")))
     if sub is not None:
         lines += ["", f"Probe subspace: rank {sub['rank']}, fitted on h_{{T-1}} of the training folds only "
               f"({sub['n_folds']} grouped folds); held-out probe accuracy {_f(sub['probe_heldout_accuracy'])}; "
               f"share of ||h_donor - h_own||^2 inside it {_f(sub['energy_fraction'], 3)}.", "",
               "## Dose-response: h = (1 - a) own + a donor", ""]
         lines.append(_table([{**r, "label": f"a = {r['alpha']:.1f}"} for r in res["dose"]["rows"]], "alpha"))
+    lines += _leace_markdown(res)
     sw = res.get("position_sweep")
     if sw:
         lines += ["", f"## Position sweep: state swap at position t ({sw['mode']}), effect on the answer at T", "",
@@ -210,7 +257,7 @@ def html_report(report: dict) -> str:
         hi = [r[key + "_ci"][1] - r[key] if r.get(key + "_ci") and r[key] is not None else 0 for r in rows]
         return dict(type="data", symmetric=False, array=hi, arrayminus=lo)
 
-    rows = res["interventions"] + ((res.get("subspace") or {}).get("rows") or [])
+    rows = res["interventions"] + ((res.get("subspace") or {}).get("rows") or []) + _leace_rows(res)
     c = report.get("control")
     crow = [dict(r, name=f"control: {r['name']}") for r in (c.get("interventions") or [])] if c else []
     allrows = rows + crow
@@ -218,7 +265,8 @@ def html_report(report: dict) -> str:
     for j, key in enumerate(("normalized_effect", "accuracy", "flip_rate")):
         fig.add_trace(go.Bar(x=[r["name"] for r in allrows], y=[r[key] for r in allrows], error_y=err(allrows, key),
                              name=key, showlegend=False), row=1, col=j + 1)
-    fig.update_layout(title="Interventions on the fused state at T (bars: 95% bootstrap CI)", height=480)
+    fig.update_layout(title="Interventions at T: the fused state (and LEACE on the residual stream, leace_resid_d*) "
+                            "(bars: 95% bootstrap CI)", height=480)
     figs.append(fig)
 
     if res.get("dose"):
@@ -228,6 +276,17 @@ def html_report(report: dict) -> str:
             fig.add_trace(go.Scatter(x=[r["alpha"] for r in dose], y=[r[key] for r in dose],
                                      error_y=err(dose, key), mode="lines+markers", name=key))
         fig.update_layout(title="Dose-response: h = (1 - a) own + a paired donor", xaxis_title="a", height=420)
+        figs.append(fig)
+
+    le = res.get("leace") or {}
+    if le.get("dose"):
+        dose = le["dose"]["rows"]
+        fig = go.Figure()
+        for key in ("normalized_effect", "flip_rate", "accuracy"):
+            fig.add_trace(go.Scatter(x=[r["alpha"] for r in dose], y=[r[key] for r in dose],
+                                     error_y=err(dose, key), mode="lines+markers", name=key))
+        fig.update_layout(title="LEACE dose: h + a (LEACE(h) - h), fed state at T (reference: paired sample)",
+                          xaxis_title="a", height=420)
         figs.append(fig)
 
     sw = res.get("position_sweep")

@@ -1,9 +1,10 @@
 """python -m interventions.run --task completion [--model tiny-fbt] [--mode recurrent-1] [--max-positions P]
 
 Runs the causal-ablation battery of SPEC section 5 in any prefill mode (standard, recurrent-K, recurrent-full,
-fused-N; parsed once by engine.prefill.parse_mode, reported under its canonical name): the interventions on the
+fused-N; parsed once by engine.modes.parse_mode, reported under its canonical name): the interventions on the
 state entering the fusion at T, the state-swap sweep over every fused position t and the depth x position layer
-patching (mode under study and standard side by side). Sweeps and heatmaps cover every position of prompts up
+patching (mode under study and standard side by side), and LEACE erasure of the label from the fed state and
+the residual stream (--erase-depths, --erase-positions; docs/methods.md). Sweeps and heatmaps cover every position of prompts up
 to DEFAULT_MAX_POSITIONS columns and the last DEFAULT_MAX_POSITIONS otherwise (--max-positions P: the last P;
 0 = all). It writes
 <project root>/figures/<model>/<task>/causal_report.{json,md,html} (beside probes.run's probes.json, from any
@@ -28,6 +29,7 @@ MAX_SEED = 2**31 - 1  # the suite also seeds with seed + 1000
 MAX_RANK = 64
 DEFAULT_MAX_POSITIONS = 64
 MAX_POSITIONS = 100_000
+MAX_ERASE_DEPTH = 10_000  # checked against the model's depth once it is loaded
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"dataset / resampling / bootstrap seed, 0..{MAX_SEED} (default 0)")
     p.add_argument("--subspace-rank", type=int_in(1, MAX_RANK), default=1,
                    help=f"rank of the probe subspace, 1..min({MAX_RANK}, d_model) (default 1)")
+    p.add_argument("--erase-depths", default="all",
+                   help="LEACE rows: erase the label from the residual stream at T at these depths, one row each "
+                        "(comma-separated 0..L; 'all' = every depth, the default; 'none' = no residual rows). "
+                        "The fed state at T, with a dose, and at every fused position at once are always erased "
+                        "(recurrent and fused modes)")
+    p.add_argument("--erase-positions", default=None,
+                   help="LEACE rows: also erase the label from the fed state at each of these positions alone "
+                        "(comma-separated T, T-1, T-2, ..., or negative offsets -1 = T, -2 = T-1 written "
+                        "--erase-positions=-2,-5; must be fused positions of --mode; default none beyond T)")
     p.add_argument("--control-model", default=None,
                    help="negative-control model for the same swap (default: tiny-std when its checkpoint exists; "
                         "'none' to skip)")
@@ -75,14 +86,14 @@ def _sha256(path: Path) -> str:
 
 
 def _model_path(name_or_path: str) -> Path:
-    from models.presets import PRESETS, checkpoint_dir
+    from training.presets import PRESETS, checkpoint_dir
 
     p = Path(name_or_path)
     return checkpoint_dir(name_or_path) if not p.exists() and name_or_path in PRESETS else p
 
 
 def _load(name_or_path: str, role: str):
-    from models.presets import load_model
+    from training.presets import load_model
 
     model, tok, name = load_model(name_or_path)  # refuses NaN/inf weights (models.full_bandwidth.load_weights)
     if tok is None:
@@ -103,10 +114,62 @@ def _resolve_control(arg, main_path: Path):
     return arg, None
 
 
+def _parse_erase_depths(spec):
+    """'all' -> None (every depth), 'none' -> [], else the listed depths (checked against L after loading)."""
+    from common.cli import int_list
+
+    s = str(spec).strip().lower()
+    if s == "all":
+        return None
+    if s == "none":
+        return []
+    return int_list(spec, "--erase-depths", 0, MAX_ERASE_DEPTH)
+
+
+def _parse_erase_positions(spec):
+    """'T-1,T-4' or '-2,-5' -> [-2, -5] (negative column offsets, -1 = T; duplicates dropped); None -> []."""
+    if spec is None:
+        return []
+    msg = (f"--erase-positions must be comma-separated positions T, T-1, T-2, ... or negative offsets -1, -2, ... "
+           f"(at most {MAX_POSITIONS} back), got {spec!r}")
+    out = []
+    for x in str(spec).split(","):
+        x = x.strip().upper()
+        if not x:
+            continue
+        try:
+            v = -1 if x == "T" else (-1 - int(x[2:], 10) if x.startswith("T-") else int(x, 10))
+        except ValueError:
+            raise UserError(msg) from None
+        if not -MAX_POSITIONS <= v <= -1:
+            raise UserError(msg)
+        if v not in out:
+            out.append(v)
+    if not out:
+        raise UserError("--erase-positions is empty")
+    return out
+
+
+def _check_erase_positions(positions, mode: str, T: int) -> None:
+    """UserError unless every position is one where `mode` feeds a state (core's fused positions) on T columns."""
+    from engine.prefill import parse_mode, recurrent_start
+
+    if not positions:
+        return
+    m = parse_mode(mode)
+    if m.kind == "standard":
+        raise UserError(f"--erase-positions: {mode} prefill feeds no state")
+    first = 1 - T if m.kind == "fused" else recurrent_start(T, m.n) - T
+    bad = [p for p in positions if p < first]
+    if bad:
+        raise UserError(f"--erase-positions {bad[0]}: {mode} feeds a state only at offsets {first}..-1 of these "
+                        f"{T}-column prompts")
+
+
 @cli_entry
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from engine.prefill import parse_mode
+    from engine.modes import parse_mode
     from probes.linear import ProbeConfig, check_groups
     from tasks import dataset_fingerprint, resolve_task
 
@@ -120,7 +183,7 @@ def main(argv=None) -> int:
 
     main_path = _model_path(args.model)
     if not main_path.exists():
-        from models.presets import load_model
+        from training.presets import load_model
         load_model(args.model)  # raises the loader's UserError (unknown name / untrained preset)
     model_name = safe_name(main_path)  # a path ending in '..' names the folder it resolves to
     # One default-output rule with probes.run: the project root's figures/<model>/<task>/, whatever the cwd.
@@ -131,6 +194,8 @@ def main(argv=None) -> int:
 
     check_no_results(out, args.overwrite)
     control_arg, control_skip = _resolve_control(args.control_model, main_path)
+    erase_depths = _parse_erase_depths(args.erase_depths)
+    erase_positions = _parse_erase_positions(args.erase_positions)
 
     if n_dis < source.min_distractors:
         raise UserError(f"task {source.name!r} needs --distractors >= {source.min_distractors}")
@@ -144,6 +209,8 @@ def main(argv=None) -> int:
         raise UserError(f"model {args.model!r} has no fusion module: there is no fed state to intervene on")
     if rank > model.d_model:
         raise UserError(f"--subspace-rank {rank} exceeds the model's d_model {model.d_model}")
+    if erase_depths and max(erase_depths) > model.n_layers:
+        raise UserError(f"--erase-depths {max(erase_depths)} is beyond the model's depth 0..{model.n_layers}")
     cmodel = None
     if control_arg is not None:  # loaded (and checked) before any work, used after the main suite
         cmodel, ctok, _ = _load(control_arg, "control")
@@ -159,11 +226,13 @@ def main(argv=None) -> int:
 
         batch = Batch.from_samples(samples, tok, source)
         say(f"{batch.size} samples, T = {batch.input_ids.shape[1]} columns; clean runs")
+        _check_erase_positions(erase_positions, mode, batch.input_ids.shape[1])  # before any model run
         t1 = time.perf_counter()
         modes = ("standard", mode)
         ctx = CausalContext(model, batch, modes=modes)
         results = run_suite(ctx, rank=rank, seed=seed, probe_config=probe_cfg, progress=say,
-                            max_positions=max_positions)
+                            max_positions=max_positions, erase_depths=erase_depths,
+                            erase_positions=erase_positions)
         t_suite = time.perf_counter() - t1
 
         control = None
@@ -184,6 +253,7 @@ def main(argv=None) -> int:
             "config": {"task": args.task, "task_source": source.describe(), "mode": mode, "distractors": n_dis, "n_pairs": n_pairs, "seed": seed,
                        "subspace_rank": rank, "n_boot": 1000, "probe": probe_cfg.to_dict(),
                        "max_positions": max_positions, "n_classes": batch.n_classes,
+                       "erase_depths": erase_depths, "erase_positions": erase_positions,
                        "command": "python -m interventions.run " + " ".join(sys.argv[1:] if argv is None else argv)},
             "dataset": {"fingerprint": dataset_fingerprint(samples), "n_samples": batch.size,
                         "n_groups": int(len(set(batch.groups.tolist()))),

@@ -18,6 +18,13 @@ Position-specific parts (rows carry `position`, a negative offset from the end: 
                      mode under study and in standard, side by side (TransformerLens-style heatmap); rows are
                      those whose own and paired column t are real tokens.
 Both cover the last `max_positions` positions (None = all).
+    leace            LEACE erasure of the label (interventions.erasure; eraser per grouped fold, fitted on the
+                     training rows, applied to the held-out ones, the subspace swaps' folds): the fed state at T
+                     (with a dose), at each chosen position, at every fused position at once (one eraser per
+                     position, each applied to the clean run's state there: every fed state is replaced, so
+                     nothing the patched run recomputes is fed unerased), and the residual stream at T at each
+                     chosen depth. Reference: the paired sample. Rows carry the held-out probe accuracy before and
+                     after (the guarantee: chance) and how far the erasure moved the representation.
 """
 from __future__ import annotations
 
@@ -48,6 +55,11 @@ DESCRIPTIONS = {
     "subspace_swap": "only the probe-subspace component of h_{T-1} from the paired sample",
     "complement_swap": "only the component orthogonal to the probe subspace from the paired sample",
     "random_subspace_swap": "only a random subspace (same rank) component from the paired sample",
+    "leace_state": "the label erased from h_{T-1} by LEACE (fitted on the training groups, applied held out)",
+    "leace_state_all": "the label erased by LEACE from the fed state at every fused position (one eraser per "
+                       "position, each applied to the clean run's state there)",
+    "leace_state_at": "the label erased by LEACE from the fed state at this position only",
+    "leace_resid": "the label erased by LEACE from the residual stream at this depth, position T",
 }
 
 
@@ -168,6 +180,81 @@ class Suite:
                 "energy_fraction": energy_fraction(h, donor, folds),
                 "rows": rows}
 
+    def leace(self, probe_config: ProbeConfig | None = None, depths=None, positions=(), grid=DOSE_GRID) -> dict:
+        """LEACE erasure of the label (interventions.erasure): fed state at T (with a dose), at every fused
+        position at once, at each of `positions`, and from the residual stream at T at each of `depths`
+        (None = every depth). Reference: the paired sample (erasing the label entirely lands near 0.5 on the
+        normalized-effect scale of a binary task: LD ~ 0 is halfway between own and paired)."""
+        from .core import Patch
+        from .erasure import FoldErasers, grouped_folds, package_version, probe_check, relative_change
+
+        ctx, b, mode = self.ctx, self.ctx.batch, self.mode
+        cfg = probe_config or ProbeConfig()
+        y, groups, K = b.labels.numpy(), b.groups, b.n_classes
+        t0 = time.perf_counter()
+        folds = grouped_folds(y, groups, cfg)
+        mask = b.attention_mask.bool()
+        T = mask.shape[1]
+        rows, dose = [], None
+
+        def row(name, kind, position, logits, check, change, rows_ok=None, **extra):
+            return {"name": name, "description": DESCRIPTIONS[kind], "mode": mode, "position": position,
+                    "reference": "paired sample", **extra, "relative_change": change, "probe": check,
+                    **self.metrics(logits, rows=rows_ok)}
+
+        if mode != "standard":
+            h = ctx.h_prev
+            fe = FoldErasers(h, y, folds, K)
+            erased = fe.heldout(h)
+            logits = self._timed("leace_state", lambda: ctx.patch_state(erased, mode))
+            rows.append(row("leace_state", "leace_state", -1, logits, probe_check(h, y, groups, fe, cfg),
+                            relative_change(h, erased), site="state"))
+            drows = []
+            for a in grid:
+                drows.append({"alpha": float(a), "position": -1,
+                              **self.metrics(ctx.patch_state(fe.heldout(h, a), mode))})
+            dose = {"alphas": [float(a) for a in grid], "site": "state", "rows": drows}
+            for pos in positions:
+                if pos == -1:
+                    continue
+                X = ctx.state(mode, pos)
+                c = T + pos
+                real = (mask[:, c - 1] & mask[:, c]).numpy()  # the row fuses at c: its state there is real
+                fp = FoldErasers(X, y, folds, K, fit_mask=real)
+                er = fp.heldout(X)
+                logits = ctx.patch_state(er, mode, pos)
+                rows.append(row(f"leace_state@{pos_name(pos)}", "leace_state_at", pos, logits,
+                                probe_check(X, y, groups, fp, cfg, rows=real), relative_change(X, er, real),
+                                rows_ok=real, site="state"))
+            patches, change_num, change_den = [], 0.0, 0.0
+            for pos in ctx.fused_positions(mode):
+                X = ctx.state(mode, pos)
+                c = T + pos
+                real = (mask[:, c - 1] & mask[:, c]).numpy()
+                er = FoldErasers(X, y, folds, K, fit_mask=real).heldout(X)
+                patches.append(Patch("state", er, pos=pos))
+                r = torch.as_tensor(real)
+                change_num += float((er - X)[r].double().norm(dim=-1).sum())
+                change_den += float(X[r].double().norm(dim=-1).sum())
+            logits = self._timed("leace_state_all", lambda: ctx.run(mode, patches).logits)
+            rows.append(row("leace_state_all", "leace_state_all", "all", logits, None,
+                            change_num / change_den if change_den > 0 else None, site="state",
+                            n_positions=len(patches)))
+        resid = ctx.resid(mode)  # [B, T, L+1, D]
+        for d in (range(ctx.n_layers + 1) if depths is None else depths):
+            X = resid[:, -1, d]
+            fe = FoldErasers(X, y, folds, K)
+            er = fe.heldout(X)
+            logits = ctx.run(mode, [Patch("resid", er, depth=d, pos=-1)]).logits
+            rows.append(row(f"leace_resid_d{d}", "leace_resid", -1, logits, probe_check(X, y, groups, fe, cfg),
+                            relative_change(X, er), site="resid", depth=int(d)))
+        self.timings["leace"] = time.perf_counter() - t0
+        return {"method": "LEACE (Belrose et al. 2023), concept-erasure package", "package_version":
+                package_version(), "concept": "one-hot label", "n_folds": len(folds),
+                "fit": "each fold's eraser on its training groups, applied to its held-out rows",
+                "settings": {"constrain_cov_trace": False, "shrinkage": True, "affine": True},
+                "rows": rows, "dose": dose}
+
     def dose(self, grid=DOSE_GRID) -> dict | None:
         ctx, b, mode = self.ctx, self.ctx.batch, self.mode
         if mode == "standard":
@@ -264,13 +351,18 @@ class Suite:
 
 def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int = 0, dose_grid=DOSE_GRID,
               layers: bool = True, probe_config: ProbeConfig | None = None, progress=None,
-              max_positions: int | None = None, sweep: bool = True) -> dict:
-    """Every intervention of the report on one context; returns the JSON-ready result dict."""
+              max_positions: int | None = None, sweep: bool = True, leace: bool = True, erase_depths=None,
+              erase_positions=()) -> dict:
+    """Every intervention of the report on one context; returns the JSON-ready result dict.
+
+    `erase_depths` (None = all) and `erase_positions` configure the LEACE rows (Suite.leace)."""
     if not ctx.model.has_fusion:
         raise UserError("the model has no fusion module: there is no fed state to intervene on")
     s = Suite(ctx, n_boot, seed, max_positions)
     steps = [("clean", s.clean), ("interventions", s.state_interventions),
              ("subspace", lambda: s.subspace(rank, probe_config)), ("dose", lambda: s.dose(dose_grid))]
+    if leace:
+        steps.append(("leace", lambda: s.leace(probe_config, erase_depths, erase_positions, dose_grid)))
     if sweep:
         steps.append(("position_sweep", s.position_sweep))
     if layers:

@@ -10,10 +10,14 @@ Input: a probes.json document (``{"meta": ..., "results": [...]}``, written by `
 * any other task (parity, shell_game, custom tasks): as completion; the chance line is at 1/K for K label
   classes (``meta.labels.chance``; without it the built-in task's label words, else 0.5).
 
+* rows that carry them (probes.run schema 2) add a second row of panels with the logit lens (label logit
+  difference per depth, same x axis; the fed state h_{T-1} at x = -1 in feedback modes) and a third with the MDL
+  compression; ``probes.run --erase D`` adds, dashed, the accuracy after LEACE erasure at depth D.
+
 The HTML embeds plotly.js (no network needed) and uses a fixed div id, so the same document always gives the
 same page. ``write_png`` renders the page with headless Chromium (kaleido is not required).
 
-CLI: ``python -m analysis.depth_curves figures/tiny-fbt/completion/probes.json [--png out.png]``.
+CLI: ``python -m probes.depth_curves figures/tiny-fbt/completion/probes.json [--png out.png]``.
 """
 from __future__ import annotations
 
@@ -96,8 +100,16 @@ def _lines(rows: list[dict], task: str) -> dict:
     return out
 
 
+def _has(rows, key) -> bool:
+    return any(r.get(key) is not None for r in rows)
+
+
 def depth_curve_figure(doc_or_path, title: str | None = None):
-    """Plotly figure of the depth curves of one probes.json (one task)."""
+    """Plotly figure of the depth curves of one probes.json (one task).
+
+    Row 1: probe accuracy (and, with probes.run --erase, dashed: the accuracy after LEACE at that depth).
+    Row 2 when the rows carry it: the logit lens' label logit difference per depth (same x axis), the fed state
+    h_{T-1} drawn at x = -1. Row 3 when the rows carry it: the MDL compression (online code) per depth."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -112,9 +124,20 @@ def depth_curve_figure(doc_or_path, title: str | None = None):
     chance = chance_level(doc, task)
     lines = _lines(rows, task)
     modes = list(lines)
+    erased = _lines([r for r in (doc.get("erased") or []) if r.get("accuracy") is not None], task)
+    fed = {}
+    for r in doc.get("fed_state_lens") or []:
+        if r.get("logit_lens_ld") is not None:
+            fed.setdefault(r["mode"], []).append(r)
+    panels = ["accuracy"] + (["lens"] if _has(rows, "logit_lens_ld") else []) + \
+        (["mdl"] if _has(rows, "mdl_compression") else [])
     model = doc.get("meta", {}).get("model", {}).get("name") or rows[0].get("model", "")
-    fig = make_subplots(rows=1, cols=len(modes), shared_yaxes=True, subplot_titles=[f"{m} prefill" for m in modes],
-                        horizontal_spacing=0.04 if len(modes) > 3 else 0.06)
+    titles = [f"{m} prefill" for m in modes] + [""] * (len(modes) * (len(panels) - 1))
+    fig = make_subplots(rows=len(panels), cols=len(modes), shared_yaxes="rows", shared_xaxes="columns",
+                        subplot_titles=titles, horizontal_spacing=0.04 if len(modes) > 3 else 0.06,
+                        vertical_spacing=0.08 if len(panels) > 1 else 0.3,
+                        row_heights=[0.5] + [0.5 / (len(panels) - 1)] * (len(panels) - 1) if len(panels) > 1
+                        else None)
     labels = []
     for lines_m in lines.values():
         for label in lines_m:
@@ -122,6 +145,7 @@ def depth_curve_figure(doc_or_path, title: str | None = None):
                 labels.append(label)
     color = {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
     max_depth = max(r["depth"] for r in rows)
+    lo_x = -1.3 if fed else -0.3
     for col, mode in enumerate(modes, start=1):
         for label, rs in lines[mode].items():
             x = [r["depth"] for r in rs]
@@ -145,25 +169,104 @@ def depth_curve_figure(doc_or_path, title: str | None = None):
                                "<br>control %{customdata[3]:.3f}<br>n = %{customdata[4]} samples, "
                                "%{customdata[5]} groups<extra></extra>"),
             ), row=1, col=col)
+            _method_traces(fig, go, panels, mode, label, rs, c, col, erased.get(mode, {}).get(label),
+                           [r for r in fed.get(mode, []) if _fed_label(r, rows, task) == label])
         fig.add_hline(y=chance, line=dict(color="#555", dash="dash", width=1), row=1, col=col)
-        fig.update_xaxes(title_text="depth (0 = input of block 0)", range=[-0.3, max_depth + 0.3], dtick=1 if max_depth <= 12 else 5,
-                         row=1, col=col)
+        for i, panel in enumerate(panels, start=1):
+            ticks = ([-1] if fed else []) + list(range(0, max_depth + 1, 1 if max_depth <= 12 else 5))
+            fig.update_xaxes(range=[lo_x, max_depth + 0.3], row=i, col=col, zeroline=False, tickvals=ticks,
+                             ticktext=["fed h<sub>T-1</sub>" if t < 0 else str(t) for t in ticks])
+            if panel in ("lens", "mdl"):  # reference line (0 = undecided / 1 = no compression); a trace, so that
+                # layout.shapes keeps holding the chance lines only
+                ref = 0.0 if panel == "lens" else 1.0
+                fig.add_trace(go.Scatter(x=[lo_x, max_depth + 0.3], y=[ref, ref], mode="lines", hoverinfo="skip",
+                                         showlegend=False, line=dict(color="#555", dash="dot", width=1)),
+                              row=i, col=col)
+        fig.update_xaxes(title_text="depth (0 = input of block 0)", row=len(panels), col=col)
     fig.update_yaxes(title_text="held-out probe accuracy", range=[min(0.3, round(chance - 0.2, 3)), 1.03], row=1,
                      col=1)
+    fed_all = [r for rs in fed.values() for r in rs]
+    for panel, key, name, base in (("lens", "logit_lens_ld", "logit lens: label LD", 0.0),
+                                   ("mdl", "mdl_compression", "MDL compression", 1.0)):
+        if panel in panels:  # explicit range from the data (and its reference line): same on every panel of the row
+            vals = [r[key] for r in rows + (fed_all if panel == "lens" else []) if r.get(key) is not None] + [base]
+            lo, hi = min(vals), max(vals)
+            pad = 0.08 * (hi - lo) or 0.5
+            fig.update_yaxes(title_text=name, row=panels.index(panel) + 1, col=1, range=[lo - pad, hi + pad])
     fig.add_annotation(text="chance" if chance == 0.5 else f"chance 1/{round(1 / chance)}", x=max_depth, y=chance,
                        xref="x", yref="y", showarrow=False, yshift=-10, font=dict(size=10, color="#555"))
     from tasks import TASKS
 
     sub = "Fig. 7b" if task == "multi_register" else "Fig. 7a"
     note = f"cf. paper {sub}; " if task in TASKS else ""
+    more = []
+    if erased:
+        more.append(f"dashed lines: accuracy after LEACE erasure of the label at depth {doc['erased'][0]['erased_at']}")
+    if "lens" in panels:
+        more.append("row 2: logit lens, own label word minus the best other (0 = undecided; diamond: fed state)")
+    if "mdl" in panels:
+        more.append(f"row {len(panels)}: MDL compression, uniform / online code (1 = nothing learnable)")
+    more = "".join(f"<br><sup>{m}</sup>" for m in more)
     fig.update_layout(
         title=title or (f"{task} on {model}: linear-probe accuracy by depth"
-                        f"<br><sup>{note}bands = 95% bootstrap CI; dashed = chance</sup>"),
-        template="plotly_white", height=450, width=max(700, 380 * len(modes)),
+                        f"<br><sup>{note}bands = 95% bootstrap CI; dashed = chance</sup>{more}"),
+        template="plotly_white", height=450 + 260 * (len(panels) - 1), width=max(700, 380 * len(modes)),
         legend=dict(title="writes per register" if task == "multi_register" else "distractors"),
-        hovermode="closest", margin=dict(l=60, r=20, t=80, b=60),
+        hovermode="closest", margin=dict(l=60, r=20, t=80 + 30 * more.count("<br>"), b=60),
     )
+    if more:  # a multi-line title grows downwards from the top edge, clear of the panel titles
+        fig.update_layout(title=dict(y=1 - 30 / fig.layout.height, yanchor="top"))
     return fig
+
+
+def _fed_label(r, rows, task) -> str | None:
+    """The line label `_lines` gives rows of this fed-state row's mode / N (None: not drawn, e.g. the
+    multi_register panels, which draw per-writes lines only)."""
+    if task == "multi_register":
+        return None
+    return f"N={r['n_distractors']}"
+
+
+def _method_traces(fig, go, panels, mode, label, rs, c, col, erased_rs, fed_rs):
+    """The lens / MDL rows of one line, its erased curve and its fed-state lens point."""
+    x = [r["depth"] for r in rs]
+    if erased_rs:
+        fig.add_trace(go.Scatter(
+            x=[r["depth"] for r in erased_rs], y=[r["accuracy"] for r in erased_rs], mode="lines+markers",
+            name=f"{label}, erased at {erased_rs[0]['erased_at']}", legendgroup=label, showlegend=col == 1,
+            line=dict(color=c, width=2, dash="dash"), marker=dict(size=5, color=c, symbol="x"),
+            customdata=[[r["ci_low"], r["ci_high"]] for r in erased_rs],
+            hovertemplate=(f"{mode}, {label}, after LEACE at depth {erased_rs[0]['erased_at']}<br>depth %{{x}}: "
+                           "accuracy %{y:.3f}<br>95% CI [%{customdata[0]:.3f}, %{customdata[1]:.3f}]<extra></extra>")),
+            row=1, col=col)
+    if "lens" in panels:
+        i = panels.index("lens") + 1
+        custom = [[(r.get("logit_lens_ld_ci") or [None, None])[0], (r.get("logit_lens_ld_ci") or [None, None])[1],
+                   r.get("logit_lens_rank"), r.get("logit_lens_accuracy")] for r in rs]
+        fig.add_trace(go.Scatter(
+            x=x, y=[r.get("logit_lens_ld") for r in rs], mode="lines+markers", name=f"{label} (lens)",
+            legendgroup=label, showlegend=False, line=dict(color=c, width=2), marker=dict(size=5, color=c),
+            customdata=custom,
+            hovertemplate=(f"{mode}, {label}<br>depth %{{x}}: lens LD %{{y:.2f}}<br>95% CI [%{{customdata[0]:.2f}}, "
+                           "%{customdata[1]:.2f}]<br>mean rank %{customdata[2]:.1f}, lens accuracy "
+                           "%{customdata[3]:.3f}<extra></extra>")), row=i, col=col)
+        for r in fed_rs:
+            ci = r.get("logit_lens_ld_ci") or [None, None]
+            fig.add_trace(go.Scatter(
+                x=[-1], y=[r["logit_lens_ld"]], mode="markers", name=f"{label} (fed state lens)",
+                legendgroup=label, showlegend=False, marker=dict(size=9, color=c, symbol="diamond"),
+                customdata=[[ci[0], ci[1], r.get("logit_lens_rank"), r.get("logit_lens_accuracy")]],
+                hovertemplate=(f"{mode}, {label}<br>fed state h_(T-1): lens LD %{{y:.2f}}<br>95% CI "
+                               "[%{customdata[0]:.2f}, %{customdata[1]:.2f}]<br>mean rank %{customdata[2]:.1f}, "
+                               "lens accuracy %{customdata[3]:.3f}<extra></extra>")), row=i, col=col)
+    if "mdl" in panels:
+        i = panels.index("mdl") + 1
+        fig.add_trace(go.Scatter(
+            x=x, y=[r.get("mdl_compression") for r in rs], mode="lines+markers", name=f"{label} (MDL)",
+            legendgroup=label, showlegend=False, line=dict(color=c, width=2), marker=dict(size=5, color=c),
+            customdata=[[r.get("mdl_online_bits"), r.get("mdl_uniform_bits")] for r in rs],
+            hovertemplate=(f"{mode}, {label}<br>depth %{{x}}: compression %{{y:.2f}}<br>online %{{customdata[0]:.1f}}"
+                           " bits, uniform %{customdata[1]:.1f} bits<extra></extra>")), row=i, col=col)
 
 
 def render_html(doc_or_path, title: str | None = None) -> str:
@@ -231,7 +334,7 @@ def write_png(doc_or_path, png_path: str | Path, title: str | None = None) -> Pa
 def main(argv=None):
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m analysis.depth_curves", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m probes.depth_curves", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("probes_json")
     p.add_argument("--html", help="output HTML (default: depth_curves.html beside the JSON)")

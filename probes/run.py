@@ -11,7 +11,7 @@ linear probe is scored per depth with group-held-out CV (probes.linear). Writes 
 (default <project root>/figures/<model>/<task>/, beside interventions.run's causal_report.*):
 
     probes.json         {"meta": {...}, "results": [...]}  (schema below)
-    depth_curves.html   self-contained interactive depth curves (analysis.depth_curves)
+    depth_curves.html   self-contained interactive depth curves (probes.depth_curves)
     activations/        only with --save-activations: N<N>_<mode>.npz + .json (layout in probes.collect)
 
 Modes are canonicalised and de-duplicated once (fused-0 and recurrent-0 are standard; recirc modes by their
@@ -31,7 +31,19 @@ probes.json
              name, label_words, sha256 of a JSONL file)
     results  one row per (mode, N, depth[, writes]): task, model, mode, n_distractors, writes (multi_register:
              2/4/8 per writes-per-register subset, null = all samples), depth, accuracy, accuracy_std, ci_low,
-             ci_high, control_accuracy, selectivity, n_samples, n_groups, fold_accuracies
+             ci_high, control_accuracy, selectivity, n_samples, n_groups, fold_accuracies; schema 2 adds
+             the logit lens (probes.lens: logit_lens_ld, logit_lens_ld_ci, logit_lens_accuracy, logit_lens_rank)
+             and the online code (probes.mdl: mdl_online_bits, mdl_uniform_bits, mdl_compression; null with
+             --no-mdl) to every row
+    fed_state_lens  (schema 2) one row per (feedback mode, N): the logit lens of the state h_{T-1} fed into T
+             (task, model, mode, n_distractors, writes null, state "h_{T-1}", the four logit_lens_* fields,
+             n_samples)
+    erased   (schema 2, only with --erase DEPTH) one row per (mode, N, depth >= DEPTH): the probe and the lens
+             after the label was erased by LEACE from the residual at (DEPTH, T) and the model run on
+             (interventions.erasure): task, model, mode, n_distractors, writes null, erased_at, depth, accuracy,
+             accuracy_std, ci_low, ci_high, fold_accuracies, n_samples, n_groups, logit_lens_*; meta.erase
+             describes it
+    meta.lens, meta.mdl  (schema 2) what the lens and the online code computed (docs/methods.md)
 """
 from __future__ import annotations
 
@@ -46,6 +58,7 @@ import numpy as np
 
 from common.cli import Parser, int_in, int_list, output_dir, safe_name
 from common.errors import UserError, cli_entry
+from common.placement import Placement, add_placement_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "tiny-fbt"
@@ -67,8 +80,9 @@ MIN_PAIRS, MAX_PAIRS = 5, 5000
 MAX_SEED = 2**32 - 1  # sklearn / numpy RandomState accept 0..2**32-1 (the probe's random_state)
 MAX_BATCH = 4096
 MAX_BOOT = 100_000
+MAX_ERASE_DEPTH = 10_000  # checked against the model's depth once it is loaded
 OUTPUTS = ("probes.json", "depth_curves.html", "activations")  # every file a probes run owns in --out
-SCHEMA = "fbprobe.probes/1"
+SCHEMA = "fbprobe.probes/2"  # 2: logit lens, MDL, fed_state_lens, erased (docs/methods.md)
 
 
 def parse_args(argv):
@@ -81,7 +95,7 @@ def parse_args(argv):
     p.add_argument("--modes", help="comma-separated prefill modes (standard, recurrent-K, recurrent-full, "
                                    "fused-N); default: the paper's for the task")
     p.add_argument("--recirculate", action="append", default=[], metavar="S:D:ALPHA[:convex|residual]",
-                   help="also probe the model under training-free recirculation (models.recirculation, exact "
+                   help="also probe the model under training-free recirculation (engine.recirculation, exact "
                         "sequential prefill): depth S mixed into depth D with weight ALPHA; repeatable. Adds a mode "
                         "named recirc-S:D:ALPHA:MODE beside --modes")
     p.add_argument("--distractors",
@@ -104,14 +118,23 @@ def parse_args(argv):
                    help=f"rows per nnsight trace, 1..{MAX_BATCH} (default 32)")
     p.add_argument("--n-boot", type=int_in(1, MAX_BOOT), default=1000,
                    help=f"bootstrap resamples for the 95%% CI, 1..{MAX_BOOT} (default 1000)")
+    p.add_argument("--erase", type=int_in(0, MAX_ERASE_DEPTH), default=None, metavar="DEPTH",
+                   help="also probe every depth >= DEPTH after erasing the label (LEACE, fitted on each fold's "
+                        "training groups) from the residual stream at (DEPTH, T) and running the model on from "
+                        "there: does the label come back at later depths? Rows in probes.json 'erased' (every "
+                        "mode but recirc-*; 0 <= DEPTH <= L)")
+    p.add_argument("--no-mdl", action="store_true",
+                   help="skip the online-code description length per depth (mdl_* fields null; saves its probe "
+                        "fits)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_placement_flags(p)
     return p.parse_args(argv)
 
 
 # ----------------------------------------------------------------------------------------------------------
 def _parse_modes(s) -> list[str] | None:
     """--modes -> canonical, de-duplicated mode names in the order given (None: the task's default)."""
-    from probes.collect import canonical_modes
+    from engine.modes import canonical_modes
 
     if s is None:
         return None
@@ -211,6 +234,69 @@ def _result_rows(task, model_name, mode, n, scores, writes=None):
     return rows
 
 
+class _MethodFields:
+    """The logit lens, the online code and the LEACE-erased depth curve of one run (docs/methods.md)."""
+
+    def __init__(self, model, label_ids, config, mdl: bool, no_lens: str | None = None):
+        self.model, self.label_ids, self.config, self.mdl = model, label_ids, config, mdl
+        self.no_lens = no_lens  # why the label words have no token ids here (the lens fields are then null)
+
+    def add(self, rows, acts, y, groups):
+        """rows of one (mode, N[, writes]) + logit_lens_* and mdl_* per depth."""
+        from threadpoolctl import threadpool_limits
+
+        from probes.lens import LENS_FIELDS, depth_lens
+        from probes.mdl import MDL_FIELDS, depth_mdl
+
+        lens = [dict.fromkeys(LENS_FIELDS)] * acts.shape[1] if self.label_ids is None else \
+            depth_lens(self.model, acts, y, self.label_ids, groups, self.config.n_boot, self.config.random_state)
+        with threadpool_limits(limits=1, user_api="blas"):  # probe-sized fits: one BLAS thread (_score_depths)
+            mdl = [m.fields() for m in depth_mdl(acts, y, groups, self.config)] if self.mdl else None
+        for d, r in enumerate(rows):
+            r.update(lens[d])
+            r.update(mdl[d] if mdl else dict.fromkeys(MDL_FIELDS))
+        return rows
+
+    def fed_state(self, task, model_name, mode, n, ids, y, groups, pad_id, batch_size):
+        """[row] of the lens on the state fed into T (feedback modes), else []."""
+        from probes.lens import fed_state_mode, fed_states, lens_logits, lens_summary
+
+        if fed_state_mode(mode) is None or self.label_ids is None:
+            return []
+        logits = lens_logits(self.model, fed_states(self.model, ids, mode, pad_id, batch_size), normed=True)
+        return [{"task": task, "model": model_name, "mode": mode, "n_distractors": n, "writes": None,
+                 "state": "h_{T-1}", "n_samples": int(len(y)),
+                 **lens_summary(logits, y, self.label_ids, groups, self.config.n_boot, self.config.random_state)}]
+
+    def erased(self, task, model_name, mode, n, ids, samples, acts, depth, batch_size, pad_id):
+        """Rows of the depth curve after LEACE at (depth, T) (interventions.erasure), [] for recirc modes."""
+        from engine.modes import parse_mode
+        from interventions.erasure import erased_depth_rows
+
+        if parse_mode(mode).kind == "recirc":
+            return []
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1, user_api="blas"):  # as _score_depths: exactly repeatable probe fits
+            rows = erased_depth_rows(self.model, ids, samples, self.label_ids, mode, depth, acts, self.config,
+                                     batch_pairs=max(1, batch_size // 2), pad_id=pad_id)
+        return [{"task": task, "model": model_name, "mode": mode, "n_distractors": n, "writes": None, **r}
+                for r in rows]
+
+    def meta(self, erase):
+        from probes.lens import LENS_META
+        from probes.mdl import mdl_meta
+
+        out = {"lens": LENS_META if self.no_lens is None else {**LENS_META, "enabled": False,
+                                                               "reason": self.no_lens},
+               "mdl": mdl_meta(self.mdl)}
+        if erase is not None:
+            from interventions.erasure import erase_meta
+
+            out["erase"] = erase_meta(erase)
+        return out
+
+
 def _score_depths(acts, y, groups, config, what):
     from threadpoolctl import threadpool_limits
 
@@ -228,7 +314,6 @@ def _score_depths(acts, y, groups, config, what):
 def main(argv=None):
     args = parse_args(argv)
     t0 = time.perf_counter()
-    from tasks import TASKS
     from tasks.custom import resolve_task
 
     source = resolve_task(args.task)  # built-in name, .jsonl file or module:function; UserError if bad
@@ -236,13 +321,10 @@ def main(argv=None):
     # A JSONL file is used whole unless --n-pairs is given; generated tasks default to DEFAULT_N_PAIRS.
     n_pairs = args.n_pairs if args.n_pairs is not None else (None if source.fixed else DEFAULT_N_PAIRS)
     requested = _parse_modes(args.modes)  # canonical once, here; the default depends on the model
-    from probes.collect import RECIRC_PREFIX, is_recirc, recirc_spec
+    from engine.modes import RECIRC_PREFIX, canonical_modes, parse_mode
 
-    recirc = []
-    for r in args.recirculate:
-        spec = recirc_spec(RECIRC_PREFIX + r)  # syntax and alpha checked before any loading
-        if spec.name not in recirc:
-            recirc.append(spec.name)
+    # syntax and alpha checked before any loading; depths once the model is known
+    recirc = canonical_modes([RECIRC_PREFIX + r for r in args.recirculate]) if args.recirculate else []
     distractors = _parse_distractors(args.distractors, source)
     # Output locations are checked before any work (an explicit --out now; the default once the model is named).
     out_arg = output_dir(args.out, "--out") if args.out is not None else None
@@ -255,6 +337,7 @@ def main(argv=None):
     from probes.linear import ProbeConfig, check_groups
 
     config = ProbeConfig(n_boot=args.n_boot, random_state=args.seed)
+    placement = Placement.from_args(args)
 
     # Everything cheap is validated before the model is loaded or anything is written.
     datasets = {}
@@ -273,32 +356,32 @@ def main(argv=None):
             raise UserError(f"{task} N={n} with {size}: {e}") from None
         datasets[n] = samples
 
-    import torch
+    from probes.collect import tokenizer_hash, weights_hash
+    from training.presets import load_model
 
-    from models.presets import load_model
-    from probes.collect import ActivationCache, Collector, canonical_modes, collect_with_cache, save_activations, \
-        tokenizer_hash, weights_hash
-
-    model, tok, loaded_name = load_model(args.model)
-    model = model.eval().float()
+    model, tok, loaded_name = load_model(args.model, placement)
     # A path ending in '..' (or '.') names no folder: derive the name from the resolved path instead.
     model_name = safe_name(args.model if loaded_name in ("", ".", "..") else loaded_name)
     modes = requested if requested is not None else _default_modes(task, model.has_fusion)
     if not model.has_fusion:
-        bad = [m for m in modes if m != "standard" and not is_recirc(m)]
+        bad = [m for m in modes if parse_mode(m).has_feedback]
         if bad:
             raise UserError(f"model {model_name!r} has no fusion module: only the standard mode is available "
                             f"(got {', '.join(bad)})")
-    modes = canonical_modes(modes + recirc)  # the one list of canonical names every row is keyed by
-    for name in modes:
-        if is_recirc(name):
-            recirc_spec(name, model.n_layers)  # depth range against this model
+    modes = canonical_modes(modes + recirc, model.n_layers)  # the canonical names every row is keyed by
     tok = _tokenizer_for(model, tok)
     # Tokenize every dataset now (shared final token, known words) and, for a custom task, check its label
     # words are single tokens of this tokenizer, before anything is collected or written.
     tokenized = {n: source.tokenize(datasets[n], tok) for n in distractors}
-    if not source.builtin:
-        source.label_token_ids(tok, prompt=datasets[distractors[0]][0].text)
+    try:
+        label_ids = source.label_token_ids(tok, prompt=datasets[distractors[0]][0].text)  # the lens reads these
+        no_lens = None
+    except UserError as e:
+        if not source.builtin:  # a custom task's label words must be single tokens: refused as before
+            raise
+        label_ids, no_lens = None, str(e)  # e.g. a plain HF tokenizer that merges the label words: no lens
+    if args.erase is not None and args.erase > model.n_layers:
+        raise UserError(f"--erase {args.erase}: the model's depths are 0..{model.n_layers}")
     w_hash = weights_hash(model)
     out = out_arg if out_arg is not None else output_dir(ROOT / "figures" / model_name / task, "--out")
     run_sig = {"task": task, "model": model_name, "weights": w_hash, "modes": modes, "distractors": distractors,
@@ -306,23 +389,52 @@ def main(argv=None):
                "tokenizer": tokenizer_hash(tok)}
     if not source.builtin:
         run_sig["task_source"] = source.describe()
-    from common.io import DirLock
+    if args.erase is not None:  # only when used: a plain run keeps the signature of earlier plain runs
+        run_sig["erase"] = args.erase
+    if args.no_mdl:
+        run_sig["mdl"] = False
+    if placement.dtype != "float32":  # only when used: a float32 run keeps the signature of earlier runs
+        run_sig["dtype"] = placement.dtype
+    from common.distributed import Processes
 
+    # Every process checks the output (the same files, the same answer); under torchrun only rank 0 locks it,
+    # scores and writes; the others collect their share of the batches and stop (common.distributed).
     _check_out_dir(out, run_sig, args.overwrite)  # refuse early, before taking the lock ...
-    with DirLock(out):
-        _check_out_dir(out, run_sig, args.overwrite)  # ... and again under it: another run may just have written
+    procs = Processes.start(placement.torch_device.type)
+    try:
+        return _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, modes, distractors,
+                    datasets, tokenized, label_ids, no_lens, config, cache_dir, w_hash, n_pairs)
+    finally:
+        procs.end()
+
+
+def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, modes, distractors, datasets,
+         tokenized, label_ids, no_lens, config, cache_dir, w_hash, n_pairs):
+    import contextlib
+
+    import torch
+
+    from common.io import DirLock
+    from probes.collect import ActivationCache, Collector, collect_with_cache, save_activations
+    from tasks import TASKS
+
+    main_rank = procs.is_main
+    with DirLock(out) if main_rank else contextlib.nullcontext():
         from common.io import remove_stale_tmp
         from common.staged import Staged, remove_stale_tmp_dirs
 
-        remove_stale_tmp(out)  # temporaries of a killed earlier run (this process holds the lock)
-        remove_stale_tmp_dirs(out)
+        if main_rank:
+            _check_out_dir(out, run_sig, args.overwrite)  # again under the lock: another run may just have written
+            remove_stale_tmp(out)  # temporaries of a killed earlier run (this process holds the lock)
+            remove_stale_tmp_dirs(out)
         torch.manual_seed(args.seed)
         collector = Collector(model, batch_size=args.batch_size, pad_id=tok.pad_token_id or 0,
-                              progress=not args.no_progress)
+                              progress=not args.no_progress and main_rank)
         cache = None if args.no_cache else ActivationCache(cache_dir)
         from tasks import dataset_fingerprint
 
-        results, warnings, ds_meta, exports = [], [], {}, []
+        results, warnings, ds_meta, exports, fed_lens, erased = [], [], {}, [], [], []
+        extra = _MethodFields(model, label_ids, config, not args.no_mdl, no_lens)
         for n in distractors:
             ids, samples = tokenized[n]
             y = np.array([s.label for s in samples])
@@ -332,7 +444,9 @@ def main(argv=None):
                                "n_groups": int(len(np.unique(groups))), "min_tokens": min(lengths),
                                "max_tokens": max(lengths)}
             acts, status = collect_with_cache(collector, ids, samples, modes, tok, cache, weights=w_hash,
-                                              desc=f"{task} N={n}")
+                                              desc=f"{task} N={n}", procs=procs)
+            if acts is None:  # not rank 0: its share is with rank 0 now
+                continue
             if not args.no_progress:
                 print(f"[{task} N={n}] activations: " + ", ".join(f"{m} {s}" for m, s in status.items()),
                       file=sys.stderr)
@@ -340,7 +454,12 @@ def main(argv=None):
             for mode in modes:  # canonical names: acts, rows and exports are keyed by the same name
                 a = acts[mode]
                 scores = _score_depths(a, y, groups, config, f"{task} N={n} {mode}")
-                results += _result_rows(task, model_name, mode, n, scores)
+                results += extra.add(_result_rows(task, model_name, mode, n, scores), a, y, groups)
+                fed_lens += extra.fed_state(task, model_name, mode, n, ids, y, groups, tok.pad_token_id or 0,
+                                            args.batch_size)
+                if args.erase is not None:
+                    erased += extra.erased(task, model_name, mode, n, ids, samples, a, args.erase,
+                                           args.batch_size, tok.pad_token_id or 0)
                 if mode == "standard":
                     s0 = scores[0]
                     if not s0.ci_low <= s0.chance <= s0.ci_high:  # chance = 1/K
@@ -356,7 +475,8 @@ def main(argv=None):
                     for w in sorted({s.writes for s in samples}):
                         sel = np.array([s.writes == w for s in samples])
                         sc_w = _score_depths(a[sel], y[sel], groups[sel], config, f"{task} N={n} {mode} writes={w}")
-                        results += _result_rows(task, model_name, mode, n, sc_w, writes=w)
+                        results += extra.add(_result_rows(task, model_name, mode, n, sc_w, writes=w), a[sel],
+                                             y[sel], groups[sel])
                 if args.save_activations:
                     exports.append((f"N{n}_{mode}", a, samples, {"model": model_name, "task": task, "mode": mode,
                                                                  "n_distractors": n, "seed": args.seed}))
@@ -379,9 +499,16 @@ def main(argv=None):
         if task not in TASKS:  # the three original tasks' probes.json keep their exact earlier form
             meta["labels"] = {"words": list(source.label_words), "n_classes": source.n_classes,
                               "chance": source.chance}
-        doc = {"meta": meta, "results": results}
+        meta.update(extra.meta(args.erase))
+        doc = {"meta": meta, "results": results, "fed_state_lens": fed_lens}
+        if args.erase is not None:
+            doc["erased"] = erased
+        if not main_rank:
+            return 0
+        if procs.world > 1:
+            meta["processes"] = procs.world  # the results are those of one process (the same batches)
 
-        from analysis.depth_curves import render_html
+        from probes.depth_curves import render_html
 
         # Every new file goes to a temporary first; the old run's files are replaced (and an old activations/ of a
         # run without --save-activations removed) only once all new ones are complete. probes.json goes last.

@@ -103,12 +103,12 @@ def test_alias_modes_do_not_shift_labels(tiny_ckpt, tmp_path):
     (["--out", "/proc/x"], "--out /proc/x"),
 ])
 def test_bad_flags_refused_before_any_work(extra, needle, tiny_ckpt, tmp_path, capsys, monkeypatch):
-    import models.presets
+    import training.presets
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the flags were checked")
 
-    monkeypatch.setattr(models.presets, "load_model", no_load)
+    monkeypatch.setattr(training.presets, "load_model", no_load)
     argv = ["--task", "completion", "--model", tiny_ckpt, "--cache-dir", tmp_path / "c", "--out", tmp_path / "o"]
     err = _probes_refused(argv + extra, capsys)
     assert needle in err
@@ -196,7 +196,7 @@ def test_failed_write_keeps_the_old_run_and_leaves_no_tmp(tiny_ckpt, tmp_path, m
 
 def test_write_depth_curves_leaves_no_tmp_on_interrupt(tmp_path, monkeypatch):
     import common.io
-    from analysis import depth_curves
+    from probes import depth_curves
 
     monkeypatch.setattr(depth_curves, "render_html", lambda *a, **k: "<html></html>")
 

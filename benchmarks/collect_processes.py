@@ -1,0 +1,113 @@
+"""Sharded collection benchmark: activation-collection throughput on 1 process against 2 (probes.collect under
+torchrun: the batches dealt out to the processes, rank 0 gathers), as `torchrun -m probes.run` collects.
+
+The same dataset (completion prompts of --distractors lines, --n-pairs pairs) and modes for every process count;
+each count runs in its own torchrun launch with --threads torch threads per process (2 processes use twice the
+cores of 1). Each launch collects --repeats times after one untimed warm-up; a repeat is timed on rank 0 from a
+barrier to the gathered result. Headline = speedup = (1-process median) / (2-process median), and the scaling
+efficiency = speedup / 2. On a CPU shared with other jobs the figures are noise: measure on an idle machine.
+
+Human-readable lines first; the LAST line of stdout is one JSON object with all the figures.
+
+    python benchmarks/collect_processes.py                   # tiny-fbt, standard + recurrent-1
+    python benchmarks/collect_processes.py --modes recurrent-full --n-pairs 64
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from anywhere without an install
+
+PROCS = (1, 2)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="tiny-fbt", help="preset or checkpoint dir")
+    p.add_argument("--modes", default="standard,recurrent-1", help="modes collected")
+    p.add_argument("--n-pairs", type=int, default=96, help="pairs of the completion dataset")
+    p.add_argument("--distractors", type=int, default=32, help="distractor lines per prompt")
+    p.add_argument("--batch-size", type=int, default=32, help="rows per nnsight trace")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--repeats", type=int, default=5, help="timed collections per launch; medians over these")
+    p.add_argument("--timeout", type=int, default=1800, help="seconds allowed per launch (a hang guard)")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: this process is one of a launch's workers
+    return p.parse_args(argv)
+
+
+def worker(a) -> None:
+    import torch
+
+    from common.distributed import Processes
+    from probes.collect import Collector
+    from tasks import make_dataset, tokenize_samples
+    from training.presets import load_model
+
+    torch.set_num_threads(a.threads)
+    procs = Processes.start()
+    try:
+        model, tok, _ = load_model(a.model)
+        ids, _ = tokenize_samples(make_dataset("completion", a.n_pairs, a.distractors, seed=0), tok)
+        col = Collector(model, batch_size=a.batch_size, pad_id=tok.pad_token_id or 0, progress=False)
+        modes = a.modes.split(",")
+        times = []
+        for i in range(a.repeats + 1):
+            procs.barrier()
+            t = time.perf_counter()
+            out = col.collect(ids, modes, procs=procs)
+            procs.barrier()
+            if i:
+                times.append(time.perf_counter() - t)
+        if procs.is_main:
+            assert all(v.shape[0] == len(ids) for v in out.values())
+            tokens = sum(len(r) for r in ids)
+            Path(a.worker).write_text(json.dumps({"times": times, "samples": len(ids), "tokens": tokens}))
+    finally:
+        procs.end()
+
+
+def launch(a, n: int) -> dict:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    with tempfile.TemporaryDirectory() as d:
+        res = Path(d) / "res.json"
+        cmd = [str(torchrun), "--standalone", f"--nproc_per_node={n}", __file__, "--worker", str(res),
+               "--model", a.model, "--modes", a.modes, "--n-pairs", str(a.n_pairs), "--distractors",
+               str(a.distractors), "--batch-size", str(a.batch_size), "--threads", str(a.threads),
+               "--repeats", str(a.repeats)]
+        env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), PYTHONPATH=str(ROOT))
+        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=a.timeout)
+        if r.returncode != 0:
+            sys.exit(f"{n}-process launch failed:\n{r.stderr[-2000:]}")
+        return json.loads(res.read_text())
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    if a.worker:
+        return worker(a)
+    res = {n: launch(a, n) for n in PROCS}
+    med = {n: statistics.median(r["times"]) for n, r in res.items()}
+    tok = res[1]["tokens"]
+    for n in PROCS:
+        print(f"{n} process(es) x {a.threads} thread(s): median {med[n]:.3f} s per collection "
+              f"({tok / med[n]:.0f} tokens/s; {res[n]['samples']} samples, modes {a.modes})")
+    speedup = med[1] / med[2]
+    print(f"speedup 2 vs 1 processes: {speedup:.2f}x (efficiency {speedup / 2:.2f})")
+    print(json.dumps({"benchmark": "collect_processes", "model": a.model, "modes": a.modes,
+                      "samples": res[1]["samples"], "tokens": tok, "threads_per_process": a.threads,
+                      "median_s": {str(n): med[n] for n in PROCS}, "speedup_2_vs_1": speedup,
+                      "efficiency": speedup / 2}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Minimum description length of the labels given the representation: the online code of Voita & Titov
+(2020, "Information-Theoretic Probing with Minimum Description Length"), with the project's probe.
+
+The data are cut into blocks of whole GROUPS (never of samples: a pair is never split between what the probe
+was trained on and what it encodes). The groups are dealt into `n_chunks` stratified chunks by the same
+machinery as the probes' outer folds (StratifiedGroupKFold(shuffle=True, random_state) over the groups, each
+chunk one of its test folds, in order); block boundaries lie at chunk counts c0, 2 c0, 4 c0, ..., n_chunks
+(Voita & Titov's doubling timesteps), c0 being the fewest leading chunks whose groups hold every class in
+at least two groups (so the first probe knows every class and can choose C by its inner grouped CV).
+
+    uniform code length   L_unif   = n log2 K                                  (bits)
+    online code length    L_online = n_1 log2 K + sum_i sum_{j in block i+1} -log2 p_i(y_j | x_j)
+                          p_i = a `probes.linear.LinearProbe` fitted on blocks 1..i; probabilities = sigmoid /
+                          softmax of its decision_function over the sorted training classes (scikit-learn's
+                          order). Its C (from ProbeConfig.Cs) is chosen by inner grouped CV on those rows only,
+                          by held-out LOG LOSS, not accuracy: the code length is the log loss, and accuracy ties
+                          (every C separates the training rows) would pick the strongest regularization, whose
+                          under-confident probabilities cost ~1 bit per sample however clear the labels are.
+    compression           L_unif / L_online: ~1 when the labels cannot be read off the representation (or a
+                          probe cannot learn them from little data), large when a few examples suffice.
+
+Unlike accuracy, the code length also charges for how much data the probe needs to get there (and for
+confident mistakes), so it separates a representation that makes the label easy from one where a probe
+memorizes (Voita & Titov, section 2). probes.json rows carry `mdl_online_bits`, `mdl_uniform_bits` and
+`mdl_compression`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.model_selection import StratifiedGroupKFold
+
+from common.errors import UserError
+from probes.linear import LinearProbe, ProbeConfig
+
+DEFAULT_CHUNKS = 64  # at most; fewer when a class occurs in fewer groups
+MDL_FIELDS = ("mdl_online_bits", "mdl_uniform_bits", "mdl_compression")
+LOG2 = np.log(2.0)
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    order: np.ndarray  # row indices, chunk by chunk
+    ends: tuple  # block ends in rows of `order`: block i is order[ends[i-1]:ends[i]] (ends[-1] = n)
+    n_chunks: int
+
+
+def block_plan(y, groups, config: ProbeConfig = ProbeConfig(), n_chunks: int = DEFAULT_CHUNKS) -> BlockPlan:
+    """Rows ordered in stratified chunks of whole groups and the doubling block boundaries (module doc)."""
+    y, groups = np.asarray(y), np.asarray(groups)
+    classes = np.unique(y)
+    if len(classes) < 2:
+        raise UserError("MDL needs at least two label classes")
+    per_class = min(len(np.unique(groups[y == c])) for c in classes)
+    k = min(int(n_chunks), per_class)
+    if k < 2:
+        raise UserError(f"MDL needs every class in at least 2 groups (the least frequent is in {per_class})")
+    cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=config.random_state)
+    chunks = [te for _, te in cv.split(np.zeros(len(y)), y, groups)]
+    order = np.concatenate(chunks)
+    sizes = np.cumsum([len(c) for c in chunks])
+    c0 = None
+    for i in range(1, k + 1):  # fewest leading chunks with every class in >= 2 groups
+        rows = order[:sizes[i - 1]]
+        if all(len(np.unique(groups[rows][y[rows] == c])) >= 2 for c in classes):
+            c0 = i
+            break
+    if c0 is None or c0 == k:
+        raise UserError("too few groups for an online code: the first block would need every group")
+    ends, c = [], c0
+    while c < k:
+        ends.append(int(sizes[c - 1]))
+        c *= 2
+    ends.append(int(sizes[-1]))
+    return BlockPlan(order, tuple(ends), k)
+
+
+def _neg_log2_prob(scores: np.ndarray, classes: np.ndarray, y: np.ndarray, missing_ok: bool = False) -> np.ndarray:
+    """-log2 p(y | x) from decision_function scores: binary [n] (logit of classes[1]) or [n, K].
+
+    `missing_ok` (inner CV only): a row whose class the probe never saw costs log2 of the number of classes it
+    knows + 1 (a fixed escape charge; the outer blocks always see every class)."""
+    idx = np.searchsorted(classes, y)
+    unseen = (idx >= len(classes)) | (classes[np.minimum(idx, len(classes) - 1)] != y)
+    if unseen.any():
+        if not missing_ok:
+            raise UserError("an MDL block was trained without every class")
+        out = np.full(len(y), np.log2(len(classes) + 1))
+        seen = ~unseen
+        if seen.any():
+            out[seen] = _neg_log2_prob(scores[seen], classes, y[seen])
+        return out
+    if scores.ndim == 1:
+        s = np.where(idx == 1, scores, -scores)  # log p(y) = -log(1 + exp(-s))
+        return np.logaddexp(0.0, -s) / LOG2
+    m = scores.max(1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(scores - m).sum(1))
+    return (lse - scores[np.arange(len(y)), idx]) / LOG2
+
+
+@dataclass
+class MDLScore:
+    online_bits: float
+    uniform_bits: float
+    block_bits: list  # bits of each block (the first: uniform)
+    block_ends: list  # rows encoded after each block
+
+    @property
+    def compression(self) -> float:
+        return self.uniform_bits / self.online_bits
+
+    def fields(self) -> dict:
+        return {"mdl_online_bits": self.online_bits, "mdl_uniform_bits": self.uniform_bits,
+                "mdl_compression": self.compression}
+
+
+def _fit_probe(X, y, groups, config: ProbeConfig) -> LinearProbe:
+    """LinearProbe on (X, y) with C from config.Cs minimizing inner grouped-CV log loss (ties: smallest C)."""
+    Cs = sorted(config.Cs)
+    # no more inner folds than groups holding the rarest class (StratifiedGroupKFold's requirement)
+    k = min([config.inner_splits] + [len(np.unique(groups[y == c])) for c in np.unique(y)])
+    best = Cs[len(Cs) // 2]
+    if len(Cs) > 1 and k >= 2:
+        cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=config.random_state)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "least populated class" on the smallest blocks
+            splits = [(tr, te) for tr, te in cv.split(np.zeros(len(y)), y, groups) if len(np.unique(y[tr])) > 1]
+        if splits:
+            loss = []
+            for C in Cs:
+                cfg = dataclasses.replace(config, Cs=(C,))
+                tot = 0.0
+                for tr, te in splits:
+                    p = LinearProbe(cfg).fit(X[tr], y[tr], groups[tr])
+                    tot += float(_neg_log2_prob(np.asarray(p.decision_function(X[te])), np.unique(y[tr]), y[te],
+                                                missing_ok=True).sum())
+                loss.append(tot)
+            best = Cs[int(np.argmin(loss))]  # argmin keeps the first (smallest C) of equal losses
+    return LinearProbe(dataclasses.replace(config, Cs=(best,))).fit(X, y, groups)
+
+
+def online_code(X, y, groups, config: ProbeConfig = ProbeConfig(), plan: BlockPlan | None = None) -> MDLScore:
+    """Online code length of labels y given X [n, d] (module doc); `plan` shared across depths."""
+    X = np.asarray(X, dtype=np.float64)
+    y, groups = np.asarray(y), np.asarray(groups)
+    if X.ndim != 2 or len(X) != len(y) or len(y) != len(groups):
+        raise UserError("MDL needs X [n, d] with one label and one group per row")
+    plan = plan or block_plan(y, groups, config)
+    K = len(np.unique(y))
+    order, ends = plan.order, plan.ends
+    first = ends[0]
+    bits = [first * np.log2(K)]  # the first block is sent with the uniform code
+    for a, b in zip(ends[:-1], ends[1:]):
+        tr, te = order[:a], order[a:b]
+        probe = _fit_probe(X[tr], y[tr], groups[tr], config)
+        classes = np.unique(y[tr])  # decision_function columns follow the sorted training classes
+        if len(classes) != K:
+            raise UserError("an MDL block was trained without every class")  # excluded by block_plan
+        bits.append(float(_neg_log2_prob(np.asarray(probe.decision_function(X[te])), classes, y[te]).sum()))
+    return MDLScore(float(sum(bits)), float(len(y) * np.log2(K)), [float(b) for b in bits], list(ends))
+
+
+def mdl_meta(enabled: bool = True) -> dict:
+    """probes.json meta.mdl: what the mdl_* fields are."""
+    return {"enabled": bool(enabled),
+            "method": "online code (Voita & Titov 2020) with probes.linear.LinearProbe, C by inner grouped-CV log loss",
+            "blocks": f"up to {DEFAULT_CHUNKS} stratified chunks of whole groups (StratifiedGroupKFold, the probe "
+                      "seed); blocks end at c0, 2 c0, 4 c0, ... chunks, c0 the fewest holding every class in 2 groups",
+            "compression": "uniform code length (n log2 K) / online code length, in bits"}
+
+
+def depth_mdl(acts, y, groups, config: ProbeConfig = ProbeConfig()) -> list[MDLScore]:
+    """online_code per depth of activations [n, L+1, d], with one block plan for all depths."""
+    plan = block_plan(y, groups, config)
+    return [online_code(acts[:, d], y, groups, config, plan) for d in range(acts.shape[1])]

@@ -1,0 +1,99 @@
+"""--device / --dtype / --device-map (common.placement): bfloat16 on the CPU through loading, the engine, the
+collector and the evaluation; one-line refusals for what this machine cannot do."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from common.errors import UserError
+from common.placement import Placement
+
+
+def test_load_model_places_a_checkpoint_in_bfloat16(tiny_ckpt):
+    from training.presets import load_model
+
+    model, _, _ = load_model(str(tiny_ckpt), Placement("cpu", "bfloat16"))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and not model.training
+    model32, _, _ = load_model(str(tiny_ckpt))
+    assert {p.dtype for p in model32.parameters()} == {torch.float32}
+
+
+def test_bfloat16_collection_is_close_to_float32(tiny_ckpt):
+    """The same prompts in bf16 and in f32: the collected residuals agree to bf16 precision, not exactly."""
+    from probes.collect import Collector
+    from training.presets import load_model
+
+    seqs = [[5, 9, 13, 2, 7], [3, 4, 8], [11, 12, 13, 14, 15, 16]]
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        model, _, _ = load_model(str(tiny_ckpt), Placement("cpu", dtype))
+        out[dtype] = Collector(model, progress=False).collect(seqs, ["standard", "recurrent-1"])
+    for m in ("standard", "recurrent-1"):
+        a, b = out["float32"][m], out["bfloat16"][m]
+        assert b.dtype == a.dtype  # float32 on the way out whatever the model's dtype
+        scale = abs(a).max()
+        assert abs(a - b).max() <= 0.05 * scale and abs(a - b).max() > 0
+
+
+def test_evaluate_in_bfloat16_records_it(tiny_ckpt, tmp_path):
+    from analysis.evaluate import main
+
+    out = tmp_path / "e.json"
+    main(["--model", str(tiny_ckpt), "--tasks", "memory", "--distractors", "0", "--n-pairs", "3", "--modes",
+          "std,soft", "--dtype", "bfloat16", "--out", str(out), "--no-progress"])
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["dtype"] == "bfloat16" and doc["meta"]["device"] == "cpu"
+    assert {r["mode"] for r in doc["results"]} == {"std", "soft"}
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"dtype": "float16"}, "float16 needs --device cuda"),
+    ({"device": "cuda"}, "no CUDA device"),
+    ({"dtype": "float64"}, "--dtype 'float64'"),
+])
+def test_refusals_are_one_line(kw, needle):
+    if kw.get("device") == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --device cuda is valid here")
+
+    class A:
+        device, dtype, device_map = kw.get("device", "cpu"), kw.get("dtype", "float32"), "none"
+
+    with pytest.raises(UserError) as e:
+        Placement.from_args(A)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_device_map_is_refused_for_a_full_bandwidth_checkpoint(tiny_ckpt):
+    from training.presets import load_model
+
+    with pytest.raises(UserError, match="--device-map is for plain HF models"):
+        load_model(str(tiny_ckpt), Placement("cpu", "float32", "auto"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine: the GPU path is "
+                                                          "exercised only where one is present")
+def test_probes_collection_on_cuda_equals_cpu(tiny_ckpt):
+    from probes.collect import Collector
+    from training.presets import load_model
+
+    seqs = [[5, 9, 13, 2, 7], [3, 4, 8]]
+    cpu = Collector(load_model(str(tiny_ckpt))[0], progress=False).collect(seqs, ["recurrent-1"])
+    gpu = Collector(load_model(str(tiny_ckpt), Placement("cuda"))[0], progress=False).collect(seqs, ["recurrent-1"])
+    assert abs(cpu["recurrent-1"] - gpu["recurrent-1"]).max() < 1e-3
+
+
+def test_probes_run_in_bfloat16_end_to_end(tiny_ckpt, tmp_path):
+    """probes.run --dtype bfloat16: collection, probes, lens and MDL run; the dtype is part of the run signature."""
+    from probes.run import main
+
+    out = tmp_path / "p"
+    assert main(["--task", "completion", "--model", str(tiny_ckpt), "--out", str(out), "--distractors", "0",
+                 "--n-pairs", "24", "--modes", "standard,recurrent-1", "--n-boot", "50", "--no-cache",
+                 "--no-progress", "--dtype", "bfloat16"]) == 0
+    doc = json.loads((out / "probes.json").read_text())
+    assert doc["meta"]["run"]["dtype"] == "bfloat16"
+    rows = [r for r in doc["results"] if r["mode"] == "standard" and r["depth"] == 0]
+    assert rows and rows[0]["accuracy"] == pytest.approx(0.5)  # depth 0 at chance, as in float32
+    assert all(r["logit_lens_ld"] is not None for r in doc["results"])

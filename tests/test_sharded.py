@@ -1,0 +1,74 @@
+"""probes.run under torchrun: 2 processes split the batches, rank 0 gathers and scores; the results are exactly
+those of one process (the same batches through the same engine), and only rank 0 writes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARGS = ["--task", "completion", "--distractors", "0,8", "--n-pairs", "24", "--modes", "standard,recurrent-1",
+        "--n-boot", "50", "--batch-size", "5", "--no-mdl", "--no-progress"]
+
+
+def _run(cmd, tmp):
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_two_processes_give_the_one_process_results(tiny_ckpt, tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed beside this Python")
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = ["--model", str(tiny_ckpt), *ARGS]
+    _run([sys.executable, "-m", "probes.run", *common, "--out", str(one), "--cache-dir", str(tmp_path / "c1")],
+         tmp_path)
+    r = _run([str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "probes.run", *common, "--out", str(two),
+              "--cache-dir", str(tmp_path / "c2")], tmp_path)
+    a = json.loads((one / "probes.json").read_text())
+    b = json.loads((two / "probes.json").read_text())
+    assert b["meta"]["processes"] == 2 and "processes" not in a["meta"]
+    assert a["results"] == b["results"] and a["fed_state_lens"] == b["fed_state_lens"]
+    assert a["meta"]["datasets"] == b["meta"]["datasets"] and a["meta"]["run"] == b["meta"]["run"]
+    assert r.stdout.count("wrote ") == 1  # rank 0 alone writes (and reports)
+    # the cache rank 0 wrote holds the same activations as the one-process run's, entry for entry
+    import numpy as np
+
+    c1, c2 = sorted((tmp_path / "c1").glob("*.npz")), sorted((tmp_path / "c2").glob("*.npz"))
+    assert [p.name for p in c1] == [p.name for p in c2] and len(c1) == 4  # 2 N x 2 modes
+    for p, q in zip(c1, c2):
+        assert np.array_equal(np.load(p)["resid"], np.load(q)["resid"]), p.name
+
+
+def test_each_process_runs_only_its_batches(tiny_model):
+    """Rank r of 2 runs batches r, r+2, ... of the one-process batching, and hands exactly those rows over."""
+    import numpy as np
+
+    from common.distributed import Processes
+    from probes.collect import Collector
+
+    seqs = [[3 + (i * 7 + j) % 40 for j in range(2 + i % 5)] for i in range(11)]
+    col = Collector(tiny_model, batch_size=2, progress=False)
+    full = col.collect(seqs, ["standard"])["standard"]
+    batches = col._batches([len(s) for s in seqs])
+    handed = {}
+
+    class Rank(Processes):  # world 2 without a process group: capture what would be gathered
+        def gather_rows(self, local, rows, n):
+            handed[self.rank] = (rows, local)
+            return None
+
+    for rank in (0, 1):
+        assert Collector(tiny_model, batch_size=2, progress=False).collect(
+            seqs, ["standard"], procs=Rank(2, rank, None)) is None
+        rows, local = handed[rank]
+        assert rows == [i for b in batches[rank::2] for i in b]
+        assert np.array_equal(local["standard"], full[rows])
+    assert sorted(handed[0][0] + handed[1][0]) == list(range(len(seqs)))
