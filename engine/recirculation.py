@@ -1,4 +1,4 @@
-"""Recirculation: training-free deep-to-shallow feedback for any HF causal LM (SPEC section 6).
+"""Recirculation: training-free deep-to-shallow feedback for any HF causal LM (docs/design.md, Two kinds of feedback).
 
 For a source depth s and a shallower target depth d of the same token t (depth 0 = input of block 0, depth l =
 raw output of block l, as in engine/prefill.py):

@@ -1,1 +1,1 @@
-"""Causal interventions on the fed-back state (SPEC section 5): patching, ablation, subspace, dose, layers."""
+"""Causal interventions on the fed-back state (docs/design.md, Interventions): patching, ablation, subspace, dose, layers."""

@@ -1,4 +1,4 @@
-"""Intervention metrics with cluster-bootstrap 95% CIs (SPEC section 5).
+"""Intervention metrics with cluster-bootstrap 95% CIs (docs/design.md, Interventions).
 
 For row i with true label y_i, reference (donor) label r_i and label-word logits z (K >= 2 label words):
     o_i         = the "other" label: r_i where r_i != y_i, else the paired sample's label (always != y_i);

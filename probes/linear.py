@@ -1,4 +1,4 @@
-"""Linear probes with group-held-out cross-validation (SPEC section 4).
+"""Linear probes with group-held-out cross-validation (docs/design.md, Probes).
 
 Everything is sklearn-style and deterministic: every source of randomness comes from an explicit
 ``random_state`` in :class:`ProbeConfig`; nothing global is touched.

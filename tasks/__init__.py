@@ -1,4 +1,4 @@
-"""Synthetic tasks (SPEC section 3): the probing tasks completion, memory and multi_register (``TASKS``),
+"""Synthetic tasks (docs/design.md, Tasks): the probing tasks completion, memory and multi_register (``TASKS``),
 and the state-tracking tasks parity and shell_game (``TRACKING_TASKS``, issue 21; ``ALL_TASKS`` is both).
 
 Every prompt ends with the same final token ":"; samples come in pairs differing only in what

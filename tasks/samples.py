@@ -1,4 +1,4 @@
-"""Sample record and constants shared by the synthetic probing tasks (SPEC section 3).
+"""Sample record and constants shared by the synthetic probing tasks (docs/design.md, Tasks).
 
 ``TASKS`` are the three probing tasks the shipped models were trained on (CLIs default to them);
 ``TRACKING_TASKS`` are the state-tracking tasks of issue 21 (parity, and the S3 shell game), whose words

@@ -62,7 +62,7 @@ def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]
     """Token ids of each prompt (no special tokens) and the samples with ``n_tokens`` filled.
 
     Raises ``UserError`` unless every prompt ends with the same final token id: the layer-0 chance
-    guarantee of SPEC section 3 rests on it, and some tokenizers merge ":" with the preceding word.
+    guarantee of docs/design.md (Tasks) rests on it, and some tokenizers merge ":" with the preceding word.
     """
     samples = list(samples)
     if not samples:

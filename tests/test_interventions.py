@@ -1,4 +1,4 @@
-"""Interventions (SPEC section 5): exactness, a hand-built model with a known answer, metric formulas, subspace
+"""Interventions (docs/design.md, Interventions): exactness, a hand-built model with a known answer, metric formulas, subspace
 composition, and the CLI's bad-input behaviour.
 
 The hand-built model (`state_only_model`): a 2-layer Qwen3-style FullBandwidthLM whose logits at T depend

@@ -1,4 +1,4 @@
-"""Tests for the synthetic probing task generators (SPEC section 3)."""
+"""Tests for the synthetic probing task generators (docs/design.md, Tasks)."""
 from __future__ import annotations
 
 import dataclasses

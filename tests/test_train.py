@@ -1,4 +1,4 @@
-"""The multi-pass (Jacobi) trainer, SPEC section 2: the K-pass loss against a hand-written reference, gradients
+"""The multi-pass (Jacobi) trainer, docs/design.md (Training): the K-pass loss against a hand-written reference, gradients
 through every pass, the prefix mixin, bit-identical resume, flags derived from the recipe, and clean CLI errors
 (several processes: tests/test_ddp.py).
 
