@@ -15,7 +15,7 @@ import time
 
 from common.cli import Parser, int_in, int_list, output_dir
 from common.errors import UserError, cli_entry
-from common.io import DirLock, atomic_write, json_text, remove_stale_tmp
+from common.io import atomic_write, json_text, fresh_output
 from analysis.evaluate import MAX_DISTRACTORS, MAX_PAIRS, evaluate, parse_tasks
 from training.presets import load_model
 from tasks import ALL_TASKS, TASKS
@@ -71,14 +71,8 @@ def main(argv=None):
     tasks = parse_tasks(a.tasks, ns)
     out = output_dir(a.out)
 
-    def refuse_existing():
-        if not a.overwrite and any((out / f).exists() for f in OUTPUTS):
-            raise UserError(f"{out} already holds gains results; pass --overwrite or another --out")
-
-    refuse_existing()
-    with DirLock(out, "analysis.gains run"):
-        refuse_existing()  # again under the lock: another run may have finished meanwhile
-        remove_stale_tmp(out)
+    with fresh_output(out, OUTPUTS, a.overwrite, "analysis.gains run",
+                      f"{out} already holds gains results; pass --overwrite or another --out"):
         t0 = time.time()
         fbt, fbt_tok, _ = load_model(a.fbt)
         if not fbt.has_fusion:

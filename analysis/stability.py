@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from common.cli import Parser, int_in, output_dir
 from common.errors import UserError, cli_entry
-from common.io import DirLock, atomic_write, json_text, remove_stale_tmp
+from common.io import atomic_write, json_text, fresh_output
 from analysis.evaluate import EVAL_SEED, MAX_DISTRACTORS, parse_tasks
 from engine.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
 from training.presets import load_model
@@ -112,16 +112,10 @@ def main(argv=None):
         raise UserError("--models is empty")
     out = output_dir(a.out)
 
-    def refuse_existing():
-        if not a.overwrite and any((out / f).exists() for f in OUTPUTS):
-            raise UserError(f"{out} already holds stability results; pass --overwrite or another --out")
-
-    refuse_existing()
     passes = 1000 if a.long else a.passes
     keep = set(range(0, a.passes + 1)) | ({100, 1000} if a.long else set())
-    with DirLock(out, "analysis.stability run"):
-        refuse_existing()  # again under the lock: another run may have finished meanwhile
-        remove_stale_tmp(out)
+    with fresh_output(out, OUTPUTS, a.overwrite, "analysis.stability run",
+                      f"{out} already holds stability results; pass --overwrite or another --out"):
         results, gates, t0 = {}, {}, time.time()
         for name in tqdm(models, desc="models"):
             model, tok, _ = load_model(name)

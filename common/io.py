@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from common.errors import UserError
@@ -124,3 +125,21 @@ def require_finite_json(obj, what: str = "results") -> None:
         json.dumps(obj, allow_nan=False)
     except ValueError:
         raise UserError(f"{what} contain NaN or inf; refusing to write invalid JSON") from None
+
+
+@contextmanager
+def fresh_output(out: Path, outputs, overwrite: bool, what: str, refusal: str):
+    """The one way an analysis CLI takes its output folder: refuse if it holds any of `outputs` (without
+    `overwrite`; `refusal` is the one-line message), then lock it (DirLock, `what` names the run), refuse again
+    under the lock (another run may have finished meanwhile) and remove an earlier killed run's temporaries."""
+    out = Path(out)
+
+    def refuse():
+        if not overwrite and any((out / f).exists() for f in outputs):
+            raise UserError(refusal)
+
+    refuse()
+    with DirLock(out, what):
+        refuse()
+        remove_stale_tmp(out)
+        yield out

@@ -20,7 +20,7 @@ from analysis.recirculation.study import Study
 from analysis.recirculation.text import builtin_documents, file_documents, make_splits
 from common.cli import Parser, float_in, float_list, int_in, int_list, output_dir, safe_name
 from common.errors import UserError, cli_entry
-from common.io import DirLock, atomic_write, json_text, remove_owned, remove_stale_tmp
+from common.io import atomic_write, json_text, remove_owned, fresh_output
 from common.placement import DTYPES, Placement
 from engine.recirculation import RecircSpec, parse_recirculate
 
@@ -159,14 +159,8 @@ def main(argv=None):
     sub = f"mediation-{a.mediation_task}" if a.mediation_only else "recirculation"
     out = output_dir(a.out if a.out is not None else ROOT / "figures" / safe_name(a.model) / sub)
 
-    def refuse_existing():
-        if not a.overwrite and any((out / f).exists() for f in OUTPUTS):
-            raise UserError(f"{out} already holds results: pass --overwrite to replace them")
-
-    refuse_existing()
-    with DirLock(out, "analysis.recirculation run"):
-        refuse_existing()  # again under the lock: another run may have finished meanwhile
-        remove_stale_tmp(out)
+    with fresh_output(out, OUTPUTS, a.overwrite, "analysis.recirculation run",
+                      f"{out} already holds results: pass --overwrite to replace them"):
         return _run(a, argv, out, alphas, temps, passes_list, pairs, docs, placement)
 
 
