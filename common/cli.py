@@ -89,6 +89,29 @@ def int_list(spec: str, what: str, lo: int = 0, hi: int | None = None) -> list[i
     return out
 
 
+def position_list(spec: str, what: str, max_back: int) -> list[int]:
+    """'T,T-1,-5' -> [-1, -2, -5]: positions as T, T-k or negative column offsets (-1 = T), at most `max_back`
+    columns back; duplicates dropped (first kept); one message on error."""
+    msg = (f"{what} must be comma-separated positions T, T-1, T-2, ... or negative offsets -1, -2, ... "
+           f"(at most {max_back} back), got {spec!r}")
+    out: list[int] = []
+    for x in str(spec).split(","):
+        x = x.strip().upper()
+        if not x:
+            continue
+        try:
+            v = -1 if x == "T" else (-1 - int(x[2:], 10) if x.startswith("T-") else int(x, 10))
+        except ValueError:
+            raise UserError(msg) from None
+        if not -max_back <= v <= -1:
+            raise UserError(msg)
+        if v not in out:
+            out.append(v)
+    if not out:
+        raise UserError(f"{what} is empty")
+    return out
+
+
 def float_list(spec: str, what: str, lo: float | None = None, hi: float | None = None) -> list[float]:
     """'0.1,0.2' -> [0.1, 0.2]: finite floats in [lo, hi]; one message on error."""
     check = float_in(lo, hi)

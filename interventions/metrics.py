@@ -9,7 +9,7 @@ For row i with true label y_i, reference (donor) label r_i and label-word logits
     flip_i      over rows whose reference label differs from their own (r_i != y_i): the prediction (argmax
                 over the K label words) follows the donor's label, 1/m on an m-way tie; binary: 1 - correct_i.
                 Rows with a same-label donor (possible under resampling) are left out of the flip rate;
-                `n_flip` counts the rows used.
+                `n_flip_rows` counts the rows used, `flips` the (tie-weighted) flips among them.
     normalized effect = (mean LD_patched - mean LD_clean) / (mean LD_ref - mean LD_clean)
                   a ratio of means (stable where single rows have LD_ref ~ LD_clean); LD_ref is the reference
                   run's clean LD measured against row i's labels (for the paired donor, LD_ref = -LD_pair).
@@ -94,7 +94,7 @@ def summarize(ld_patched, ld_clean, ld_ref, labels, ref_labels, groups, n_boot: 
 
     point = stats({k: v[0] for k, v in sums.items()})
     reps = stats({k: v[1] for k, v in sums.items()})
-    out = {"n": int(n), "n_groups": boot.n_groups, "n_flip": int(fmask.sum()),
+    out = {"n": int(n), "n_groups": boot.n_groups, "n_flip_rows": int(fmask.sum()), "flips": float(flip.sum()),
            "ld_clean_mean": float(ld_c.mean()), "ld_ref_mean": float(ld_r.mean())}
     for k, v in point.items():
         out[k] = _finite(float(v))

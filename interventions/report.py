@@ -1,7 +1,10 @@
 """causal_report.{json,md,html}: the verdict sentence, tables, and Plotly figures (self-contained HTML).
 
-JSON schema {"name": "causal-report", "version": 3}. Version 3 keeps every field of version 2 and adds LEACE
-concept erasure (interventions.erasure):
+JSON schema {"name": "causal-report", "version": 4}. Version 4 names fields for what they hold: <metrics>.n_flip
+(the rows a flip rate is computed over) is now n_flip_rows, beside the new flips (the flips among them);
+model.weights_sha256 is the hash of the tensors, as in probes.json (probes.collect.weights_hash), and the
+checkpoint file's bytes are model.file_sha256; config.n_boot is the --n-boot in force. Version 3 keeps every
+field of version 2 and adds LEACE concept erasure (interventions.erasure):
     config.erase_depths, config.erase_positions   the --erase-depths (null = every depth) / --erase-positions
     results.leace               {method, package_version, concept, n_folds, fit, settings, rows, dose} or absent
                                 when not run. rows[*]: name (leace_state = fed state at T, leace_state@T-k = at
@@ -32,7 +35,7 @@ position, K-class labels) keeps every field of version 1 and adds:
                                 diff_line [per row, tracking tasks only]}
     results.layer_patching      positions now every position (names "T-k"), plus offsets [t - T] and reference;
                                 cells[mode][*] carry position (offset) and position_name
-<metrics> = n, n_groups, n_flip, ld_clean_mean, ld_ref_mean, ld_mean, accuracy, flip_rate, normalized_effect and
+<metrics> = n, n_groups, n_flip_rows, flips, ld_clean_mean, ld_ref_mean, ld_mean, accuracy, flip_rate, normalized_effect and
 their *_ci (interventions.metrics). Standard as the mode under study has no fed state: interventions = [],
 subspace / dose / position_sweep = null.
 """
@@ -44,7 +47,7 @@ import math
 from pathlib import Path
 
 REPORT_FILES = ("causal_report.json", "causal_report.md", "causal_report.html")
-SCHEMA = {"name": "causal-report", "version": 3}
+SCHEMA = {"name": "causal-report", "version": 4}
 
 
 def clean_json(x):

@@ -27,6 +27,7 @@ N_PAIRS_RANGE = (10, 5000)
 MAX_DISTRACTORS = 1024
 MAX_SEED = 2**31 - 1  # the suite also seeds with seed + 1000
 MAX_RANK = 64
+MAX_BOOT = 100_000
 DEFAULT_MAX_POSITIONS = 64
 MAX_POSITIONS = 100_000
 MAX_ERASE_DEPTH = 10_000  # checked against the model's depth once it is loaded
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-pairs", type=int_in(*N_PAIRS_RANGE), default=200,
                    help=f"number of sample pairs (2 samples each), {N_PAIRS_RANGE[0]}..{N_PAIRS_RANGE[1]} "
                         "(default 200)")
+    p.add_argument("--n-boot", type=int_in(1, MAX_BOOT), default=1000,
+                   help=f"cluster-bootstrap resamples (over groups) for every 95%% CI, 1..{MAX_BOOT} (default 1000)")
     p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
                    help=f"dataset / resampling / bootstrap seed, 0..{MAX_SEED} (default 0)")
     p.add_argument("--subspace-rank", type=int_in(1, MAX_RANK), default=1,
@@ -127,32 +130,16 @@ def _parse_erase_depths(spec):
 
 
 def _parse_erase_positions(spec):
-    """'T-1,T-4' or '-2,-5' -> [-2, -5] (negative column offsets, -1 = T; duplicates dropped); None -> []."""
-    if spec is None:
-        return []
-    msg = (f"--erase-positions must be comma-separated positions T, T-1, T-2, ... or negative offsets -1, -2, ... "
-           f"(at most {MAX_POSITIONS} back), got {spec!r}")
-    out = []
-    for x in str(spec).split(","):
-        x = x.strip().upper()
-        if not x:
-            continue
-        try:
-            v = -1 if x == "T" else (-1 - int(x[2:], 10) if x.startswith("T-") else int(x, 10))
-        except ValueError:
-            raise UserError(msg) from None
-        if not -MAX_POSITIONS <= v <= -1:
-            raise UserError(msg)
-        if v not in out:
-            out.append(v)
-    if not out:
-        raise UserError("--erase-positions is empty")
-    return out
+    """--erase-positions 'T-1,T-4' or '-2,-5' -> [-2, -5]; None -> []."""
+    from common.cli import position_list
+
+    return [] if spec is None else position_list(spec, "--erase-positions", MAX_POSITIONS)
 
 
 def _check_erase_positions(positions, mode: str, T: int) -> None:
     """UserError unless every position is one where `mode` feeds a state (core's fused positions) on T columns."""
-    from engine.prefill import parse_mode, recurrent_start
+    from engine.modes import parse_mode
+    from engine.prefill import recurrent_start
 
     if not positions:
         return
@@ -170,6 +157,7 @@ def _check_erase_positions(positions, mode: str, T: int) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from engine.modes import parse_mode
+    from probes.collect import weights_hash
     from probes.linear import ProbeConfig, check_groups
     from tasks import dataset_fingerprint, resolve_task
 
@@ -230,7 +218,7 @@ def main(argv=None) -> int:
         t1 = time.perf_counter()
         modes = ("standard", mode)
         ctx = CausalContext(model, batch, modes=modes)
-        results = run_suite(ctx, rank=rank, seed=seed, probe_config=probe_cfg, progress=say,
+        results = run_suite(ctx, rank=rank, n_boot=args.n_boot, seed=seed, probe_config=probe_cfg, progress=say,
                             max_positions=max_positions, erase_depths=erase_depths,
                             erase_positions=erase_positions)
         t_suite = time.perf_counter() - t1
@@ -240,7 +228,7 @@ def main(argv=None) -> int:
             say(f"negative control {control_arg}")
             cname = safe_name(_model_path(control_arg))
             control = {"model": cname, "path": str(_model_path(control_arg)),
-                       **run_control(CausalContext(cmodel, batch, modes=modes), seed=seed)}
+                       **run_control(CausalContext(cmodel, batch, modes=modes), n_boot=args.n_boot, seed=seed)}
         else:
             control = {"skipped": control_skip}
 
@@ -248,10 +236,12 @@ def main(argv=None) -> int:
         report = {
             "schema": dict(SCHEMA),
             "model": {"name": model_name, "path": str(main_path),
-                      "weights_sha256": _sha256(main_path / "model.safetensors"),
+                      # one definition with probes.json: a hash of the tensors (probes.collect.weights_hash);
+                      # the checkpoint file's bytes are file_sha256
+                      "weights_sha256": weights_hash(model), "file_sha256": _sha256(main_path / "model.safetensors"),
                       "n_layers": model.n_layers, "d_model": model.d_model},
             "config": {"task": args.task, "task_source": source.describe(), "mode": mode, "distractors": n_dis, "n_pairs": n_pairs, "seed": seed,
-                       "subspace_rank": rank, "n_boot": 1000, "probe": probe_cfg.to_dict(),
+                       "subspace_rank": rank, "n_boot": args.n_boot, "probe": probe_cfg.to_dict(),
                        "max_positions": max_positions, "n_classes": batch.n_classes,
                        "erase_depths": erase_depths, "erase_positions": erase_positions,
                        "command": "python -m interventions.run " + " ".join(sys.argv[1:] if argv is None else argv)},

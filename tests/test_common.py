@@ -168,3 +168,13 @@ def test_output_file_directly_under_a_pseudo_file_system():
         pytest.skip("no /proc on this system")
     with pytest.raises(UserError):
         output_file("/proc/x")
+
+
+def test_position_list():
+    from common.cli import position_list
+
+    assert position_list("T, T-1,-5,t-1", "--p", 10) == [-1, -2, -5]
+    for bad in ("T-10", "0", "x", "-11", ","):
+        with pytest.raises(UserError) as e:
+            position_list(bad, "--p", 10)
+        assert str(e.value).startswith("--p ") and "\n" not in str(e.value)

@@ -134,7 +134,8 @@ def test_metric_formulas_match_a_hand_computation():
     ref_labels = np.array([1, 0, 1, 1])
     groups = np.array([0, 0, 1, 1])
     m = summarize(ld, ld_clean, ld_ref, y, ref_labels, groups, n_boot=500, seed=0)
-    assert m["n"] == 4 and m["n_groups"] == 2 and m["n_flip"] == 3
+    assert m["n"] == 4 and m["n_groups"] == 2 and m["n_flip_rows"] == 3
+    assert m["flips"] == pytest.approx(0 + 0.5 + 1)  # rows 0, 1, 3 below
     assert m["ld_mean"] == pytest.approx(1.0)
     assert m["accuracy"] == pytest.approx((1 + 0.5 + 1 + 0) / 4)
     # flip over rows 0, 1, 3 (donor label differs): 0, 0.5, 1
@@ -252,7 +253,7 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
     out = tmp_path / "o"
     argv = ["--model", str(TRACK), "--task", "parity", "--mode", "recurrent-full", "--n-pairs", "10",
             "--distractors", "4", "--max-positions", "4", "--control-model", "none", "--out", str(out),
-            "--no-progress"]
+            "--no-progress", "--n-boot", "300"]
     assert main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == ["causal_report.html", "causal_report.json",
                                                      "causal_report.md"]
@@ -277,11 +278,15 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
 
     # --- identity of the run
     assert rep["schema"] == SCHEMA and SCHEMA["name"] == "causal-report" and SCHEMA["version"] >= 2  # v2 fields below
-    assert rep["model"]["weights_sha256"] == hashlib.sha256((TRACK / "model.safetensors").read_bytes()).hexdigest()
+    assert rep["model"]["file_sha256"] == hashlib.sha256((TRACK / "model.safetensors").read_bytes()).hexdigest()
+    from probes.collect import weights_hash
+    from training.presets import load_model
+
+    assert rep["model"]["weights_sha256"] == weights_hash(load_model(str(TRACK))[0])  # probes.json's definition
     assert (rep["model"]["n_layers"], rep["model"]["d_model"]) == (model.n_layers, model.d_model)
     cfg = rep["config"]
-    assert (cfg["task"], cfg["mode"], cfg["distractors"], cfg["n_pairs"], cfg["max_positions"], cfg["n_classes"]) \
-        == ("parity", "recurrent-full", 4, 10, 4, 2)
+    assert (cfg["task"], cfg["mode"], cfg["distractors"], cfg["n_pairs"], cfg["max_positions"], cfg["n_classes"],
+            cfg["n_boot"]) == ("parity", "recurrent-full", 4, 10, 4, 2, 300)  # the values in force
     assert rep["dataset"] == {"fingerprint": dataset_fingerprint(samples), "n_samples": 20,
                               "n_groups": len({s.group_id for s in samples}),
                               "tokens_min": min(map(len, ids)), "tokens_max": max(map(len, ids))}
@@ -320,7 +325,7 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
     # a = 0 feeds the model its own state (the clean run, bit for bit), a = 1 the donor's (= the state swap)
     assert dose[0]["normalized_effect"] == 0 and dose[0]["ld_mean"] == res["clean"]["recurrent-full"]["ld_mean"]
     same = [k for k in dose[-1] if k not in ("alpha", "position")]
-    assert len(same) == 13 and {k: dose[-1][k] for k in same} == {k: by["state_swap"][k] for k in same}
+    assert len(same) == 14 and {k: dose[-1][k] for k in same} == {k: by["state_swap"][k] for k in same}
     # e_t fed at every position instead of the fused input is the standard prefill
     assert by["gate_bypass_all"]["accuracy"] == pytest.approx(want["standard"][0], abs=1e-12)
     assert by["gate_bypass_all"]["ld_mean"] == pytest.approx(want["standard"][1], abs=1e-4)
