@@ -68,7 +68,7 @@ def parse_mode(mode, n_layers: int | None = None) -> Mode:
         return mode
     s = ALIASES.get(str(mode).strip(), str(mode).strip())
     if s.startswith(RECIRC_PREFIX):
-        from engine.recirculation import parse_recirculate
+        from engine.mixing import parse_recirculate
 
         return Mode("recirc", recirc=parse_recirculate(s[len(RECIRC_PREFIX):], n_layers))
     m = _MODE_RE.match(s)

@@ -184,7 +184,7 @@ def _leace_markdown(res) -> list[str]:
 
 def markdown(report: dict) -> str:
     cfg, res = report["config"], report["results"]
-    label, sentence = report["verdict"]["label"], report["verdict"]["sentence"]
+    sentence = report["verdict"]["sentence"]
     lines = [f"# Causal-ablation report: {cfg['task']} on {report['model']['name']}", "",
              f"**Verdict.** {sentence}", "", control_sentence(report), "",
              f"Model `{report['model']['path']}` (weights sha256 {report['model']['weights_sha256'][:12]}), "

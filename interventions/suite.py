@@ -36,7 +36,8 @@ import torch
 from common.errors import UserError
 from probes.linear import ProbeConfig
 
-from .core import CausalContext, pos_name
+from .batch import pos_name
+from .core import CausalContext
 from .metrics import decisions, label_ld, summarize
 from .subspace import energy_fraction, fold_subspaces, per_fold_states
 

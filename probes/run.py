@@ -59,6 +59,7 @@ import numpy as np
 from common.cli import Parser, int_in, int_list, output_dir, safe_name
 from common.errors import UserError, cli_entry
 from common.placement import Placement, add_placement_flags
+from probes.methods import MethodFields
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "tiny-fbt"
@@ -234,69 +235,6 @@ def _result_rows(task, model_name, mode, n, scores, writes=None):
     return rows
 
 
-class _MethodFields:
-    """The logit lens, the online code and the LEACE-erased depth curve of one run (docs/methods.md)."""
-
-    def __init__(self, model, label_ids, config, mdl: bool, no_lens: str | None = None):
-        self.model, self.label_ids, self.config, self.mdl = model, label_ids, config, mdl
-        self.no_lens = no_lens  # why the label words have no token ids here (the lens fields are then null)
-
-    def add(self, rows, acts, y, groups):
-        """rows of one (mode, N[, writes]) + logit_lens_* and mdl_* per depth."""
-        from threadpoolctl import threadpool_limits
-
-        from probes.lens import LENS_FIELDS, depth_lens
-        from probes.mdl import MDL_FIELDS, depth_mdl
-
-        lens = [dict.fromkeys(LENS_FIELDS)] * acts.shape[1] if self.label_ids is None else \
-            depth_lens(self.model, acts, y, self.label_ids, groups, self.config.n_boot, self.config.random_state)
-        with threadpool_limits(limits=1, user_api="blas"):  # probe-sized fits: one BLAS thread (_score_depths)
-            mdl = [m.fields() for m in depth_mdl(acts, y, groups, self.config)] if self.mdl else None
-        for d, r in enumerate(rows):
-            r.update(lens[d])
-            r.update(mdl[d] if mdl else dict.fromkeys(MDL_FIELDS))
-        return rows
-
-    def fed_state(self, task, model_name, mode, n, ids, y, groups, pad_id, batch_size):
-        """[row] of the lens on the state fed into T (feedback modes), else []."""
-        from probes.lens import fed_state_mode, fed_states, lens_logits, lens_summary
-
-        if fed_state_mode(mode) is None or self.label_ids is None:
-            return []
-        logits = lens_logits(self.model, fed_states(self.model, ids, mode, pad_id, batch_size), normed=True)
-        return [{"task": task, "model": model_name, "mode": mode, "n_distractors": n, "writes": None,
-                 "state": "h_{T-1}", "n_samples": int(len(y)),
-                 **lens_summary(logits, y, self.label_ids, groups, self.config.n_boot, self.config.random_state)}]
-
-    def erased(self, task, model_name, mode, n, ids, samples, acts, depth, batch_size, pad_id):
-        """Rows of the depth curve after LEACE at (depth, T) (interventions.erasure), [] for recirc modes."""
-        from engine.modes import parse_mode
-        from interventions.erasure import erased_depth_rows
-
-        if parse_mode(mode).kind == "recirc":
-            return []
-        from threadpoolctl import threadpool_limits
-
-        with threadpool_limits(limits=1, user_api="blas"):  # as _score_depths: exactly repeatable probe fits
-            rows = erased_depth_rows(self.model, ids, samples, self.label_ids, mode, depth, acts, self.config,
-                                     batch_pairs=max(1, batch_size // 2), pad_id=pad_id)
-        return [{"task": task, "model": model_name, "mode": mode, "n_distractors": n, "writes": None, **r}
-                for r in rows]
-
-    def meta(self, erase):
-        from probes.lens import LENS_META
-        from probes.mdl import mdl_meta
-
-        out = {"lens": LENS_META if self.no_lens is None else {**LENS_META, "enabled": False,
-                                                               "reason": self.no_lens},
-               "mdl": mdl_meta(self.mdl)}
-        if erase is not None:
-            from interventions.erasure import erase_meta
-
-            out["erase"] = erase_meta(erase)
-        return out
-
-
 def _score_depths(acts, y, groups, config, what):
     from threadpoolctl import threadpool_limits
 
@@ -434,7 +372,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
         from tasks import dataset_fingerprint
 
         results, warnings, ds_meta, exports, fed_lens, erased = [], [], {}, [], [], []
-        extra = _MethodFields(model, label_ids, config, not args.no_mdl, no_lens)
+        extra = MethodFields(model, label_ids, config, not args.no_mdl, no_lens)
         for n in distractors:
             ids, samples = tokenized[n]
             y = np.array([s.label for s in samples])
