@@ -126,7 +126,8 @@ def test_probes_run_shell_game_k3(tiny_ckpt, tmp_path):
 
 
 def test_probes_run_tracking_defaults_and_n0_refused(capsys):
-    from probes.run import DEFAULT_DISTRACTORS, _default_modes, _parse_distractors, main
+    from probes.options import DEFAULT_DISTRACTORS, _default_modes, _parse_distractors
+    from probes.run import main
     from tasks import resolve_task
 
     assert DEFAULT_DISTRACTORS["parity"] == (8, 32, 64)
