@@ -26,12 +26,12 @@ import numpy as np
 import pytest
 import torch
 
-from interventions.core import Batch, CausalContext, Patch
+from interventions.core import Batch, CausalContext
 from interventions.metrics import label_ld, summarize
 from interventions.subspace import fold_subspaces, per_fold_states, random_subspace, swap_part
 from interventions.suite import Suite
 
-A, B, F, C = 3, 4, 5, 2.0
+from hand_built import C, make_state_only_model, state_batch
 
 
 def _random_batch(model, n_pairs=4, T=7, seed=0):
@@ -74,35 +74,11 @@ def test_top_depth_patch_gives_the_donor_logits(tiny_model):
 
 @pytest.fixture
 def state_only_model(make_tiny_config):
-    from models.full_bandwidth import FullBandwidthLM, decoder_layers
-
-    model = FullBandwidthLM.from_config(make_tiny_config("qwen3"), seed=0).eval().float()
-    D = model.d_model
-    with torch.no_grad():
-        for layer in decoder_layers(model.lm):
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.fusion.gate.weight.zero_()
-        model.fusion.up.weight.copy_(torch.eye(D))
-        model.fusion.norm.weight.fill_(1.0)
-        E = model.lm.get_input_embeddings().weight
-        E.zero_()
-        E[A, 0] = C
-        E[B, 1] = C
-    return model
+    return make_state_only_model(make_tiny_config("qwen3"))
 
 
 def _state_batch(n_pairs=6):
-    g = torch.Generator().manual_seed(1)
-    rows, labels = [], []
-    for i in range(n_pairs):
-        ctx_tokens = torch.randint(6, 50, (4,), generator=g).tolist()
-        for label, tok in ((0, A), (1, B)):
-            rows.append(ctx_tokens + [tok, F])
-            labels.append(label)
-    ids = torch.tensor(rows)
-    return Batch(ids, torch.ones_like(ids), torch.tensor(labels), torch.arange(len(rows)) ^ 1,
-                 np.repeat(np.arange(n_pairs), 2), (A, B))
+    return state_batch(n_pairs)
 
 
 def test_hand_built_model_swap_flips_all_and_zero_gives_documented_value(state_only_model):

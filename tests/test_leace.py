@@ -24,7 +24,7 @@ from interventions.subspace import fold_subspaces
 from interventions.suite import Suite
 from probes.linear import ProbeConfig
 
-A, B, F, C = 3, 4, 5, 2.0
+from hand_built import C, make_state_only_model, state_batch
 
 
 def planted(n_pairs=60, d=12, k=2, shift=3.0, seed=0):
@@ -81,35 +81,11 @@ def test_dose_and_identity():
 # ----- the hand-built model -----------------------------------------------------------------------------------
 @pytest.fixture
 def state_only_model(make_tiny_config):
-    from models.full_bandwidth import FullBandwidthLM, decoder_layers
-
-    model = FullBandwidthLM.from_config(make_tiny_config("qwen3"), seed=0).eval().float()
-    D = model.d_model
-    with torch.no_grad():
-        for layer in decoder_layers(model.lm):
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.fusion.gate.weight.zero_()
-        model.fusion.up.weight.copy_(torch.eye(D))
-        model.fusion.norm.weight.fill_(1.0)
-        E = model.lm.get_input_embeddings().weight
-        E.zero_()
-        E[A, 0] = C
-        E[B, 1] = C
-    return model
+    return make_state_only_model(make_tiny_config("qwen3"))
 
 
 def _state_batch(n_pairs=10):
-    g = torch.Generator().manual_seed(1)
-    rows, labels = [], []
-    for _ in range(n_pairs):
-        ctx_tokens = torch.randint(6, 50, (4,), generator=g).tolist()
-        for label, tok in ((0, A), (1, B)):
-            rows.append(ctx_tokens + [tok, F])
-            labels.append(label)
-    ids = torch.tensor(rows)
-    return Batch(ids, torch.ones_like(ids), torch.tensor(labels), torch.arange(len(rows)) ^ 1,
-                 np.repeat(np.arange(n_pairs), 2), (A, B))
+    return state_batch(n_pairs)
 
 
 def test_hand_built_model_erasure_gives_the_known_answer(state_only_model):
