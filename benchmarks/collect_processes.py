@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -77,18 +74,12 @@ def worker(a) -> None:
 
 
 def launch(a, n: int) -> dict:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    with tempfile.TemporaryDirectory() as d:
-        res = Path(d) / "res.json"
-        cmd = [str(torchrun), "--standalone", f"--nproc_per_node={n}", __file__, "--worker", str(res),
-               "--model", a.model, "--modes", a.modes, "--n-pairs", str(a.n_pairs), "--distractors",
-               str(a.distractors), "--batch-size", str(a.batch_size), "--threads", str(a.threads),
-               "--repeats", str(a.repeats)]
-        env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), PYTHONPATH=str(ROOT))
-        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=a.timeout)
-        if r.returncode != 0:
-            sys.exit(f"{n}-process launch failed:\n{r.stderr[-2000:]}")
-        return json.loads(res.read_text())
+    from benchmarks.torchrun_launch import launch as run_workers
+
+    return run_workers(__file__, n, ["--model", a.model, "--modes", a.modes, "--n-pairs", str(a.n_pairs),
+                                     "--distractors", str(a.distractors), "--batch-size", str(a.batch_size),
+                                     "--threads", str(a.threads), "--repeats", str(a.repeats)],
+                       a.threads, a.timeout)
 
 
 def main(argv=None) -> None:

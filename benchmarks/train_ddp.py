@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -101,18 +98,11 @@ def worker(a: argparse.Namespace) -> None:
 
 
 def launch(a: argparse.Namespace, n: int) -> dict:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "figures.json"
-        cmd = [str(torchrun), "--standalone", f"--nproc_per_node={n}", __file__, "--worker", str(out),
-               "--preset", a.preset, "--threads", str(a.threads), "--warmup", str(a.warmup), "--steps", str(a.steps),
-               "--first-step", str(a.first_step)]
-        env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads),
-                   PYTHONPATH=str(ROOT))
-        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=a.timeout)
-        if r.returncode != 0:
-            sys.exit(f"error: the {n}-process launch failed:\n{r.stderr[-3000:]}")
-        return json.loads(out.read_text())
+    from benchmarks.torchrun_launch import launch as run_workers
+
+    return run_workers(__file__, n, ["--preset", a.preset, "--threads", str(a.threads), "--warmup", str(a.warmup),
+                                     "--steps", str(a.steps), "--first-step", str(a.first_step)],
+                       a.threads, a.timeout)
 
 
 def main(argv=None) -> dict:
