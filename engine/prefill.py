@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-from transformers import DynamicCache
 
 from common.cpus import sequential_threads
 from common.errors import UserError
+from engine.cache import cache_prefix, new_cache
 from engine.hooks import maybe_record
 from engine.inputs import check_inputs, context_length, pad_left, to_model
 from engine.modes import DECODINGS, MAX_FUSED_PASSES, Mode, parse_mode
@@ -57,7 +57,7 @@ def shift_state(top: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.
 def _standard(model, ids, mask, cols, rec, use_cache=False) -> LMOutput:
     if rec is not None:
         rec.cols = cols
-    cache = DynamicCache(config=model.config) if use_cache else None
+    cache = new_cache() if use_cache else None
     return model(ids, mask, cache=cache, use_cache=use_cache)
 
 
@@ -81,7 +81,7 @@ def iter_fused(model, ids, mask, n, cols=None, rec=None, use_cache=False):
         last = i == n - 1
         if rec is not None and last:
             rec.cols = cols
-        cache = DynamicCache(config=model.config) if (use_cache and last) else None
+        cache = new_cache() if (use_cache and last) else None
         out = jacobi_pass(model, ids, mask, out.top, cache=cache, use_cache=use_cache and last)
         yield i + 1, out
 
@@ -189,14 +189,6 @@ def recurrent_step(model: FullBandwidthLM, input_ids: torch.Tensor, attention_ma
                  position_ids=None if position_ids is None else position_ids[:, t:t + 1])
 
 
-def cache_prefix(cache, t: int, config) -> DynamicCache:
-    """A new DynamicCache holding the first t columns of `cache` (left untouched). The keys/values of a column
-    never change once computed, so the final cache of a clean recurrent run cropped to t columns is the cache
-    its step at column t started from."""
-    return DynamicCache(ddp_cache_data=[(layer.keys[..., :t, :], layer.values[..., :t, :])
-                                        for layer in cache.layers], config=config)
-
-
 class RecurrentRun(NamedTuple):
     std: LMOutput  # the standard pass over all T columns (its logits/top serve mode "standard"); with
     #                full_std=False over the first T-k columns only (the ones the recurrence keeps)
@@ -205,7 +197,7 @@ class RecurrentRun(NamedTuple):
     logits: torch.Tensor  # [batch, n_cols, vocab] recurrent-k at `cols`
     top: torch.Tensor  # [batch, n_cols, D]
     resid: torch.Tensor | None  # [batch, n_cols, L+1, D]
-    cache: DynamicCache  # every column's keys/values after the last step
+    cache: object  # DynamicCache (engine.cache.new_cache): every column's keys/values after the last step
 
 
 def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None, full_std=True) -> RecurrentRun:
@@ -227,7 +219,7 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     short = not full_std and k > 0 and 2 * (T - k) <= T
     if rec is not None:
         rec.cols = cols[cols < s] if short else cols
-    cache = DynamicCache(config=model.config)
+    cache = new_cache()
     std = model(ids[:, :s], mask[:, :s], cache=cache, use_cache=True) if short else \
         model(ids, mask, cache=cache, use_cache=True)
     std_resid = rec.take() if rec is not None else None

@@ -42,10 +42,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from common.errors import UserError
 from common.cpus import sequential_threads
+from engine.cache import new_cache
 from engine.hooks import Hooks, ResidualRecorder, maybe_record, on_depth
 from engine.inputs import check_inputs
 from models.full_bandwidth import FullBandwidthLM, decoder_layers, positions_from_mask
@@ -158,7 +159,7 @@ class RecirculatedLM(nn.Module):
         pos_all = positions_from_mask(attention_mask, T)
         valid = attention_mask.bool()
         alpha_all = self._alpha(pos_all, valid)
-        cache = DynamicCache(config=self.config)
+        cache = new_cache()
         inj = _Injector(self.layers, self.spec)
         rec = ResidualRecorder(self.base) if collect else None
         logits = top = resid = None
@@ -220,7 +221,7 @@ class RecirculatedLM(nn.Module):
         valid = attention_mask.bool()
         alpha_all = self._alpha(pos_all, valid)
         dtype = self.base.lm.dtype
-        cache = DynamicCache(config=self.config)
+        cache = new_cache()
         inj = _Injector(self.layers, self.spec)
         rec = ResidualRecorder(self.base) if collect else None
         logits = torch.empty(B, len(cols), self.config.vocab_size, dtype=dtype)

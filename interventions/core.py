@@ -41,10 +41,10 @@ from __future__ import annotations
 
 
 import torch
-from transformers import DynamicCache
 
 from common.cpus import sequential_threads
 from common.errors import UserError
+from engine.cache import new_cache
 from engine.hooks import ResidualRecorder, patched
 from engine.modes import Mode, parse_mode
 from engine.prefill import (cache_prefix, iter_fused, jacobi_pass, recurrent_run, recurrent_start, recurrent_step,
@@ -150,11 +150,11 @@ class _Recurrent(_Runner):
         cols = [self.col(p) for p in patches]
         t0 = min(cols)
         if t0 >= self.r0:  # shared clean prefix
-            cache = cache_prefix(self.cache, t0, model.config)
+            cache = cache_prefix(self.cache, t0)
             prev, start = self.clean.top[:, t0 - 1], t0
         else:  # a patch in the standard part: rerun the standard prefill patched, then every step
             pre = [p for p, c in zip(patches, cols) if c < self.r0]
-            cache = DynamicCache(config=model.config)
+            cache = new_cache()
             with _hooks(model, pre, self.col):
                 std = model(ids, mask, cache=cache, use_cache=True)
             cache.crop(-(T - self.r0))

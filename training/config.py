@@ -37,7 +37,7 @@ MAX_PASSES = 16  # weights in a schedule: every pass keeps its activations for t
 MAX_DISTRACTORS = 1024  # largest N of the distractor mixture (the tasks' grid ends at 256)
 INT_LIMITS = {  # name: (lo, hi), inclusive
     "n_layers": (1, 1024), "d_model": (1, 65536), "n_heads": (1, 1024), "n_kv_heads": (1, 1024),
-    "d_ff": (1, 1_048_576), "max_len": (1, 1_048_576),
+    "d_ff": (1, 1_048_576), "max_len": (1, 1_048_576), "attn_window": (0, 1_048_576),
     "steps": (1, MAX_STEPS), "warmup": (0, MAX_STEPS), "eval_every": (1, MAX_STEPS), "save_every": (1, MAX_STEPS),
     "batch_tokens": (1, 1_000_000), "seq_len": (1, 1_048_576), "curriculum_seq_len": (1, 1_048_576),
     "curriculum_steps": (0, MAX_STEPS), "curriculum_max_n": (0, MAX_DISTRACTORS),
@@ -126,6 +126,8 @@ class TrainConfig:
     n_kv_heads: int = opt(2, "key/value heads, qwen3 only (from scratch)")
     d_ff: int = opt(256, "MLP width, qwen3 only (from scratch)")
     max_len: int = opt(2048, "the model's context in tokens (from scratch)")
+    attn_window: int = opt(0, "sliding attention window in tokens for every layer, qwen3 only (from scratch; 0 = "
+                              "full causal attention)")
     tie_embeddings: bool = opt(True, "tied input and output embeddings (--no-tie-embeddings: separate ones)")
     schedule: str = opt("60/25/15", f"pass-count weights of 1, 2, 3... passes per batch, e.g. 75/22/3; finite, at "
                                     f"most {MAX_PASSES}")
@@ -226,6 +228,8 @@ class TrainConfig:
         for name, words in CHOICES.items():
             if getattr(self, name) not in words:
                 raise UserError(f"{name} must be {' or '.join(map(repr, words))}, got {getattr(self, name)!r}")
+        if self.attn_window and self.arch != "qwen3":
+            raise UserError(f"attn_window needs arch 'qwen3' (got {self.arch!r}: no sliding-window layers)")
         self.probs = parse_schedule(self.schedule)
         if not all(math.isfinite(p) for p in self.probs) or len(self.probs) > MAX_PASSES:
             raise UserError(f"bad schedule {self.schedule!r}: at most {MAX_PASSES} finite weights (of 1, 2, 3... "
@@ -278,7 +282,7 @@ class TrainConfig:
         for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0),
                           ("fixed_point_tol", 0.0), ("consistency", 0.0), ("consistency_window", 0),
                           ("consistency_layers", "top"), ("gate_std", 1.0), ("objective", "multipass"),
-                          ("dense_targets", False), ("length_doubling", 0), ("length_start", 4)):
+                          ("dense_targets", False), ("length_doubling", 0), ("length_start", 4), ("attn_window", 0)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged
