@@ -39,7 +39,9 @@ def _chance(task: str) -> float:
     return 1.0 / len(LABEL_WORDS.get(task, (0, 1)))
 
 
-def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, tasks=None):
+def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, tasks=None, model_modes=None):
+    """`model_modes` {model name: modes}: the modes drawn for that model instead of `modes` (a twin whose fusion
+    is untrained is read under std only)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -52,8 +54,9 @@ def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, task
     models = list(dict.fromkeys(name for name, _ in rows))
     for ti, task in enumerate(tasks):
         for mi, model in enumerate(models):
+            wanted = (model_modes or {}).get(model, modes)
             present = [m for m in dict.fromkeys(r["mode"] for n, r in rows if n == model and r["task"] == task)
-                       if m in modes]
+                       if m in wanted]
             for ki, mode in enumerate(present):
                 pts = sorted((r for n, r in rows if n == model and r["task"] == task and r["mode"] == mode),
                              key=lambda r: r["n_distractors"])
@@ -82,8 +85,8 @@ def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, task
     return fig
 
 
-def render_html(evals, modes=DEFAULT_MODES) -> str:
-    return length_figure(evals, modes).to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID,
+def render_html(evals, modes=DEFAULT_MODES, model_modes=None) -> str:
+    return length_figure(evals, modes, model_modes=model_modes).to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID,
                                                 config={"displayModeBar": False})
 
 
@@ -92,6 +95,9 @@ def main(argv=None):
     p = Parser(prog="python -m analysis.length_curves", description=__doc__)
     p.add_argument("evals", nargs="+", help="eval.json files (analysis.evaluate), one per model")
     p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"modes to draw (default {','.join(DEFAULT_MODES)})")
+    p.add_argument("--model-modes", action="append", default=[], metavar="MODEL:MODES",
+                   help="modes drawn for one model instead of --modes, e.g. tiny-std-track:std (repeatable; MODEL "
+                        "is the model name in its eval.json)")
     p.add_argument("--out", default="figures/length_curves.html", help="HTML output file")
     p.add_argument("--png", help="also write a PNG here (needs headless Chromium)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
@@ -103,7 +109,17 @@ def main(argv=None):
             raise UserError(f"{f} exists; pass --overwrite to replace it")
     modes = tuple(m.strip() for m in a.modes.split(",") if m.strip())
     evals = [load_eval(e) for e in a.evals]
-    html = render_html(evals, modes)
+    names = [n for n, _ in evals]
+    model_modes = {}
+    for spec in a.model_modes:
+        name, sep, ms = spec.partition(":")
+        wanted = tuple(m.strip() for m in ms.split(",") if m.strip())
+        if not sep or not wanted:
+            raise UserError(f"--model-modes {spec!r}: expected MODEL:MODE[,MODE...], e.g. tiny-std-track:std")
+        if name not in names:
+            raise UserError(f"--model-modes {spec!r}: no model {name!r} among the inputs ({', '.join(names)})")
+        model_modes[name] = wanted
+    html = render_html(evals, modes, model_modes)
     atomic_write(out, html)
     print(f"wrote {out}")
     if png:

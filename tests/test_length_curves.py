@@ -41,3 +41,19 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         main([str(tmp_path / "x.json"), "--out", str(tmp_path / "o.html")])
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
     assert not (tmp_path / "o.html").exists()
+
+
+def test_model_modes_pick_the_lines_of_one_model(tmp_path, capsys):
+    from analysis.length_curves import main
+
+    a = _eval(tmp_path / "a.json", "checkpoints/fbt", {("parity", 8, "std"): 0.5, ("parity", 8, "recurrent-full"): 1.0})
+    b = _eval(tmp_path / "b.json", "checkpoints/std", {("parity", 8, "std"): 0.49, ("parity", 8, "recurrent-full"): 0.5})
+    out = tmp_path / "page.html"
+    assert main([str(a), str(b), "--out", str(out), "--model-modes", "std:std"]) == 0
+    html = out.read_text()
+    assert "fbt recurrent-full" in html and "fbt std" in html and "std std" in html
+    assert "std recurrent-full" not in html
+    for bad, msg in (("nosuch:std", "no model 'nosuch'"), ("std", "expected MODEL:MODE")):
+        with pytest.raises(SystemExit) as e:
+            main([str(a), str(b), "--out", str(tmp_path / "o.html"), "--model-modes", bad])
+        assert e.value.code == 2 and msg in capsys.readouterr().err

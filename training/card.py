@@ -48,6 +48,15 @@ def _legs(log: dict) -> str:
     return f", re-spread at steps {', '.join(map(str, legs))} (legs)" if legs else ""
 
 
+def _attention(base: dict) -> str:
+    types = base.get("layer_types") or []
+    n = sum(t == "sliding_attention" for t in types)
+    if not n:
+        return ""
+    where = "every layer" if n == len(types) else f"{n} of {len(types)} layers"
+    return f"; sliding-window attention ({base.get('sliding_window')} tokens) in {where}"
+
+
 def write_card(path: Path, command: str, notes: str = "") -> str:
     cfg = FullBandwidthLM.read_config(path)
     log = json.loads((path / "train_log.json").read_text()) if (path / "train_log.json").is_file() else {}
@@ -66,7 +75,7 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
              f"{base.get('num_hidden_layers', base.get('n_layer'))} layers, d_model {base.get('hidden_size', base.get('n_embd'))}, "
              f"{base.get('num_attention_heads', base.get('n_head'))} heads / {base.get('num_key_value_heads', '-')} KV heads, "
              f"d_ff {base.get('intermediate_size', '-')}, vocab {base.get('vocab_size')}, tied embeddings: "
-             f"{base.get('tie_word_embeddings')}",
+             f"{base.get('tie_word_embeddings')}" + _attention(base),
              f"- parameters: {n_params:,}", "",
              "## Training", ""]
     if tc:
