@@ -32,7 +32,10 @@ position, K-class labels) keeps every field of version 1 and adds:
                                 (lines counted by newline tokens; pooled over the positions of that line),
                                 at_or_before_first_diff / after_first_diff <metrics> (pooled cells),
                                 max_abs_ld_change_at_or_before_first_diff (0 by construction),
-                                diff_line [per row, tracking tasks only]}
+                                diff_line [per row, tracking tasks only],
+                                first_line_after {n_positions, <metrics>}: the swap at every row's first position
+                                of the line after its first differing token's line, recomputed to T (rows with
+                                line indices; not limited to the last P positions)}
     results.layer_patching      positions now every position (names "T-k"), plus offsets [t - T] and reference;
                                 cells[mode][*] carry position (offset) and position_name
 <metrics> = n, n_groups, n_flip_rows, flips, ld_clean_mean, ld_ref_mean, ld_mean, accuracy, flip_rate, normalized_effect and
@@ -230,6 +233,12 @@ def markdown(report: dict) -> str:
                       f"{_f(b['normalized_effect'])} (n={b['n']} cells; max |LD change| "
                       f"{_f(sw['max_abs_ld_change_at_or_before_first_diff'], 3)}); after it "
                       f"{_f(a['normalized_effect'])} {_ci(a, 'normalized_effect')} (n={a['n']} cells)."]
+        fl = sw.get("first_line_after")
+        if fl:
+            lines += ["", f"Swap at each row's first position of the line after its first differing token's line, "
+                      f"recomputed to T (every row, {fl['n_positions']} distinct positions): flip rate "
+                      f"{_f(fl['flip_rate'])} {_ci(fl, 'flip_rate')}, normalized effect {_f(fl['normalized_effect'])} "
+                      f"{_ci(fl, 'normalized_effect')} (n={fl['n']})."]
     lp = res.get("layer_patching")
     if lp:
         lines += ["", "## Layer patching (residual stream from the paired sample): normalized effect", ""]

@@ -322,7 +322,32 @@ class Suite:
                 pooled = {k: np.concatenate([a[k][s] for a, s in parts]) for k in cells[0][0]}
                 by_line.append({"relative_line": v, **self.summary(pooled)})
             out["by_line"] = by_line
+            out["first_line_after"] = self._first_line_after(fline, {pos: a for a, _, _, pos in cells})
         return out
+
+    def _first_line_after(self, fline: np.ndarray, done: dict) -> dict | None:
+        """The state swap at each row's own first position of the line after its first differing token's line
+        (the swap the recurrence must carry from there to T), every row at once: one run per distinct position,
+        whether or not the sweep's last-P window reaches it (`done`: arrays the sweep already has)."""
+        b, mode = self.ctx.batch, self.mode
+        T = b.input_ids.shape[1]
+        li = b.line_index  # [B, T]
+        after = li == (fline + 1)[:, None]
+        has = after.any(1)
+        pos = np.where(has, after.argmax(1) - T, 0)  # first column of that line, as an offset from the end
+        fused = set(self.ctx.fused_positions(mode))
+        parts = []
+        for p in sorted({int(v) for v in pos[has]} & fused):
+            rows = has & (pos == p) & self._real(p, fused=True)
+            if rows.any():
+                a = done.get(p)
+                if a is None:
+                    a = self.arrays(self.ctx.swap_state(b.pair, mode, p), mode)
+                parts.append((a, rows))
+        if not parts:
+            return None
+        pooled = {k: np.concatenate([a[k][r] for a, r in parts]) for k in parts[0][0]}
+        return {"n_positions": len(parts), **self.summary(pooled)}
 
     def layer_patching(self, modes=None) -> dict:
         ctx, b = self.ctx, self.ctx.batch

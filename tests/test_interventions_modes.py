@@ -284,10 +284,28 @@ def test_cli_end_to_end_in_every_mode(tiny_ckpt, tmp_path, mode, task, n):
         # every swap before the differing line has exactly zero effect
         assert all(r["normalized_effect"] in (0.0, None) for r in sw["by_line"] if r["relative_line"] < 0)
         assert any(r["relative_line"] == 0 for r in sw["by_line"])
+        fl = sw["first_line_after"]  # every row, although the sweep covers only the last 6 positions
+        assert fl["n"] == 20 and fl["n_positions"] >= 1 and 0.0 <= fl["flip_rate"] <= 1.0
     md = (out / "causal_report.md").read_text()
     assert "## Position sweep" in md and "## Layer patching" in md
     html = (out / "causal_report.html").read_text()
     assert "State swap at position t" in html and "depth x position" in html
+
+
+def test_first_line_after_does_not_depend_on_the_sweep_window(tiny_ckpt, tmp_path):
+    """The per-row swap after the differing line reuses the sweep's runs where it has them and runs the rest:
+    the same numbers whether the sweep covers every position or only the last two."""
+    from interventions.run import main
+
+    got = []
+    for cap in ("0", "2"):
+        out = tmp_path / cap
+        assert main(["--model", str(tiny_ckpt), "--task", "shell_game", "--mode", "recurrent-full", "--n-pairs", "10",
+                     "--distractors", "3", "--out", str(out), "--control-model", "none", "--no-progress",
+                     "--max-positions", cap, "--n-boot", "50"]) == 0
+        got.append(json.loads((out / "causal_report.json").read_text())["results"]["position_sweep"]["first_line_after"])
+    assert got[0] == got[1] and got[0]["n"] == 20
+    assert "line after its first differing token's line" in (tmp_path / "2" / "causal_report.md").read_text()
 
 
 def test_cli_standard_mode_has_no_state_interventions(tiny_ckpt, tmp_path):
