@@ -87,3 +87,21 @@ def test_checkpoint_keeps_the_window(tmp_path):
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
         assert torch.equal(back(ids).logits, model(ids).logits)
+
+
+def test_tracking_twins_share_a_window_that_bites_and_a_pass_that_sees_everything():
+    """docs/recipe.md item 19: the trained prompts are longer than the window (the windowed regime of longer
+    prompts is trained), and the standard pass's receptive field covers every trained prompt (the twin is not
+    blinded by the window at the trained lengths)."""
+    from tasks import make_dataset
+    from tasks.tokenizer import build_tokenizer, tokenize_samples
+    from training.presets import get_preset
+
+    fbt, std = get_preset("tiny-fbt-track"), get_preset("tiny-std-track")
+    arch = ("arch", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "attn_window", "distractors", "tasks")
+    assert all(getattr(fbt, a) == getattr(std, a) for a in arch)
+    tok = build_tokenizer()
+    longest = max(len(ids) for t in fbt.tasks
+                  for ids in tokenize_samples(make_dataset(t, n_pairs=4, n_distractors=max(fbt.distractors), seed=0),
+                                              tok)[0])
+    assert fbt.attn_window < longest <= fbt.n_layers * (fbt.attn_window - 1)
