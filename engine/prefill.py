@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from transformers import DynamicCache
 
 from common.cpus import sequential_threads
 from common.errors import UserError
@@ -197,7 +198,7 @@ class RecurrentRun(NamedTuple):
     logits: torch.Tensor  # [batch, n_cols, vocab] recurrent-k at `cols`
     top: torch.Tensor  # [batch, n_cols, D]
     resid: torch.Tensor | None  # [batch, n_cols, L+1, D]
-    cache: object  # DynamicCache (engine.cache.new_cache): every column's keys/values after the last step
+    cache: DynamicCache  # engine.cache.new_cache: every column's keys/values after the last step
 
 
 def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None, full_std=True) -> RecurrentRun:
