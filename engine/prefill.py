@@ -159,11 +159,13 @@ def fixed_point_top(model: FullBandwidthLM, input_ids: torch.Tensor, attention_m
                          full_std=False).top
 
 
-def recurrent_logits(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def recurrent_logits(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     swap: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Logits [batch, T, vocab] of recurrent-full at every position, differentiable: the trainer's recurrent
-    objective backpropagates through the whole recurrence (every cached one-token step), not a Jacobi horizon."""
+    objective backpropagates through the whole recurrence (every cached one-token step), not a Jacobi horizon.
+    `swap`: see recurrent_run (interchange training)."""
     T = input_ids.shape[1]
-    return recurrent_run(model, input_ids, attention_mask, None, torch.arange(T), full_std=False).logits
+    return recurrent_run(model, input_ids, attention_mask, None, torch.arange(T), full_std=False, swap=swap).logits
 
 
 # ----- the recurrence: one step, one loop ---------------------------------------------------------------------
@@ -201,7 +203,8 @@ class RecurrentRun(NamedTuple):
     cache: DynamicCache  # engine.cache.new_cache: every column's keys/values after the last step
 
 
-def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None, full_std=True) -> RecurrentRun:
+def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None, full_std=True,
+                  swap: tuple[torch.Tensor, torch.Tensor] | None = None) -> RecurrentRun:
     """Standard prefill with cache, crop the last k columns (None = T-1), recompute them with `recurrent_step`.
 
     `fuse_mask` [B, T] (default: every real position after a real one) says where the recomputed columns are
@@ -210,6 +213,10 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     others would be cropped and recomputed): recurrent-full then costs T one-token-sized calls, not a full
     parallel pass plus T-1 steps. The result is the same; only `std` and `std_resid` are shorter (see
     RecurrentRun).
+    `swap` = (at [batch], donor [batch]): row r is fed row donor[r]'s state (the top state of at[r] - 1 of that
+    row's own run) at the recomputed column at[r] instead of its own, differentiably (interchange training; a
+    column outside the recomputed ones, e.g. 0, swaps nothing). The suite's interventions patch through
+    interventions.core instead.
     """
     T = ids.shape[1]
     k = T - 1 if k is None else min(k, T - 1)
@@ -252,6 +259,10 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
             j = col_pos.get(t)
             if rec is not None:
                 rec.cols = torch.tensor([0]) if j is not None else None
+            if swap is not None:
+                here = (swap[0] == t).to(prev.device)
+                if bool(here.any()):
+                    prev = torch.where(here[:, None], prev[swap[1]], prev)
             out = recurrent_step(model, ids, mask, t, prev, cache, fuse_mask, gate, position_ids)
             prev = out.top[:, 0]
             if j is not None:

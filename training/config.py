@@ -50,6 +50,7 @@ FLOAT_LIMITS = {  # name: (lo, hi, lo_open, hi_open)
     "label_weight": (0.0, 1000.0, False, False), "gate_std": (0.0, 100.0, True, False),
     "warm_prob": (0.0, 1.0, False, False), "fixed_point_prob": (0.0, 1.0, False, False),
     "fixed_point_tol": (0.0, 1.0, False, True), "consistency": (0.0, 1000.0, False, False),
+    "interchange": (0.0, 1.0, False, False),
     "lr": (0.0, 1.0, True, False), "weight_decay": (0.0, 1.0, False, False),
 }
 CHOICES = {  # name: the allowed words
@@ -210,6 +211,12 @@ class TrainConfig:
     length_doubling: int = opt(0, "length curriculum: N <= length-start * 2**(step // this) (within --distractors); "
                                   "0 = off")
     length_start: int = opt(4, "largest N in the first leg of the length curriculum")
+    pairs: bool = opt(False, "unpacked batches: every row's pair partner is the next row (both members of each "
+                             "pair, the same token budget); a twin trained without --interchange sees the same rows")
+    interchange: float = opt(0.0, "recurrent objective on --pairs batches: the fraction of pairs whose fed states "
+                                  "are exchanged at one column drawn uniformly after their last differing token, "
+                                  "the targets from that column on being the donor's (interchange intervention "
+                                  "training, Geiger et al. 2022); 0 = off")
 
     def __post_init__(self):
         # Every value is checked here, whether it comes from a preset, a flag or a caller, so that a bad one is a
@@ -270,6 +277,11 @@ class TrainConfig:
                     any(not math.isfinite(w) or w <= 0 for w in self.task_weights) or \
                     not math.isfinite(sum(self.task_weights)):
                 raise UserError(f"task_weights needs one positive weight per task (finite), got {list(self.task_weights)}")
+        if self.pairs and self.packing:
+            raise UserError("pairs needs unpacked batches (--no-packing)")
+        if self.interchange and not (self.pairs and self.objective == "recurrent" and self.dense_targets):
+            raise UserError("interchange needs --pairs, --objective recurrent and --dense-targets (the donor's "
+                            "targets replace the row's after the exchange)")
         if self.reads and self.packing:
             raise UserError("reads must be >= 0 and needs unpacked batches (--no-packing)")
 
@@ -282,7 +294,8 @@ class TrainConfig:
         for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0),
                           ("fixed_point_tol", 0.0), ("consistency", 0.0), ("consistency_window", 0),
                           ("consistency_layers", "top"), ("gate_std", 1.0), ("objective", "multipass"),
-                          ("dense_targets", False), ("length_doubling", 0), ("length_start", 4), ("attn_window", 0)):
+                          ("dense_targets", False), ("length_doubling", 0), ("length_start", 4), ("attn_window", 0),
+                          ("pairs", False), ("interchange", 0.0)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged

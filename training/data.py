@@ -28,6 +28,9 @@ class Batch(NamedTuple):
     label_pos: torch.Tensor  # [batch, pos] bool: the token at this column is a label word
     skip_pos: torch.Tensor | None = None  # [batch, pos] bool: a random task value, not a loss target
     dense: torch.Tensor | None = None  # [batch, pos] target id of the logits AT each column (-100: none)
+    # [batch] interchange training: the column at which the row is fed its pair partner's state (row r ^ 1 of a
+    # pairs batch) instead of its own, 0 = none (column 0 is never fused); `dense` is the partner's from there on
+    swap: torch.Tensor | None = None
 
 
 def value_token_ids(tok) -> list[int]:
@@ -148,11 +151,12 @@ def make_batches(cfg: TrainConfig, tok, step: int) -> list[Batch]:
         reads = cfg.reads if task == "multi_register" else 0
         seqs, samples = [], []
         while True:
-            sample = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes, reads=reads,
-                                  registers=registers)[int(rng.integers(2))]
-            samples.append(sample)
-            seqs.append(tok(sample.full_text, add_special_tokens=False)["input_ids"])
-            if sum(map(len, seqs)) + len(seqs[-1]) > cfg.batch_tokens * share:
+            pair = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes, reads=reads,
+                                registers=registers)
+            chosen = pair if cfg.pairs else [pair[int(rng.integers(2))]]
+            samples += chosen
+            seqs += [tok(s.full_text, add_special_tokens=False)["input_ids"] for s in chosen]
+            if sum(map(len, seqs)) + len(seqs[-1]) * len(chosen) > cfg.batch_tokens * share:
                 break
         T = max(map(len, seqs))
         # Rows are equal-length by construction; right padding (never attended to by real tokens under causal
@@ -171,9 +175,47 @@ def make_batches(cfg: TrainConfig, tok, step: int) -> list[Batch]:
         if cfg.skip_values:
             skip_pos |= _value_targets(ids, label_pos, tok)
         prefix = np.where(rng.random(len(seqs)) < cfg.prefix_mix, (rng.random(len(seqs)) * T).astype(int), 0)
+        swap = None
+        if cfg.interchange:
+            if any(len(a) != len(b) for a, b in zip(seqs[::2], seqs[1::2])):
+                raise UserError(f"interchange needs pair members of one token length ({task} has pairs that differ)")
+            swap, dense = _interchange(ids, dense, cfg.interchange,
+                                       np.random.default_rng([cfg.seed, step, 0, 2, len(out)]))
         out.append(Batch(ids, torch.ones_like(ids), k, warm, torch.as_tensor(prefix),
-                         f"{task}/N={n}/k={k}", label_pos, skip_pos, dense))
+                         f"{task}/N={n}/k={k}", label_pos, skip_pos, dense, swap))
     return out
+
+
+def _interchange(ids: torch.Tensor, dense: torch.Tensor, frac: float, rng) -> tuple[torch.Tensor, torch.Tensor]:
+    """(swap [rows], dense [rows, T]) of interchange training on a pairs batch (rows 2i, 2i + 1 are a pair).
+
+    A fraction `frac` of the pairs exchange their fed states at one column c drawn uniformly from the columns
+    after their last differing input token (the answer, the rows' last column, excluded; the shell game's lines
+    differ in up to two cups) up to the prompt's final ":"; both members alike. From c on the rows' tokens are
+    the same, so the right answer of a row fed its partner's state is the partner's: the targets at columns >= c
+    are the partner's. (A column between two differing tokens has no such answer: the row would read its own
+    second cup with its partner's first.) The rng is its own stream (not the data's), so a twin trained without
+    interchange sees the same rows.
+    """
+    rows, T = ids.shape
+    if rows % 2:
+        raise UserError("interchange needs whole pairs in every micro-batch")
+    swap = torch.zeros(rows, dtype=torch.long)
+    dense = dense.clone()
+    cols = torch.arange(T)
+    for i in range(0, rows, 2):
+        diff = (ids[i, :T - 1] != ids[i + 1, :T - 1]).nonzero()  # the inputs: the answer column left out
+        if len(diff) == 0 or rng.random() >= frac:
+            continue
+        last = int(diff[-1])
+        if last + 1 > T - 2:
+            continue
+        c = int(rng.integers(last + 1, T - 1))  # uniform over last + 1 .. T - 2 (the ":" that predicts the answer)
+        swap[i] = swap[i + 1] = c
+        after = cols >= c
+        a, b = dense[i].clone(), dense[i + 1].clone()
+        dense[i, after], dense[i + 1, after] = b[after], a[after]
+    return swap, dense
 
 
 def _dense_targets(samples, seqs, T: int, tok, task: str) -> torch.Tensor:
@@ -192,7 +234,7 @@ def _dense_targets(samples, seqs, T: int, tok, task: str) -> torch.Tensor:
     return out
 
 
-ROW_FIELDS = ("ids", "mask", "fuse_from", "label_pos", "skip_pos", "dense")  # Batch's per-row tensors
+ROW_FIELDS = ("ids", "mask", "fuse_from", "label_pos", "skip_pos", "dense", "swap")  # Batch's per-row tensors
 
 
 def has_rows(n: int, rank: int, world: int) -> bool:

@@ -106,6 +106,8 @@ def train(cfg: TrainConfig, out: Path, staged: bool, *, resume: bool, stop: int,
 
 def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, progress: bool, procs: Processes):
     rank = procs.rank
+    if cfg.interchange and procs.world > 1:  # a pair's donor row must be on the process of its recipient
+        raise UserError("interchange trains on one process (a pair's rows may fall to two processes)")
     tok = build_tokenizer()
     if cfg.base:
         from training.presets import load_model

@@ -197,7 +197,11 @@ class StepLoss(torch.nn.Module):
         the global micro-batch's loss when `share` is given)."""
         cfg = self.cfg
         if cfg.objective == "recurrent":  # backpropagation through the whole recurrence
-            logits = recurrent_logits(self.model, mb.ids, mb.mask)
+            swap = None
+            if mb.swap is not None:  # interchange training: rows 2i and 2i + 1 are each other's donors
+                rows = torch.arange(mb.ids.shape[0], device=mb.ids.device)
+                swap = (mb.swap, rows ^ 1)
+            logits = recurrent_logits(self.model, mb.ids, mb.mask, swap)
             total = None if share is None else share.targets
             loss = dense_loss(logits, mb.dense, total) if mb.dense is not None else \
                 ntp_loss(logits, mb.ids, mb.mask, cfg.label_weight, mb.label_pos, mb.skip_pos, cfg.targets == "labels",

@@ -1,0 +1,184 @@
+"""Interchange training (--pairs, --interchange): the engine's differentiable state swap against a hand-written
+no-cache recurrence, the pairs batches and their exchanged targets, and the refusals.
+
+The swap is the training-time twin of the suite's state patch: row r is fed its partner's top state at one
+column, and the rest of the recurrence is recomputed from it.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from common.errors import UserError
+from engine.modes import parse_mode
+from engine.prefill import recurrent_logits, recurrent_run
+from interventions.batch import Patch
+from interventions.core import _Recurrent
+from tasks import build_tokenizer
+from training.config import TrainConfig
+from training.presets import get_preset
+import training.data as tdata
+import training.loss as tloss
+import training.model as tmodel
+
+from test_prefill import naive_recurrent, ref_forward, shifted
+
+A = [7, 3, 41, 12, 5, 29, 33, 8, 19, 4]
+B = [7, 3, 41, 30, 5, 29, 33, 8, 19, 4]  # differs from A at column 3 only, as a pair in one update line
+
+
+@torch.no_grad()
+def naive_swapped(model, ids, donor_ids, c) -> torch.Tensor:
+    """Logits [T, V] of recurrent-full on `ids` fed, at column c, the top state of column c - 1 of recurrent-full
+    on `donor_ids` instead of its own; every position recomputed from the whole prefix, no cache."""
+    own, donor = naive_recurrent(model, ids), naive_recurrent(model, donor_ids)
+    logits, top = own.logits.clone(), own.top.clone()
+    fuse = torch.arange(len(ids)) >= 1
+    for t in range(c, len(ids)):
+        state = shifted(top, t)
+        state[c] = donor.top[c - 1]
+        r = ref_forward(model, ids[:t + 1], state, fuse[:t + 1])
+        logits[t], top[t] = r.logits[-1], r.top[-1]
+    return logits
+
+
+@pytest.mark.parametrize("c", [1, 4, 9])
+def test_engine_swap_equals_the_hand_written_recurrence(tiny_model, c):
+    ids = torch.tensor([A, B])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        got = recurrent_logits(tiny_model, ids, mask, (torch.tensor([c, c]), torch.tensor([1, 0])))
+    torch.testing.assert_close(got[0], naive_swapped(tiny_model, A, B, c), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[1], naive_swapped(tiny_model, B, A, c), rtol=1e-4, atol=1e-5)
+
+
+def test_engine_swap_is_the_suites_state_patch(tiny_model):
+    """The same exchange through interventions.core (the suite's one patching routine): the same answer at T."""
+    ids = torch.tensor([A, B])
+    mask = torch.ones_like(ids)
+    T, c = ids.shape[1], 5
+    runner = _Recurrent(tiny_model, ids, mask, parse_mode("recurrent-full"))
+    want = runner.run([Patch("state", runner.state(c - T)[[1, 0]], pos=c - T)])
+    with torch.no_grad():
+        got = recurrent_logits(tiny_model, ids, mask, (torch.tensor([c, c]), torch.tensor([1, 0])))[:, -1]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_no_swap_and_one_sided_swap(tiny_model):
+    ids = torch.tensor([A, B])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        clean = recurrent_logits(tiny_model, ids, mask)
+        none = recurrent_logits(tiny_model, ids, mask, (torch.tensor([0, 0]), torch.tensor([1, 0])))
+        one = recurrent_logits(tiny_model, ids, mask, (torch.tensor([6, 0]), torch.tensor([1, 0])))
+    assert torch.equal(none, clean)  # column 0 is never recomputed: nothing is swapped
+    assert torch.equal(one[1], clean[1])  # the donor row runs as it would alone
+    assert torch.equal(one[0, :6], clean[0, :6]) and not torch.allclose(one[0, 6:], clean[0, 6:])
+
+
+def _donor_gradient(model, swap) -> float:
+    """|d logit(row 0, T) / d embeddings of row 1| summed over row 1's columns (rows are otherwise independent)."""
+    ids = torch.tensor([A, B])
+    saved = []
+
+    def keep(module, inputs, out):
+        out.retain_grad()
+        saved.append(out)
+
+    handle = model.lm.get_input_embeddings().register_forward_hook(keep)
+    try:
+        run = recurrent_run(model, ids, torch.ones_like(ids), None, torch.arange(len(A)), full_std=False, swap=swap)
+    finally:
+        handle.remove()
+    run.logits[0, -1].sum().backward()
+    return sum(float(e.grad[1].abs().sum()) for e in saved if e.grad is not None)
+
+
+def test_swap_gradient_reaches_the_donor_row(tiny_model):
+    """The exchange is differentiable: a loss on the recipient's answer reaches the donor's inputs."""
+    assert _donor_gradient(tiny_model, None) == 0.0
+    tiny_model.zero_grad()
+    assert _donor_gradient(tiny_model, (torch.tensor([5, 0]), torch.tensor([1, 0]))) > 0.0
+
+
+# ----- data ---------------------------------------------------------------------------------------------------
+def _track(**kw) -> TrainConfig:
+    kw = {"pairs": True, "interchange": 0.5, **kw}
+    return replace(get_preset("tiny-fbt-track"), length_doubling=0, distractors={6: 1.0}, batch_tokens=1200, **kw)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def test_pairs_batches_hold_both_members(tok):
+    for mb in tdata.make_batches(_track(interchange=0.0), tok, 3):
+        assert mb.ids.shape[0] % 2 == 0 and mb.swap is None
+        for i in range(0, mb.ids.shape[0], 2):
+            diff = (mb.ids[i] != mb.ids[i + 1]).nonzero().flatten().tolist()
+            # one update line (parity: one token; shell game: the swapped cups) and the answer
+            assert 2 <= len(diff) <= 3 and diff[-1] == mb.ids.shape[1] - 1, diff
+            assert mb.dense[i, -2] != mb.dense[i + 1, -2]  # opposite (different) answers
+
+
+def test_interchange_targets_are_the_partners_from_the_swap_on(tok):
+    cfg = _track()
+    plain = tdata.make_batches(replace(cfg, interchange=0.0), tok, 3)
+    swapped = tdata.make_batches(cfg, tok, 3)
+    n_swapped = 0
+    for p, s in zip(plain, swapped):
+        assert torch.equal(p.ids, s.ids)  # a twin without interchange trains on the same rows
+        T = s.ids.shape[1]
+        for i in range(0, s.ids.shape[0], 2):
+            c = int(s.swap[i])
+            assert int(s.swap[i + 1]) == c
+            if c == 0:
+                assert torch.equal(s.dense[i:i + 2], p.dense[i:i + 2])
+                continue
+            n_swapped += 1
+            last = int((s.ids[i, :T - 1] != s.ids[i + 1, :T - 1]).nonzero()[-1])
+            assert last < c <= T - 2
+            assert torch.equal(s.ids[i, c:T - 1], s.ids[i + 1, c:T - 1])  # the same inputs from the swap on
+            assert torch.equal(s.dense[i, :c], p.dense[i, :c]) and torch.equal(s.dense[i, c:], p.dense[i + 1, c:])
+            assert torch.equal(s.dense[i + 1, :c], p.dense[i + 1, :c]) and torch.equal(s.dense[i + 1, c:], p.dense[i, c:])
+    pairs = sum(mb.ids.shape[0] // 2 for mb in swapped)
+    assert 0.2 * pairs <= n_swapped <= 0.8 * pairs  # interchange = 0.5 of the pairs
+
+
+def test_interchange_loss_trains_the_swapped_recurrence(tok):
+    cfg = replace(_track(), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64, attn_window=0)
+    model = tmodel.build_model(cfg, len(tok)).train()
+    mb = tdata.make_batches(cfg, tok, 0)[0]
+    assert bool((mb.swap > 0).any())
+    loss = tloss.StepLoss(model, cfg)(mb)[0]
+    rows = torch.arange(mb.ids.shape[0])
+    logits = recurrent_logits(model, mb.ids, mb.mask, (mb.swap, rows ^ 1))
+    want = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mb.dense.reshape(-1),
+                                             ignore_index=-100)
+    torch.testing.assert_close(loss, want)
+    plain = recurrent_logits(model, mb.ids, mb.mask)
+    assert not torch.allclose(plain, logits)  # the swap is really in the loss
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(interchange=0.5, pairs=False), "interchange needs --pairs"),
+    (dict(interchange=0.5, objective="multipass"), "interchange needs --pairs"),
+    (dict(interchange=0.5, dense_targets=False), "interchange needs --pairs"),
+    (dict(interchange=1.5), "interchange must be"),
+    (dict(pairs=True, packing=True, dense_targets=False, tasks=("memory",), task_weights=None,
+          distractors={0: 1.0}, interchange=0.0),
+     "pairs needs unpacked"),
+])
+def test_refusals(kw, msg):
+    with pytest.raises(UserError, match=msg):
+        replace(get_preset("tiny-fbt-track"), **{"pairs": True, **kw})
+
+
+def test_options_off_keep_logged_configs():
+    d = TrainConfig().to_dict()
+    assert "pairs" not in d and "interchange" not in d
+    d = _track().to_dict()
+    assert d["pairs"] is True and d["interchange"] == 0.5
