@@ -50,6 +50,11 @@ _TRACK = dict(tasks=("parity", "shell_game"), attn_window=64, packing=False, den
               gate_std=3.0, prefix_mix=0.0, noise=0.0, eval_every=100, save_every=100)
 PRESETS["tiny-fbt-track"] = TrainConfig(objective="recurrent", **_TRACK)
 PRESETS["tiny-std-track"] = TrainConfig(**_TRACK)
+# An experiment, not shipped (docs/recipe.md item 20): 200 more steps resumed from tiny-fbt-track (copy the
+# checkpoint to --out, then --resume) on both members of every pair, half of them with interchange training.
+# It lost the tasks (parity at chance by step 1200) instead of making the fed state the only carrier.
+PRESETS["tiny-fbt-track-iit"] = replace(PRESETS["tiny-fbt-track"], steps=1200, lr_legs=(1000,), pairs=True,
+                                        interchange=0.5)
 PRESETS["smoke"] = replace(TrainConfig(), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,
                            steps=4, batch_tokens=256, seq_len=128, curriculum_steps=0, eval_every=2, save_every=2,
                            distractors={0: 0.5, 8: 0.5}, warmup=1)
