@@ -213,8 +213,9 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     others would be cropped and recomputed): recurrent-full then costs T one-token-sized calls, not a full
     parallel pass plus T-1 steps. The result is the same; only `std` and `std_resid` are shorter (see
     RecurrentRun).
-    `swap` = (at [batch], donor [batch]): row r is fed row donor[r]'s state (the top state of at[r] - 1 of that
-    row's own run) at the recomputed column at[r] instead of its own, differentiably (interchange training; a
+    `swap` = (at [batch], donor [batch]): row r is fed row donor[r]'s state (the top state of at[r] - 1 of the
+    donor row in this run, itself swapped if the donor was at an earlier column; in training partners share
+    their column) at the recomputed column at[r] instead of its own, differentiably (interchange training; a
     column outside the recomputed ones, e.g. 0, swaps nothing). The suite's interventions patch through
     interventions.core instead.
     """
@@ -254,15 +255,15 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
         fuse_mask[:, 1:] = mask[:, :-1].bool() & mask[:, 1:].bool()
     position_ids = positions_from_mask(mask, T)
     col_pos = {int(c): j for j, c in enumerate(cols.tolist())}
+    swap_cols = set() if swap is None else set(swap[0].tolist())  # one host read, not one per step
     with sequential_threads():  # one-token steps: 1 thread (common.cpus); the prefill above keeps them all
         for t in range(s, T):
             j = col_pos.get(t)
             if rec is not None:
                 rec.cols = torch.tensor([0]) if j is not None else None
-            if swap is not None:
+            if t in swap_cols:
                 here = (swap[0] == t).to(prev.device)
-                if bool(here.any()):
-                    prev = torch.where(here[:, None], prev[swap[1]], prev)
+                prev = torch.where(here[:, None], prev[swap[1]], prev)
             out = recurrent_step(model, ids, mask, t, prev, cache, fuse_mask, gate, position_ids)
             prev = out.top[:, 0]
             if j is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -182,3 +183,50 @@ def test_options_off_keep_logged_configs():
     assert "pairs" not in d and "interchange" not in d
     d = _track().to_dict()
     assert d["pairs"] is True and d["interchange"] == 0.5
+
+
+def test_interchange_uses_each_pairs_own_length():
+    """A right-padded pair: its answer column is its own last real column, not the batch's; no swap lands in
+    padding, and padding keeps no targets."""
+    T = 9
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 0, 0], [1, 2, 9, 4, 5, 6, 8, 0, 0],  # length 7, answer at 6
+                        [1, 2, 3, 4, 5, 6, 7, 3, 7], [1, 5, 3, 4, 5, 6, 7, 3, 9]])  # length 9
+    dense = torch.full((4, T), -100)
+    dense[0, 5], dense[1, 5], dense[2, 7], dense[3, 7] = 10, 11, 12, 13  # each ":" predicts its answer
+    dense[2, 4], dense[3, 4] = 14, 15
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        swap, d = tdata._interchange(ids, dense, [7, 9], 1.0, rng)
+        assert 3 <= int(swap[0]) == int(swap[1]) <= 5  # after column 2, up to the pair's own ":" at 5
+        assert 2 <= int(swap[2]) == int(swap[3]) <= 7
+        assert torch.equal(d[0], torch.where(torch.arange(T) >= swap[0], dense[1], dense[0]))
+        assert torch.equal(d[2], torch.where(torch.arange(T) >= swap[2], dense[3], dense[2]))
+        assert (d[:2, 7:] == -100).all()
+
+
+def test_interchange_is_refused_under_torchrun(monkeypatch, capsys):
+    import training.cli as tcli
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(tcli, "train", lambda *a, **k: pytest.fail("work started"))
+    argv = ["--preset", "tiny-fbt-track-iit", "--out", "unused-dir-never-made", "--no-progress"]
+    with pytest.raises(SystemExit) as e:
+        tcli.main(argv)
+    assert e.value.code != 0
+    err = capsys.readouterr().err
+    assert "--interchange trains on one process" in err and "Traceback" not in err
+
+
+def test_batches_without_pairs_are_the_shipped_runs():
+    """--pairs off keeps the data stream of earlier runs: the tasks and N the shipped tiny-fbt-track logged at
+    each step are the ones make_batches draws today (a change in the order of the rng's draws would move them)."""
+    import json
+    from pathlib import Path
+
+    log = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-fbt-track" / "train_log.json"
+    if not log.is_file():
+        pytest.skip("no shipped tiny-fbt-track")
+    history = {h["step"]: h["batch"] for h in json.loads(log.read_text())["history"]}
+    cfg, tok = get_preset("tiny-fbt-track"), build_tokenizer()
+    for step in (0, 1, 450, 999):
+        assert "; ".join(mb.desc for mb in tdata.make_batches(cfg, tok, step)) == history[step + 1], step

@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields, replace
 
+import os
+
 import torch
 
 from common.cli import Parser, int_in, output_dir
@@ -106,6 +108,8 @@ def main(argv=None):
         raise UserError(f"--stop-at must be in 1..{cfg.steps} (the total steps), got {args.stop_at}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: this torch sees no CUDA device")
+    if cfg.interchange and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a pair's rows may fall to two processes
+        raise UserError("--interchange trains on one process (torchrun would split a pair's rows)")
     out = output_dir(args.out if args.out is not None else checkpoint_dir(args.preset))
     staged = check_output(out, args.resume, args.overwrite)
     if args.threads:

@@ -211,8 +211,8 @@ class TrainConfig:
     length_doubling: int = opt(0, "length curriculum: N <= length-start * 2**(step // this) (within --distractors); "
                                   "0 = off")
     length_start: int = opt(4, "largest N in the first leg of the length curriculum")
-    pairs: bool = opt(False, "unpacked batches: every row's pair partner is the next row (both members of each "
-                             "pair, the same token budget); a twin trained without --interchange sees the same rows")
+    pairs: bool = opt(False, "unpacked batches of both members of every pair (rows 2i and 2i+1; the same token "
+                             "budget); a twin trained without --interchange sees the same rows")
     interchange: float = opt(0.0, "recurrent objective on --pairs batches: the fraction of pairs whose fed states "
                                   "are exchanged at one column drawn uniformly after their last differing token, "
                                   "the targets from that column on being the donor's (interchange intervention "

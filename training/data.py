@@ -179,38 +179,37 @@ def make_batches(cfg: TrainConfig, tok, step: int) -> list[Batch]:
         if cfg.interchange:
             if any(len(a) != len(b) for a, b in zip(seqs[::2], seqs[1::2])):
                 raise UserError(f"interchange needs pair members of one token length ({task} has pairs that differ)")
-            swap, dense = _interchange(ids, dense, cfg.interchange,
+            swap, dense = _interchange(ids, dense, [len(sq) for sq in seqs[::2]], cfg.interchange,
                                        np.random.default_rng([cfg.seed, step, 0, 2, len(out)]))
         out.append(Batch(ids, torch.ones_like(ids), k, warm, torch.as_tensor(prefix),
                          f"{task}/N={n}/k={k}", label_pos, skip_pos, dense, swap))
     return out
 
 
-def _interchange(ids: torch.Tensor, dense: torch.Tensor, frac: float, rng) -> tuple[torch.Tensor, torch.Tensor]:
-    """(swap [rows], dense [rows, T]) of interchange training on a pairs batch (rows 2i, 2i + 1 are a pair).
+def _interchange(ids: torch.Tensor, dense: torch.Tensor, lengths, frac: float, rng) -> tuple[torch.Tensor, torch.Tensor]:
+    """(swap [rows], dense [rows, T]) of interchange training on a pairs batch (rows 2i, 2i + 1 are a pair, of
+    lengths[i] real tokens each, right-padded to T).
 
     A fraction `frac` of the pairs exchange their fed states at one column c drawn uniformly from the columns
     after their last differing input token (the answer, the rows' last column, excluded; the shell game's lines
     differ in up to two cups) up to the prompt's final ":"; both members alike. From c on the rows' tokens are
     the same, so the right answer of a row fed its partner's state is the partner's: the targets at columns >= c
-    are the partner's. (A column between two differing tokens has no such answer: the row would read its own
+    (padding has none) are the partner's. (A column between two differing tokens has no such answer: the row would read its own
     second cup with its partner's first.) The rng is its own stream (not the data's), so a twin trained without
     interchange sees the same rows.
     """
     rows, T = ids.shape
-    if rows % 2:
-        raise UserError("interchange needs whole pairs in every micro-batch")
     swap = torch.zeros(rows, dtype=torch.long)
     dense = dense.clone()
     cols = torch.arange(T)
-    for i in range(0, rows, 2):
-        diff = (ids[i, :T - 1] != ids[i + 1, :T - 1]).nonzero()  # the inputs: the answer column left out
+    for i, L in zip(range(0, rows, 2), lengths):
+        diff = (ids[i, :L - 1] != ids[i + 1, :L - 1]).nonzero()  # the inputs: the answer column left out
         if len(diff) == 0 or rng.random() >= frac:
             continue
         last = int(diff[-1])
-        if last + 1 > T - 2:
+        if last + 1 > L - 2:
             continue
-        c = int(rng.integers(last + 1, T - 1))  # uniform over last + 1 .. T - 2 (the ":" that predicts the answer)
+        c = int(rng.integers(last + 1, L - 1))  # uniform over last + 1 .. L - 2 (the ":" that predicts the answer)
         swap[i] = swap[i + 1] = c
         after = cols >= c
         a, b = dense[i].clone(), dense[i + 1].clone()

@@ -106,8 +106,8 @@ def train(cfg: TrainConfig, out: Path, staged: bool, *, resume: bool, stop: int,
 
 def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, progress: bool, procs: Processes):
     rank = procs.rank
-    if cfg.interchange and procs.world > 1:  # a pair's donor row must be on the process of its recipient
-        raise UserError("interchange trains on one process (a pair's rows may fall to two processes)")
+    if cfg.interchange and procs.world > 1:  # the CLI refuses this first; a caller of train() may not
+        raise UserError("--interchange trains on one process (torchrun would split a pair's rows)")
     tok = build_tokenizer()
     if cfg.base:
         from training.presets import load_model
