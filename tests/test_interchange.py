@@ -1,5 +1,6 @@
 """Interchange training (--pairs, --interchange): the engine's differentiable state swap against a hand-written
-no-cache recurrence, the pairs batches and their exchanged targets, and the refusals.
+no-cache recurrence, the pairs batches and their exchanged targets, and the refusals; and the shell game's
+training answers (--all-answers).
 
 The swap is the training-time twin of the suite's state patch: row r is fed its partner's top state at one
 column, and the rest of the recurrence is recomputed from it.
@@ -230,3 +231,23 @@ def test_batches_without_pairs_are_the_shipped_runs():
     cfg, tok = get_preset("tiny-fbt-track"), build_tokenizer()
     for step in (0, 1, 450, 999):
         assert "; ".join(mb.desc for mb in tdata.make_batches(cfg, tok, step)) == history[step + 1], step
+
+
+def test_all_answers_balances_the_shell_games_final_answers(tok):
+    """Without all_answers every training pair of the shell game answers A / B (make_dataset's first pair);
+    with it the three cups are final answers alike, and pair members still differ in one line."""
+    from tasks.generators import _SHELL_LABELS
+
+    assert len(_SHELL_LABELS) == tdata.SHELL_ANSWER_PAIRS
+    words = {w: i for i, w in enumerate(__import__("tasks").label_token_ids(tok, "shell_game"))}
+
+    def answers(cfg):
+        mb = [b for b in tdata.make_batches(cfg, tok, 5) if b.desc.startswith("shell_game")][0]
+        return np.bincount([words[int(t)] for t in mb.dense[:, -2]], minlength=3), mb
+
+    old, _ = answers(_track(interchange=0.0))
+    assert old[2] == 0 and old[0] == old[1] > 0
+    new, mb = answers(_track(interchange=0.0, all_answers=True))
+    assert new.min() >= 0.2 * new.sum(), new
+    for i in range(0, mb.ids.shape[0], 2):
+        assert mb.dense[i, -2] != mb.dense[i + 1, -2]

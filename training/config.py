@@ -211,6 +211,8 @@ class TrainConfig:
     length_doubling: int = opt(0, "length curriculum: N <= length-start * 2**(step // this) (within --distractors); "
                                   "0 = off")
     length_start: int = opt(4, "largest N in the first leg of the length curriculum")
+    all_answers: bool = opt(False, "shell game training pairs drawn from all six ordered answer pairs (off: each "
+                                   "pair's answers are cups A and B, never C, as in earlier runs)")
     pairs: bool = opt(False, "unpacked batches of both members of every pair (rows 2i and 2i+1; the same token "
                              "budget); a twin trained without --interchange sees the same rows")
     interchange: float = opt(0.0, "recurrent objective on --pairs batches: the fraction of pairs whose fed states "
@@ -295,7 +297,7 @@ class TrainConfig:
                           ("fixed_point_tol", 0.0), ("consistency", 0.0), ("consistency_window", 0),
                           ("consistency_layers", "top"), ("gate_std", 1.0), ("objective", "multipass"),
                           ("dense_targets", False), ("length_doubling", 0), ("length_start", 4), ("attn_window", 0),
-                          ("pairs", False), ("interchange", 0.0)):
+                          ("pairs", False), ("interchange", 0.0), ("all_answers", False)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged

@@ -15,6 +15,7 @@ from tasks import label_token_ids, make_dataset
 from tasks.samples import REGISTERS, WRITES_CHOICES
 from training.config import REGISTER_LEVELS, TrainConfig
 
+SHELL_ANSWER_PAIRS = 6  # ordered pairs of different cups: one cycle of the shell game's answer rule
 FIXED_POINT = -1  # Batch.warm value: pass 2 fuses the fixed-point states (engine.prefill.fixed_point_top)
 
 
@@ -90,6 +91,22 @@ def _answer_pos(ids: torch.Tensor, tok) -> torch.Tensor:
     return out
 
 
+def _training_pair(cfg: TrainConfig, task: str, n: int, rng, **kw) -> list:
+    """One training pair of `task` (both members), drawn from `rng`.
+
+    make_dataset's first pair always has the first answers of the task's rule: labels 0 / 1, which for the
+    shell game means the ball never ends under cup C (tasks.generators._SHELL_LABELS). `all_answers` draws the
+    pair from a whole cycle of the rule instead (all six ordered answer pairs); off, the stream of earlier runs
+    is kept.
+    """
+    seed = int(rng.integers(2**31))
+    if not (cfg.all_answers and task == "shell_game"):
+        return make_dataset(task, 1, n, seed=seed, **kw)
+    cycle = make_dataset(task, SHELL_ANSWER_PAIRS, n, seed=seed, **kw)
+    j = int(rng.integers(SHELL_ANSWER_PAIRS))
+    return cycle[2 * j:2 * j + 2]
+
+
 def make_batch(cfg: TrainConfig, tok, step: int) -> Batch:
     """Deterministic packed batch for (seed, step): the global batch of every process (see `shard`).
 
@@ -111,8 +128,7 @@ def make_batch(cfg: TrainConfig, tok, step: int) -> Batch:
             task = str(rng.choice(list(cfg.tasks)))
             n = int(rng.choice(ns, p=p_n))
             registers, writes = _register_level(cfg, step, rng) if task == "multi_register" else (len(REGISTERS), None)
-            sample = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes,
-                                  registers=registers)[int(rng.integers(2))]
+            sample = _training_pair(cfg, task, n, rng, writes=writes, registers=registers)[int(rng.integers(2))]
             toks = tok(sample.full_text, add_special_tokens=False)["input_ids"]
             labels.append(len(stream) + len(toks) - 1)
             stream += toks + newline
@@ -151,8 +167,7 @@ def make_batches(cfg: TrainConfig, tok, step: int) -> list[Batch]:
         reads = cfg.reads if task == "multi_register" else 0
         seqs, samples = [], []
         while True:
-            pair = make_dataset(task, 1, n, seed=int(rng.integers(2**31)), writes=writes, reads=reads,
-                                registers=registers)
+            pair = _training_pair(cfg, task, n, rng, writes=writes, reads=reads, registers=registers)
             chosen = pair if cfg.pairs else [pair[int(rng.integers(2))]]
             samples += chosen
             seqs += [tok(s.full_text, add_special_tokens=False)["input_ids"] for s in chosen]
