@@ -1,0 +1,53 @@
+"""The causal report's `first_line_after` swap, split by (own answer, donor answer).
+
+    python scripts/first_line_by_answer.py checkpoints/tiny-fbt-track shell_game 64
+
+Samples as `interventions.run --task TASK --distractors N --n-pairs 50` (seed 0); recurrent-full. Prints the
+share of rows whose answer follows the donor's after the fed state is swapped at the row's first position of
+the line after its first differing token (the report's overall figure first, as a check).
+"""
+import sys
+
+import numpy as np
+import torch
+
+from interventions.core import Batch, CausalContext
+from interventions.suite import Suite
+from tasks import resolve_task
+from training.presets import load_model
+
+
+def main(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:
+    model, tok, _ = load_model(model_path)
+    model = model.float().eval()
+    source = resolve_task(task)
+    samples = source.make(n_pairs, n, 0)
+    b = Batch.from_samples(samples, tok, source)
+    ctx = CausalContext(model, b, modes=("recurrent-full",))
+    suite = Suite(ctx, n_boot=200)
+    T = b.input_ids.shape[1]
+    first = [int((b.input_ids[i] != b.input_ids[b.pair[i]]).nonzero()[0]) for i in range(b.size)]
+    line = np.array([b.line_index[i, c] for i, c in enumerate(first)])
+    after = b.line_index == (line + 1)[:, None]
+    pos = np.where(after.any(1), after.argmax(1) - T, 0)
+    y = b.labels.numpy()
+    r = y[b.pair]
+    follow = np.zeros(b.size)
+    with torch.no_grad():
+        for p in sorted({int(v) for v in pos}):
+            rows = pos == p
+            a = suite.arrays(ctx.swap_state(b.pair, "recurrent-full", p), "recurrent-full")
+            follow[rows] = a["follow"][rows] if "follow" in a else (a["ld"][rows] < 0)
+    print(f"follows the donor: {follow.mean():.2f} of {b.size} rows")
+    for rr in sorted(set(r)):
+        m = r == rr
+        print(f"  donor answer {rr}: {follow[m].mean():.2f} ({m.sum()} rows)")
+    for yy in sorted(set(y)):
+        for rr in sorted(set(r)):
+            m = (y == yy) & (r == rr)
+            if m.any():
+                print(f"  own {yy}, donor {rr}: {follow[m].mean():.2f} ({m.sum()} rows)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
