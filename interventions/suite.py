@@ -36,7 +36,7 @@ import torch
 from common.errors import UserError
 from probes.linear import ProbeConfig
 
-from .batch import pos_name
+from .batch import Batch, pos_name
 from .core import CausalContext
 from .metrics import decisions, label_ld, summarize
 from .subspace import energy_fraction, fold_subspaces, per_fold_states
@@ -67,6 +67,15 @@ DESCRIPTIONS = {
 def cap_positions(positions, max_positions):
     positions = list(positions)
     return positions if not max_positions else positions[-max_positions:]
+
+
+def first_line_after_positions(batch: Batch, fline: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(pos [B], has [B]): each row's first column of the line after line `fline[row]`, as an offset from the
+    end (-1 = T), and whether the row has such a line (`pos` 0 where not)."""
+    T = batch.input_ids.shape[1]
+    after = batch.line_index == (fline + 1)[:, None]  # [B, T]
+    has = after.any(1)
+    return np.where(has, after.argmax(1) - T, 0), has
 
 
 class Suite:
@@ -330,11 +339,7 @@ class Suite:
         (the swap the recurrence must carry from there to T), every row at once: one run per distinct position,
         whether or not the sweep's last-P window reaches it (`done`: arrays the sweep already has)."""
         b, mode = self.ctx.batch, self.mode
-        T = b.input_ids.shape[1]
-        li = b.line_index  # [B, T]
-        after = li == (fline + 1)[:, None]
-        has = after.any(1)
-        pos = np.where(has, after.argmax(1) - T, 0)  # first column of that line, as an offset from the end
+        pos, has = first_line_after_positions(b, fline)
         fused = set(self.ctx.fused_positions(mode))
         parts = []
         for p in sorted({int(v) for v in pos[has]} & fused):

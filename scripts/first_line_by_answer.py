@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from interventions.core import Batch, CausalContext
-from interventions.suite import Suite
+from interventions.suite import Suite, first_line_after_positions
 from tasks import resolve_task
 from training.presets import load_model
 
@@ -25,11 +25,9 @@ def main(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:
     b = Batch.from_samples(samples, tok, source)
     ctx = CausalContext(model, b, modes=("recurrent-full",))
     suite = Suite(ctx, n_boot=200)
-    T = b.input_ids.shape[1]
     first = [int((b.input_ids[i] != b.input_ids[b.pair[i]]).nonzero()[0]) for i in range(b.size)]
     line = np.array([b.line_index[i, c] for i, c in enumerate(first)])
-    after = b.line_index == (line + 1)[:, None]
-    pos = np.where(after.any(1), after.argmax(1) - T, 0)
+    pos, _ = first_line_after_positions(b, line)  # the report's rule
     y = b.labels.numpy()
     r = y[b.pair]
     follow = np.zeros(b.size)
