@@ -251,3 +251,17 @@ def test_all_answers_balances_the_shell_games_final_answers(tok):
     assert new.min() >= 0.2 * new.sum(), new
     for i in range(0, mb.ids.shape[0], 2):
         assert mb.dense[i, -2] != mb.dense[i + 1, -2]
+
+
+def test_init_offset_draws_other_weights_from_the_same_data(tok):
+    """--init-offset changes the initial weights only: the batches (data, swap columns) stay the shipped run's,
+    so a seed study keeps one twin; offset 0 is the shipped init, and leaves the logged config as it was."""
+    base, other = _track(), _track(init_offset=3)
+    for step in (0, 7):
+        for a, b in zip(tdata.make_batches(base, tok, step), tdata.make_batches(other, tok, step)):
+            assert torch.equal(a.ids, b.ids) and torch.equal(a.dense, b.dense) and torch.equal(a.swap, b.swap)
+    v = len(tok)
+    w0, w0b, w3 = (dict(tmodel.build_model(c, v).named_parameters()) for c in (base, base, other))
+    assert all(torch.equal(w0[k], w0b[k]) for k in w0)
+    assert not torch.equal(w0["lm.model.embed_tokens.weight"], w3["lm.model.embed_tokens.weight"])
+    assert "init_offset" not in base.to_dict() and other.to_dict()["init_offset"] == 3

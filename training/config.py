@@ -42,8 +42,8 @@ INT_LIMITS = {  # name: (lo, hi), inclusive
     "batch_tokens": (1, 1_000_000), "seq_len": (1, 1_048_576), "curriculum_seq_len": (1, 1_048_576),
     "curriculum_steps": (0, MAX_STEPS), "curriculum_max_n": (0, MAX_DISTRACTORS),
     "register_curriculum": (0, MAX_STEPS), "reads": (0, 64), "warm_passes": (0, 256),
-    "consistency_window": (0, 4096), "seed": (0, 2**32 - 1), "length_doubling": (0, MAX_STEPS),
-    "length_start": (1, MAX_DISTRACTORS),
+    "consistency_window": (0, 4096), "seed": (0, 2**32 - 1), "init_offset": (0, 2**31),
+    "length_doubling": (0, MAX_STEPS), "length_start": (1, MAX_DISTRACTORS),
 }
 FLOAT_LIMITS = {  # name: (lo, hi, lo_open, hi_open)
     "lam": (0.0, 1000.0, False, False), "noise": (0.0, 10.0, False, False), "prefix_mix": (0.0, 1.0, False, False),
@@ -199,6 +199,8 @@ class TrainConfig:
                              "turn, as a run resumed with a larger --steps at each ('' = one cosine; default: the "
                              "preset's, minus legs that do not end before --steps)", parse=parse_lr_legs)
     seed: int = opt(0, "data and init seed")
+    init_offset: int = opt(0, "added to --seed for the initial weights only: another value draws other initial "
+                              "weights from the same data (a seed study against one twin); 0 = the shipped runs' init")
     eval_every: int = opt(250, "steps between evaluations")
     save_every: int = opt(250, "steps between checkpoints")
     base: str | None = opt(None, "warm start from an HF causal LM dir or preset (its tokenizer is kept; fresh fusion, "
@@ -297,7 +299,7 @@ class TrainConfig:
                           ("fixed_point_tol", 0.0), ("consistency", 0.0), ("consistency_window", 0),
                           ("consistency_layers", "top"), ("gate_std", 1.0), ("objective", "multipass"),
                           ("dense_targets", False), ("length_doubling", 0), ("length_start", 4), ("attn_window", 0),
-                          ("pairs", False), ("interchange", 0.0), ("all_answers", False)):
+                          ("pairs", False), ("interchange", 0.0), ("all_answers", False), ("init_offset", 0)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged

@@ -22,7 +22,7 @@ def _init_gate(model: FullBandwidthLM, cfg: TrainConfig) -> FullBandwidthLM:
 
 
 def build_model(cfg: TrainConfig, vocab_size: int, base: str | None = None) -> FullBandwidthLM:
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed + cfg.init_offset)  # the data's streams take cfg.seed alone
     if base:
         from training.presets import load_model
         model, _, _ = load_model(base)
