@@ -265,3 +265,24 @@ def test_init_offset_draws_other_weights_from_the_same_data(tok):
     assert all(torch.equal(w0[k], w0b[k]) for k in w0)
     assert not torch.equal(w0["lm.model.embed_tokens.weight"], w3["lm.model.embed_tokens.weight"])
     assert "init_offset" not in base.to_dict() and other.to_dict()["init_offset"] == 3
+
+
+def test_attn_dropout_acts_in_training_only():
+    """--attn-dropout reaches the attention of the recurrence in train mode (two runs differ) and not in eval mode
+    (the evaluation tools see the trained network); off, the logged config is as before; refused with --base."""
+    cfg = replace(get_preset("tiny-fbt-track"), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,
+                  attn_dropout=0.5)
+    model = tmodel.build_model(cfg, 64)
+    assert model.lm.config.attention_dropout == 0.5
+    ids = torch.randint(0, 64, (2, 12))
+    mask = torch.ones_like(ids)
+    model.train()
+    torch.manual_seed(0)
+    a = recurrent_logits(model, ids, mask)
+    b = recurrent_logits(model, ids, mask)
+    assert not torch.allclose(a, b)
+    model.eval()
+    assert torch.equal(recurrent_logits(model, ids, mask), recurrent_logits(model, ids, mask))
+    assert "attn_dropout" not in get_preset("tiny-fbt-track").to_dict()
+    with pytest.raises(UserError, match="attn_dropout"):
+        replace(get_preset("tiny-fbt"), attn_dropout=0.1)

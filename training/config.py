@@ -46,7 +46,7 @@ INT_LIMITS = {  # name: (lo, hi), inclusive
     "length_doubling": (0, MAX_STEPS), "length_start": (1, MAX_DISTRACTORS),
 }
 FLOAT_LIMITS = {  # name: (lo, hi, lo_open, hi_open)
-    "lam": (0.0, 1000.0, False, False), "noise": (0.0, 10.0, False, False), "prefix_mix": (0.0, 1.0, False, False),
+    "lam": (0.0, 1000.0, False, False), "attn_dropout": (0.0, 1.0, False, True), "noise": (0.0, 10.0, False, False), "prefix_mix": (0.0, 1.0, False, False),
     "label_weight": (0.0, 1000.0, False, False), "gate_std": (0.0, 100.0, True, False),
     "warm_prob": (0.0, 1.0, False, False), "fixed_point_prob": (0.0, 1.0, False, False),
     "fixed_point_tol": (0.0, 1.0, False, True), "consistency": (0.0, 1000.0, False, False),
@@ -129,6 +129,8 @@ class TrainConfig:
     max_len: int = opt(2048, "the model's context in tokens (from scratch)")
     attn_window: int = opt(0, "sliding attention window in tokens for every layer, qwen3 only (from scratch; 0 = "
                               "full causal attention)")
+    attn_dropout: float = opt(0.0, "dropout on the attention probabilities while training, qwen3 only (evaluation "
+                                   "runs without); saved in the checkpoint's config")
     tie_embeddings: bool = opt(True, "tied input and output embeddings (--no-tie-embeddings: separate ones)")
     schedule: str = opt("60/25/15", f"pass-count weights of 1, 2, 3... passes per batch, e.g. 75/22/3; finite, at "
                                     f"most {MAX_PASSES}")
@@ -241,6 +243,8 @@ class TrainConfig:
                 raise UserError(f"{name} must be {' or '.join(map(repr, words))}, got {getattr(self, name)!r}")
         if self.attn_window and self.arch != "qwen3":
             raise UserError(f"attn_window needs arch 'qwen3' (got {self.arch!r}: no sliding-window layers)")
+        if self.attn_dropout and (self.arch != "qwen3" or self.base):
+            raise UserError("attn_dropout needs a qwen3 model built by the trainer (not --base: its config is kept)")
         self.probs = parse_schedule(self.schedule)
         if not all(math.isfinite(p) for p in self.probs) or len(self.probs) > MAX_PASSES:
             raise UserError(f"bad schedule {self.schedule!r}: at most {MAX_PASSES} finite weights (of 1, 2, 3... "
@@ -299,7 +303,8 @@ class TrainConfig:
                           ("fixed_point_tol", 0.0), ("consistency", 0.0), ("consistency_window", 0),
                           ("consistency_layers", "top"), ("gate_std", 1.0), ("objective", "multipass"),
                           ("dense_targets", False), ("length_doubling", 0), ("length_start", 4), ("attn_window", 0),
-                          ("pairs", False), ("interchange", 0.0), ("all_answers", False), ("init_offset", 0)):
+                          ("pairs", False), ("interchange", 0.0), ("all_answers", False), ("init_offset", 0),
+                          ("attn_dropout", 0.0)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged

@@ -31,7 +31,8 @@ def build_model(cfg: TrainConfig, vocab_size: int, base: str | None = None) -> F
     kw = dict(n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.max_len,
               tie_word_embeddings=cfg.tie_embeddings)
     if cfg.arch == "qwen3":
-        kw.update(n_kv_heads=cfg.n_kv_heads, d_ff=cfg.d_ff, attn_window=cfg.attn_window or None)
+        kw.update(n_kv_heads=cfg.n_kv_heads, d_ff=cfg.d_ff, attn_window=cfg.attn_window or None,
+                  attention_dropout=cfg.attn_dropout)
     model = _init_gate(FullBandwidthLM.from_config(mk(vocab_size, **kw)), cfg)
     if cfg.depth_scale:
         with torch.no_grad():
