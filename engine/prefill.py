@@ -160,12 +160,14 @@ def fixed_point_top(model: FullBandwidthLM, input_ids: torch.Tensor, attention_m
 
 
 def recurrent_logits(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     swap: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                     swap: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     decoy: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Logits [batch, T, vocab] of recurrent-full at every position, differentiable: the trainer's recurrent
     objective backpropagates through the whole recurrence (every cached one-token step), not a Jacobi horizon.
-    `swap`: see recurrent_run (interchange training)."""
+    `swap`, `decoy`: see recurrent_run (interchange and decoy training)."""
     T = input_ids.shape[1]
-    return recurrent_run(model, input_ids, attention_mask, None, torch.arange(T), full_std=False, swap=swap).logits
+    return recurrent_run(model, input_ids, attention_mask, None, torch.arange(T), full_std=False, swap=swap,
+                         decoy=decoy).logits
 
 
 # ----- the recurrence: one step, one loop ---------------------------------------------------------------------
@@ -204,7 +206,8 @@ class RecurrentRun(NamedTuple):
 
 
 def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None, full_std=True,
-                  swap: tuple[torch.Tensor, torch.Tensor] | None = None) -> RecurrentRun:
+                  swap: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  decoy: tuple[torch.Tensor, torch.Tensor] | None = None) -> RecurrentRun:
     """Standard prefill with cache, crop the last k columns (None = T-1), recompute them with `recurrent_step`.
 
     `fuse_mask` [B, T] (default: every real position after a real one) says where the recomputed columns are
@@ -218,7 +221,14 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     their column) at the recomputed column at[r] instead of its own, differentiably (interchange training; a
     column outside the recomputed ones, e.g. 0, swaps nothing). The suite's interventions patch through
     interventions.core instead.
+    `decoy` = (cols [batch, T] bool, donor [batch]): the complement of a swap. At a recomputed column t with
+    cols[r, t], row r's *cached* keys and values of t are computed from row donor[r]'s fed state, while row r's
+    recurrence goes on from its own top state of t (the step runs twice: once for the chain, once for the
+    cache) and its logits at t are its own: later columns see a wrong copy of the state in the cache and the
+    right one in the fed state (decoy training; no recorder).
     """
+    if decoy is not None and rec is not None:
+        raise ValueError("decoy columns are a training option: no residual recorder")
     T = ids.shape[1]
     k = T - 1 if k is None else min(k, T - 1)
     s = T - k  # first recomputed column
@@ -256,6 +266,7 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     position_ids = positions_from_mask(mask, T)
     col_pos = {int(c): j for j, c in enumerate(cols.tolist())}
     swap_cols = set() if swap is None else set(swap[0].tolist())  # one host read, not one per step
+    decoy_cols = set() if decoy is None else set(decoy[0].any(0).nonzero()[:, 0].tolist())
     with sequential_threads():  # one-token steps: 1 thread (common.cpus); the prefill above keeps them all
         for t in range(s, T):
             j = col_pos.get(t)
@@ -265,6 +276,11 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
                 here = (swap[0] == t).to(prev.device)
                 prev = torch.where(here[:, None], prev[swap[1]], prev)
             out = recurrent_step(model, ids, mask, t, prev, cache, fuse_mask, gate, position_ids)
+            if t in decoy_cols:  # the chain's step stays in `out`; its column in the cache is replaced
+                cache.crop(-1)  # drop column t again
+                here = decoy[0][:, t].to(prev.device)
+                recurrent_step(model, ids, mask, t, torch.where(here[:, None], prev[decoy[1]], prev), cache,
+                               fuse_mask, gate, position_ids)
             prev = out.top[:, 0]
             if j is not None:
                 logits[:, j], top[:, j] = out.logits[:, 0], out.top[:, 0]

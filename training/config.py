@@ -46,7 +46,7 @@ INT_LIMITS = {  # name: (lo, hi), inclusive
     "length_doubling": (0, MAX_STEPS), "length_start": (1, MAX_DISTRACTORS),
 }
 FLOAT_LIMITS = {  # name: (lo, hi, lo_open, hi_open)
-    "lam": (0.0, 1000.0, False, False), "attn_dropout": (0.0, 1.0, False, True), "noise": (0.0, 10.0, False, False), "prefix_mix": (0.0, 1.0, False, False),
+    "lam": (0.0, 1000.0, False, False), "attn_dropout": (0.0, 1.0, False, True), "decoy": (0.0, 1.0, False, True), "noise": (0.0, 10.0, False, False), "prefix_mix": (0.0, 1.0, False, False),
     "label_weight": (0.0, 1000.0, False, False), "gate_std": (0.0, 100.0, True, False),
     "warm_prob": (0.0, 1.0, False, False), "fixed_point_prob": (0.0, 1.0, False, False),
     "fixed_point_tol": (0.0, 1.0, False, True), "consistency": (0.0, 1000.0, False, False),
@@ -219,6 +219,10 @@ class TrainConfig:
                                    "pair's answers are cups A and B, never C, as in earlier runs)")
     pairs: bool = opt(False, "unpacked batches of both members of every pair (rows 2i and 2i+1; the same token "
                              "budget); a twin trained without --interchange sees the same rows")
+    decoy: float = opt(0.0, "recurrent objective: the share of columns whose cached keys/values are computed from "
+                            "another row's fed state while each row's recurrence goes on from its own (the targets "
+                            "stay the row's): the cache's copies of the state stop being a reliable source, the fed "
+                            "state is; the complement of a state swap; 0 = off")
     interchange: float = opt(0.0, "recurrent objective on --pairs batches: the fraction of pairs whose fed states "
                                   "are exchanged at one column drawn uniformly after their last differing token, "
                                   "the targets from that column on being the donor's (interchange intervention "
@@ -290,6 +294,9 @@ class TrainConfig:
         if self.interchange and not (self.pairs and self.objective == "recurrent" and self.dense_targets):
             raise UserError("interchange needs --pairs, --objective recurrent and --dense-targets (the donor's "
                             "targets replace the row's after the exchange)")
+        if self.decoy and (self.objective != "recurrent" or self.packing):
+            raise UserError("decoy needs --objective recurrent (the decoy columns live in its cached recurrence) and "
+                            "--no-packing (a row per sample)")
         if self.reads and self.packing:
             raise UserError("reads must be >= 0 and needs unpacked batches (--no-packing)")
 
@@ -304,7 +311,7 @@ class TrainConfig:
                           ("consistency_layers", "top"), ("gate_std", 1.0), ("objective", "multipass"),
                           ("dense_targets", False), ("length_doubling", 0), ("length_start", 4), ("attn_window", 0),
                           ("pairs", False), ("interchange", 0.0), ("all_answers", False), ("init_offset", 0),
-                          ("attn_dropout", 0.0)):
+                          ("attn_dropout", 0.0), ("decoy", 0.0)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged

@@ -32,6 +32,10 @@ class Batch(NamedTuple):
     # [batch] interchange training: the column at which the row is fed its pair partner's state (row r ^ 1 of a
     # pairs batch) instead of its own, 0 = none (column 0 is never fused); `dense` is the partner's from there on
     swap: torch.Tensor | None = None
+    # decoy training: [batch, pos] bool, the columns whose cached keys/values are computed from row
+    # decoy_donor[r]'s fed state (another row of the micro-batch) while the row's recurrence goes on from its own
+    decoy: torch.Tensor | None = None
+    decoy_donor: torch.Tensor | None = None  # [batch]
 
 
 def value_token_ids(tok) -> list[int]:
@@ -196,8 +200,12 @@ def make_batches(cfg: TrainConfig, tok, step: int) -> list[Batch]:
                 raise UserError(f"interchange needs pair members of one token length ({task} has pairs that differ)")
             swap, dense = _interchange(ids, dense, [len(sq) for sq in seqs[::2]], cfg.interchange,
                                        np.random.default_rng([cfg.seed, step, 0, 2, len(out)]))
+        decoy = donor = None
+        if cfg.decoy and len(seqs) > 1:
+            decoy, donor = _decoy(min(map(len, seqs)), T, len(seqs), cfg.decoy,
+                                  np.random.default_rng([cfg.seed, step, 0, 3, len(out)]))
         out.append(Batch(ids, torch.ones_like(ids), k, warm, torch.as_tensor(prefix),
-                         f"{task}/N={n}/k={k}", label_pos, skip_pos, dense, swap))
+                         f"{task}/N={n}/k={k}", label_pos, skip_pos, dense, swap, decoy, donor))
     return out
 
 
@@ -230,6 +238,17 @@ def _interchange(ids: torch.Tensor, dense: torch.Tensor, lengths, frac: float, r
         a, b = dense[i].clone(), dense[i + 1].clone()
         dense[i, after], dense[i + 1, after] = b[after], a[after]
     return swap, dense
+
+
+def _decoy(L: int, T: int, rows: int, frac: float, rng) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cols [rows, T] bool, donor [rows]) of decoy training: each column 1 .. L-2 (L: the shortest row; the
+    answer's column left out) with probability `frac`, for every row alike (the engine runs such a column twice
+    for the whole micro-batch, so sharing them keeps the cost at 1 + frac steps); the donors are a shift of the
+    rows, never a row itself. Its own rng stream: the rows and targets are the run's without decoys."""
+    cols = torch.zeros(rows, T, dtype=torch.bool)
+    cols[:, 1:L - 1] = torch.as_tensor(rng.random(max(L - 2, 0)) < frac)
+    donor = (torch.arange(rows) + int(rng.integers(1, rows))) % rows
+    return cols, donor
 
 
 def _dense_targets(samples, seqs, T: int, tok, task: str) -> torch.Tensor:

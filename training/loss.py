@@ -201,7 +201,8 @@ class StepLoss(torch.nn.Module):
             if mb.swap is not None:  # interchange training: rows 2i and 2i + 1 are each other's donors
                 rows = torch.arange(mb.ids.shape[0], device=mb.ids.device)
                 swap = (mb.swap, rows ^ 1)
-            logits = recurrent_logits(self.model, mb.ids, mb.mask, swap)
+            decoy = None if mb.decoy is None else (mb.decoy, mb.decoy_donor)
+            logits = recurrent_logits(self.model, mb.ids, mb.mask, swap, decoy)
             total = None if share is None else share.targets
             loss = dense_loss(logits, mb.dense, total) if mb.dense is not None else \
                 ntp_loss(logits, mb.ids, mb.mask, cfg.label_weight, mb.label_pos, mb.skip_pos, cfg.targets == "labels",
