@@ -124,7 +124,22 @@ def verdict(report: dict) -> tuple[str, str]:
          f"{_f(parts['random_subspace_swap']['normalized_effect'])} "
          f"{_ci(parts['random_subspace_swap'], 'normalized_effect')} "
          f"(probe held-out accuracy on h_{{T-1}} {_f(sub['probe_heldout_accuracy'])}).")
-    return label, s
+    return label, s + _path_clause(label, clean, _row(res, "gate_bypass_all"))
+
+
+def _path_clause(label: str, clean: dict, bypass: dict | None) -> str:
+    """A swap at T that decides little next to a feedback path that is needed: a model can carry its running
+    value in the cached columns (each computed from its own fed state) rather than in the one fed vector, and
+    then the swap reads "not used" where the bypass shows the feedback is necessary; say so in the verdict."""
+    if label not in ("not detectably used", "partly used") or bypass is None:
+        return ""
+    lo, hi = clean.get("accuracy_ci") or (None, None), bypass.get("accuracy_ci") or (None, None)
+    if lo[0] is None or hi[1] is None or not hi[1] < lo[0] - 0.1:
+        return ""
+    return (f" But feeding token embeddings instead of the fused input at every position drops accuracy to "
+            f"{_f(bypass['accuracy'])} {_ci(bypass, 'accuracy')}: the feedback path is necessary, and what decides "
+            f"the answer is not the fed state at T alone (a model can carry the value in its cached columns, which "
+            f"a swap at one position leaves in place).")
 
 
 def control_sentence(report: dict) -> str:

@@ -356,3 +356,31 @@ def test_cli_end_to_end_on_a_tiny_checkpoint(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and (out / "causal_report.json").read_text() == before
+
+
+def _verdict_report(swap_ne_ci, bypass_acc_ci, clean_acc_ci=(1.0, 1.0)):
+    row = lambda name, ne=0.0, ci=(0.0, 0.0), acc=1.0, acc_ci=(1.0, 1.0): {
+        "name": name, "normalized_effect": ne, "normalized_effect_ci": list(ci), "flip_rate": ne,
+        "flip_rate_ci": list(ci), "n": 100, "n_groups": 50, "accuracy": acc, "accuracy_ci": list(acc_ci)}
+    return {"config": {"task": "parity", "mode": "recurrent-full", "distractors": 64}, "model": {"name": "m"},
+            "results": {"clean": {"recurrent-full": {"accuracy": clean_acc_ci[0], "accuracy_ci": list(clean_acc_ci),
+                                                     "n": 100}},
+                        "interventions": [row("state_swap", swap_ne_ci[0], swap_ne_ci),
+                                          row("gate_bypass_all", acc=bypass_acc_ci[0], acc_ci=bypass_acc_ci)],
+                        "subspace": {"rank": 1, "probe_heldout_accuracy": 1.0,
+                                     "rows": [row(n) for n in ("subspace_swap", "complement_swap",
+                                                               "random_subspace_swap")]}}}
+
+
+def test_verdict_names_a_necessary_path_behind_an_unused_state():
+    """A swap at T that decides nothing beside a bypass that drops accuracy to chance: the verdict keeps its
+    label for the swap and says that the feedback path is necessary; a bypass that changes nothing adds nothing,
+    and a used state needs no such clause."""
+    from interventions.report import verdict
+
+    label, s = verdict(_verdict_report((0.0, 0.0), (0.5, 0.5)))
+    assert label == "not detectably used" and "the feedback path is necessary" in s
+    label, s = verdict(_verdict_report((0.0, 0.0), (1.0, 1.0)))
+    assert label == "not detectably used" and "necessary" not in s
+    label, s = verdict(_verdict_report((0.9, 0.95), (0.5, 0.5)))
+    assert label == "causally used" and "necessary" not in s
