@@ -225,7 +225,8 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     cols[r, t], row r's *cached* keys and values of t are computed from row donor[r]'s fed state, while row r's
     recurrence goes on from its own top state of t (the step runs twice: once for the chain, once for the
     cache) and its logits at t are its own: later columns see a wrong copy of the state in the cache and the
-    right one in the fed state (decoy training; no recorder).
+    right one in the fed state (decoy training; no recorder). Differentiable, the donor's state included: row
+    r's loss reaches the donor row's chain through the decoy as well.
     """
     if decoy is not None and rec is not None:
         raise ValueError("decoy columns are a training option: no residual recorder")

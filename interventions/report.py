@@ -130,16 +130,18 @@ def verdict(report: dict) -> tuple[str, str]:
 def _path_clause(label: str, clean: dict, bypass: dict | None) -> str:
     """A swap at T that decides little next to a feedback path that is needed: a model can carry its running
     value in the cached columns (each computed from its own fed state) rather than in the one fed vector, and
-    then the swap reads "not used" where the bypass shows the feedback is necessary; say so in the verdict."""
+    then the swap reads "not used" where the bypass shows that the model depends on its fused inputs (the
+    all-position bypass is the standard prefill, which a recurrently trained model may never have seen: it shows
+    that dependence, not by itself which information flows through the feedback); say so in the verdict."""
     if label not in ("not detectably used", "partly used") or bypass is None:
         return ""
-    lo, hi = clean.get("accuracy_ci") or (None, None), bypass.get("accuracy_ci") or (None, None)
-    if lo[0] is None or hi[1] is None or not hi[1] < lo[0] - 0.1:
+    clean_ci, bypass_ci = clean.get("accuracy_ci") or (None, None), bypass.get("accuracy_ci") or (None, None)
+    if clean_ci[0] is None or bypass_ci[1] is None or not bypass_ci[1] < clean_ci[0] - 0.1:
         return ""
     return (f" But feeding token embeddings instead of the fused input at every position drops accuracy to "
-            f"{_f(bypass['accuracy'])} {_ci(bypass, 'accuracy')}: the feedback path is necessary, and what decides "
-            f"the answer is not the fed state at T alone (a model can carry the value in its cached columns, which "
-            f"a swap at one position leaves in place).")
+            f"{_f(bypass['accuracy'])} {_ci(bypass, 'accuracy')}: the model depends on its fused inputs, and what "
+            f"decides the answer is not the fed state at T alone (a model can carry the value in its cached "
+            f"columns, which a swap at one position leaves in place).")
 
 
 def control_sentence(report: dict) -> str:

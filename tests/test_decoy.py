@@ -37,7 +37,7 @@ def naive_decoy(model, ids, donor_ids, cols) -> torch.Tensor:
     return logits
 
 
-@pytest.mark.parametrize("cols", [[4], [2, 6], [9]])
+@pytest.mark.parametrize("cols", [[4], [4, 7], [8]])
 def test_decoy_equals_the_hand_written_recurrence(tiny_model, cols):
     ids = torch.tensor([A, B])
     at = torch.zeros_like(ids, dtype=torch.bool)
@@ -49,8 +49,56 @@ def test_decoy_equals_the_hand_written_recurrence(tiny_model, cols):
     torch.testing.assert_close(got[1], clean[1], rtol=0, atol=0)
     first = min(cols)
     assert torch.equal(got[0, :first + 1], clean[0, :first + 1])  # the decoy column's own logits are the chain's
-    if first < ids.shape[1] - 1:
-        assert not torch.allclose(got[0, first + 1:], clean[0, first + 1:])
+    assert not torch.allclose(got[0, first + 1:], clean[0, first + 1:])
+
+
+@torch.no_grad()
+def naive_decoy_both(model, rows, cols) -> torch.Tensor:
+    """As naive_decoy for two rows that are each other's donors at the same columns, as in training: each
+    donor's state is that of its own decoyed chain. Both chains advance together, position by position."""
+    refs = [naive_recurrent(model, ids) for ids in rows]
+    logits, top = [r.logits.clone() for r in refs], [r.top.clone() for r in refs]
+    fuse = torch.arange(len(rows[0])) >= 1
+    for t in range(1, len(rows[0])):
+        for i, ids in enumerate(rows):
+            state = shifted(top[i], t)
+            for c in cols:
+                if c < t:
+                    state[c] = top[1 - i][c - 1]  # the partner's chain, itself decoyed before c
+            r = ref_forward(model, ids[:t + 1], state, fuse[:t + 1])
+            logits[i][t], top[i][t] = r.logits[-1], r.top[-1]
+    return torch.stack(logits)
+
+
+def test_decoy_of_both_rows_equals_the_hand_written_recurrence(tiny_model):
+    """Both rows decoyed at two columns after the rows first differ (column 3): the training case."""
+    ids = torch.tensor([A, B])
+    at = torch.zeros_like(ids, dtype=torch.bool)
+    at[:, [4, 7]] = True
+    with torch.no_grad():
+        got = recurrent_logits(tiny_model, ids, torch.ones_like(ids), decoy=(at, torch.tensor([1, 0])))
+    torch.testing.assert_close(got, naive_decoy_both(tiny_model, [A, B], [4, 7]), rtol=1e-4, atol=1e-5)
+
+
+def test_decoy_gradient_reaches_the_donor_row(tiny_model):
+    """Differentiable, as documented: row 0's answer depends on row 1's inputs through the decoy only."""
+    ids = torch.tensor([A, B])
+    emb = tiny_model.lm.get_input_embeddings()
+    saved = []
+
+    def keep(module, inputs, out):  # returns None: the output stays as it is
+        out.retain_grad()
+        saved.append(out)
+
+    handle = emb.register_forward_hook(keep)
+    try:
+        at = torch.zeros_like(ids, dtype=torch.bool)
+        at[0, 5] = True
+        recurrent_logits(tiny_model, ids, torch.ones_like(ids), decoy=(at, torch.tensor([1, 0])))[0, -1].sum().backward()
+    finally:
+        handle.remove()
+        tiny_model.zero_grad()
+    assert sum(float(e.grad[1].abs().sum()) for e in saved if e.grad is not None) > 0.0
 
 
 def test_decoy_from_itself_changes_nothing(tiny_model):
@@ -82,7 +130,9 @@ def test_decoy_batches(tok):
             assert torch.equal(a.ids, b.ids) and torch.equal(a.dense, b.dense)
             cols, donor = b.decoy, b.decoy_donor
             rows, T = b.ids.shape
-            assert cols.shape == (rows, T) and not cols[:, 0].any() and not cols[:, -1].any()
+            L = int(b.mask.sum(1).min())
+            assert cols.shape == (rows, T) and not cols[:, 0].any() and not cols[:, L - 2:].any()
+            assert (cols == cols[:1]).all()  # every row alike: one extra step per decoy column
             assert (donor != torch.arange(rows)).all() and donor.min() >= 0 and donor.max() < rows
             share = cols[:, 1:-1].float().mean()
             assert 0.15 < float(share) < 0.35, share
@@ -90,7 +140,7 @@ def test_decoy_batches(tok):
 
 def test_decoy_refusals():
     with pytest.raises(UserError, match="decoy"):
-        replace(get_preset("tiny-fbt"), decoy=0.2)  # multipass objective
+        replace(get_preset("tiny-fbt-track"), objective="multipass", decoy=0.2)
     with pytest.raises(UserError, match="decoy"):
         _track(decoy=1.0)
     with pytest.raises(UserError, match="decoy"):

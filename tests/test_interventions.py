@@ -373,14 +373,18 @@ def _verdict_report(swap_ne_ci, bypass_acc_ci, clean_acc_ci=(1.0, 1.0)):
 
 
 def test_verdict_names_a_necessary_path_behind_an_unused_state():
-    """A swap at T that decides nothing beside a bypass that drops accuracy to chance: the verdict keeps its
-    label for the swap and says that the feedback path is necessary; a bypass that changes nothing adds nothing,
-    and a used state needs no such clause."""
+    """A swap at T that decides nothing (or little) beside a bypass that drops accuracy to chance: the verdict
+    keeps its label for the swap and says that the model depends on its fused inputs; a bypass within 0.1 of the
+    clean accuracy adds nothing, and a used state needs no such clause."""
     from interventions.report import verdict
 
     label, s = verdict(_verdict_report((0.0, 0.0), (0.5, 0.5)))
-    assert label == "not detectably used" and "the feedback path is necessary" in s
+    assert label == "not detectably used" and "depends on its fused inputs" in s
     label, s = verdict(_verdict_report((0.0, 0.0), (1.0, 1.0)))
-    assert label == "not detectably used" and "necessary" not in s
+    assert label == "not detectably used" and "depends" not in s
+    label, s = verdict(_verdict_report((0.3, 0.4), (0.5, 0.5)))
+    assert label == "partly used" and "depends on its fused inputs" in s
+    label, s = verdict(_verdict_report((0.0, 0.0), (0.85, 0.91), clean_acc_ci=(0.95, 1.0)))  # within the margin
+    assert "depends" not in s
     label, s = verdict(_verdict_report((0.9, 0.95), (0.5, 0.5)))
-    assert label == "causally used" and "necessary" not in s
+    assert label == "causally used" and "depends" not in s

@@ -129,8 +129,9 @@ class TrainConfig:
     max_len: int = opt(2048, "the model's context in tokens (from scratch)")
     attn_window: int = opt(0, "sliding attention window in tokens for every layer, qwen3 only (from scratch; 0 = "
                               "full causal attention)")
-    attn_dropout: float = opt(0.0, "dropout on the attention probabilities while training, qwen3 only (evaluation "
-                                   "runs without); saved in the checkpoint's config")
+    attn_dropout: float = opt(0.0, "dropout on the attention probabilities while training, qwen3 built by the "
+                                   "trainer (refused with --base); evaluation runs without; saved in the "
+                                   "checkpoint's config (a later --base from it keeps it)")
     tie_embeddings: bool = opt(True, "tied input and output embeddings (--no-tie-embeddings: separate ones)")
     schedule: str = opt("60/25/15", f"pass-count weights of 1, 2, 3... passes per batch, e.g. 75/22/3; finite, at "
                                     f"most {MAX_PASSES}")
@@ -202,7 +203,8 @@ class TrainConfig:
                              "preset's, minus legs that do not end before --steps)", parse=parse_lr_legs)
     seed: int = opt(0, "data and init seed")
     init_offset: int = opt(0, "added to --seed for the initial weights only: another value draws other initial "
-                              "weights from the same data (a seed study against one twin); 0 = the shipped runs' init")
+                              "weights from the same data (a seed study against one twin); 0 = the shipped runs' "
+                              "init (--seed 0 --init-offset 1 starts from --seed 1's weights)")
     eval_every: int = opt(250, "steps between evaluations")
     save_every: int = opt(250, "steps between checkpoints")
     base: str | None = opt(None, "warm start from an HF causal LM dir or preset (its tokenizer is kept; fresh fusion, "

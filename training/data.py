@@ -241,12 +241,14 @@ def _interchange(ids: torch.Tensor, dense: torch.Tensor, lengths, frac: float, r
 
 
 def _decoy(L: int, T: int, rows: int, frac: float, rng) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cols [rows, T] bool, donor [rows]) of decoy training: each column 1 .. L-2 (L: the shortest row; the
-    answer's column left out) with probability `frac`, for every row alike (the engine runs such a column twice
-    for the whole micro-batch, so sharing them keeps the cost at 1 + frac steps); the donors are a shift of the
-    rows, never a row itself. Its own rng stream: the rows and targets are the run's without decoys."""
+    """(cols [rows, T] bool, donor [rows]) of decoy training: each column 1 .. L-3 (L: the shortest row; L-2, the
+    final ":", is read only by the answer's column, which has no target) with probability `frac`, for every row
+    alike (the engine runs such a column twice for the whole micro-batch, so sharing them keeps the cost at
+    1 + frac steps); the donors are a shift of the rows, never a row itself. Its own rng stream: the rows and
+    targets are the run's without decoys. (A micro-batch of one row has no donor: the caller gives it none.)"""
     cols = torch.zeros(rows, T, dtype=torch.bool)
-    cols[:, 1:L - 1] = torch.as_tensor(rng.random(max(L - 2, 0)) < frac)
+    draw = torch.as_tensor(rng.random(max(L - 2, 0)) < frac)  # L-2 draws: the stream of the first decoy runs
+    cols[:, 1:L - 2] = draw[:max(L - 3, 0)]
     donor = (torch.arange(rows) + int(rng.integers(1, rows))) % rows
     return cols, donor
 
@@ -267,7 +269,8 @@ def _dense_targets(samples, seqs, T: int, tok, task: str) -> torch.Tensor:
     return out
 
 
-ROW_FIELDS = ("ids", "mask", "fuse_from", "label_pos", "skip_pos", "dense", "swap")  # Batch's per-row tensors
+# Batch's per-row tensors (decoy_donor holds row numbers of the whole micro-batch: one process only, not sharded)
+ROW_FIELDS = ("ids", "mask", "fuse_from", "label_pos", "skip_pos", "dense", "swap", "decoy")
 
 
 def has_rows(n: int, rank: int, world: int) -> bool:

@@ -72,7 +72,8 @@ def _step_gradients(net, micro, cfg: TrainConfig, gen, procs: Processes):
             share = share._replace(targets=share.targets.to(procs.device), fused=share.fused.to(procs.device),
                                    window=share.window.to(procs.device))
             mb = shard(mb, procs.rank, world)
-        mb = mb._replace(**{f: getattr(mb, f).to(procs.device) for f in ROW_FIELDS if getattr(mb, f) is not None})
+        mb = mb._replace(**{f: getattr(mb, f).to(procs.device) for f in (*ROW_FIELDS, "decoy_donor")
+                            if getattr(mb, f) is not None})
         # DDP all-reduces during a backward; the gradients of all micro-batches but the last are only accumulated
         # (no_sync), and the last backward all-reduces their sum. The parameters a step uses are the same in all
         # its micro-batches (one pass count per step), which find_unused_parameters needs under no_sync.
