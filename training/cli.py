@@ -108,10 +108,7 @@ def main(argv=None):
         raise UserError(f"--stop-at must be in 1..{cfg.steps} (the total steps), got {args.stop_at}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: this torch sees no CUDA device")
-    if cfg.interchange and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a pair's rows may fall to two processes
-        raise UserError("--interchange trains on one process (torchrun would split a pair's rows)")
-    if cfg.decoy and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError("--decoy trains on one process (its donors are rows of the whole micro-batch)")
+    cfg.check_world(int(os.environ.get("WORLD_SIZE", "1")))  # before any work; train() checks it again
     out = output_dir(args.out if args.out is not None else checkpoint_dir(args.preset))
     staged = check_output(out, args.resume, args.overwrite)
     if args.threads:

@@ -46,7 +46,8 @@ INT_LIMITS = {  # name: (lo, hi), inclusive
     "length_doubling": (0, MAX_STEPS), "length_start": (1, MAX_DISTRACTORS),
 }
 FLOAT_LIMITS = {  # name: (lo, hi, lo_open, hi_open)
-    "lam": (0.0, 1000.0, False, False), "attn_dropout": (0.0, 1.0, False, True), "decoy": (0.0, 1.0, False, True), "noise": (0.0, 10.0, False, False), "prefix_mix": (0.0, 1.0, False, False),
+    "lam": (0.0, 1000.0, False, False), "attn_dropout": (0.0, 1.0, False, True), "decoy": (0.0, 1.0, False, True),
+    "noise": (0.0, 10.0, False, False), "prefix_mix": (0.0, 1.0, False, False),
     "label_weight": (0.0, 1000.0, False, False), "gate_std": (0.0, 100.0, True, False),
     "warm_prob": (0.0, 1.0, False, False), "fixed_point_prob": (0.0, 1.0, False, False),
     "fixed_point_tol": (0.0, 1.0, False, True), "consistency": (0.0, 1000.0, False, False),
@@ -301,6 +302,13 @@ class TrainConfig:
                             "--no-packing (a row per sample)")
         if self.reads and self.packing:
             raise UserError("reads must be >= 0 and needs unpacked batches (--no-packing)")
+
+    def check_world(self, world: int) -> None:
+        """Refuse options that need every row of a micro-batch in one process (their partner or donor rows)."""
+        if world > 1 and self.interchange:
+            raise UserError("--interchange trains on one process (torchrun would split a pair's rows)")
+        if world > 1 and self.decoy:
+            raise UserError("--decoy trains on one process (its donors are rows of the whole micro-batch)")
 
     @property
     def max_passes(self) -> int:

@@ -107,10 +107,7 @@ def train(cfg: TrainConfig, out: Path, staged: bool, *, resume: bool, stop: int,
 
 def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, progress: bool, procs: Processes):
     rank = procs.rank
-    if cfg.interchange and procs.world > 1:  # the CLI refuses this first; a caller of train() may not
-        raise UserError("--interchange trains on one process (torchrun would split a pair's rows)")
-    if cfg.decoy and procs.world > 1:
-        raise UserError("--decoy trains on one process (its donors are rows of the whole micro-batch)")
+    cfg.check_world(procs.world)  # the CLI refuses this first; a caller of train() may not
     tok = build_tokenizer()
     if cfg.base:
         from training.presets import load_model
