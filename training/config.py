@@ -300,6 +300,8 @@ class TrainConfig:
         if self.decoy and (self.objective != "recurrent" or self.packing):
             raise UserError("decoy needs --objective recurrent (the decoy columns live in its cached recurrence) and "
                             "--no-packing (a row per sample)")
+        if self.decoy and self.interchange:  # composable in the engine, but never tested nor measured together
+            raise UserError("--decoy and --interchange train one at a time (their combination is untested)")
         if self.reads and self.packing:
             raise UserError("reads must be >= 0 and needs unpacked batches (--no-packing)")
 
