@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"cluster-bootstrap resamples (over groups) for every 95%% CI, 1..{MAX_BOOT} (default 1000)")
     p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
                    help=f"dataset / resampling / bootstrap seed, 0..{MAX_SEED} (default 0)")
-    p.add_argument("--subspace-rank", type=int_in(1, MAX_RANK), default=1,
-                   help=f"rank of the probe subspace, 1..min({MAX_RANK}, d_model) (default 1)")
+    p.add_argument("--subspace-rank", type=int_in(1, MAX_RANK), default=None,
+                   help=f"rank of the probe subspace, 1..min({MAX_RANK}, d_model) (default K - 1 for a K-class "
+                        "label, the span of a K-class linear read-out: 1 for binary tasks, 2 for the shell game)")
     p.add_argument("--erase-depths", default="all",
                    help="LEACE rows: erase the label from the residual stream at T at these depths, one row each "
                         "(comma-separated 0..L; 'all' = every depth, the default; 'none' = no residual rows). "
@@ -190,6 +191,8 @@ def main(argv=None) -> int:
     samples = source.make(None if source.fixed else n_pairs, n_dis, seed)
     probe_cfg = ProbeConfig(random_state=seed)
     check_groups([s.label for s in samples], [s.group_id for s in samples], probe_cfg.n_splits)
+    if rank is None:  # K - 1 directions separate K class means; one would leave a 3-way label partly unswapped
+        rank = max(1, len({s.label for s in samples}) - 1)
 
     say(f"loading {args.model}")
     model, tok, _ = _load(args.model, "the")

@@ -154,6 +154,27 @@ def test_probe_subspaces_are_fitted_on_training_folds_only():
     assert torch.allclose(full, donor, atol=1e-5)
 
 
+def test_rank_k_minus_1_spans_a_three_way_label():
+    """Three class means in the plane of axes 0 and 1 (an equilateral triangle, isotropic unit noise, so the
+    discriminative directions are that plane): the rank-2 multinomial probe subspace (the CLI's default for
+    K = 3) holds the plane; rank 1 holds one line of it only, so its swap cannot move every class to every
+    other. (Separable toy data would not do: an overfit probe's raw-space weights lean on the noise axes.)"""
+    rng = np.random.default_rng(1)
+    n, D = 300, 8
+    y = np.arange(n) % 3
+    groups = np.arange(n) // 3
+    ang = 2 * np.pi * y / 3
+    H = rng.normal(size=(n, D))
+    H[:, 0] += 2 * np.cos(ang)
+    H[:, 1] += 2 * np.sin(ang)
+    H = torch.tensor(H, dtype=torch.float32)
+    for f in fold_subspaces(H, y, groups, rank=2):
+        P = f.U @ f.U.T
+        assert torch.linalg.matrix_norm(P[:2, :2] - torch.eye(2)) < 0.2  # the plane of the class means
+    for f in fold_subspaces(H, y, groups, rank=1):
+        assert 0.85 < float((f.U @ f.U.T)[:2, :2].trace()) < 1.05  # one line of it
+
+
 # ----- CLI ---------------------------------------------------------------------------------------------------
 def _cli(argv, capsys):
     from interventions.run import main

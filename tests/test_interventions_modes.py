@@ -267,6 +267,9 @@ def test_cli_end_to_end_in_every_mode(tiny_ckpt, tmp_path, mode, task, n):
     assert rep["schema"] == {"name": "causal-report", "version": 4}  # interventions.report.SCHEMA
     assert rep["config"]["mode"] == mode and rep["config"]["n_classes"] == (3 if task == "shell_game" else 2)
     res = rep["results"]
+    # default subspace rank K - 1: two orthonormal directions for the 3-way label, one for binary tasks
+    K = rep["config"]["n_classes"]
+    assert rep["config"]["subspace_rank"] == res["subspace"]["rank"] == K - 1
     T = rep["dataset"]["tokens_max"]
     P = 6 if cap else T  # default: every position of these short prompts
     assert res["layer_patching"]["offsets"] == list(range(-P, 0))
