@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"dataset / resampling / bootstrap seed, 0..{MAX_SEED} (default 0)")
     p.add_argument("--subspace-rank", type=int_in(1, MAX_RANK), default=None,
                    help=f"rank of the probe subspace, 1..min({MAX_RANK}, d_model) (default K - 1 for a K-class "
-                        "label, the span of a K-class linear read-out: 1 for binary tasks, 2 for the shell game)")
+                        "label, the span of a K-class linear read-out: 1 for binary tasks, 2 for the shell game; "
+                        f"at most {MAX_RANK} and d_model)")
     p.add_argument("--erase-depths", default="all",
                    help="LEACE rows: erase the label from the residual stream at T at these depths, one row each "
                         "(comma-separated 0..L; 'all' = every depth, the default; 'none' = no residual rows). "
@@ -191,13 +192,16 @@ def main(argv=None) -> int:
     samples = source.make(None if source.fixed else n_pairs, n_dis, seed)
     probe_cfg = ProbeConfig(random_state=seed)
     check_groups([s.label for s in samples], [s.group_id for s in samples], probe_cfg.n_splits)
-    if rank is None:  # K - 1 directions separate K class means; one would leave a 3-way label partly unswapped
-        rank = max(1, len({s.label for s in samples}) - 1)
+    rank_default = rank is None
+    if rank_default:  # K - 1 directions separate K class means; one would leave a 3-way label partly unswapped
+        rank = min(max(1, len({s.label for s in samples}) - 1), MAX_RANK)
 
     say(f"loading {args.model}")
     model, tok, _ = _load(args.model, "the")
     if not model.has_fusion:
         raise UserError(f"model {args.model!r} has no fusion module: there is no fed state to intervene on")
+    if rank_default:
+        rank = min(rank, model.d_model)
     if rank > model.d_model:
         raise UserError(f"--subspace-rank {rank} exceeds the model's d_model {model.d_model}")
     if erase_depths and max(erase_depths) > model.n_layers:
