@@ -192,16 +192,13 @@ def main(argv=None) -> int:
     samples = source.make(None if source.fixed else n_pairs, n_dis, seed)
     probe_cfg = ProbeConfig(random_state=seed)
     check_groups([s.label for s in samples], [s.group_id for s in samples], probe_cfg.n_splits)
-    rank_default = rank is None
-    if rank_default:  # K - 1 directions separate K class means; one would leave a 3-way label partly unswapped
-        rank = min(max(1, len({s.label for s in samples}) - 1), MAX_RANK)
 
     say(f"loading {args.model}")
     model, tok, _ = _load(args.model, "the")
     if not model.has_fusion:
         raise UserError(f"model {args.model!r} has no fusion module: there is no fed state to intervene on")
-    if rank_default:
-        rank = min(rank, model.d_model)
+    if rank is None:  # K - 1 directions separate K class means; one would leave a 3-way label partly unswapped
+        rank = min(max(1, source.n_classes - 1), MAX_RANK, model.d_model)
     if rank > model.d_model:
         raise UserError(f"--subspace-rank {rank} exceeds the model's d_model {model.d_model}")
     if erase_depths and max(erase_depths) > model.n_layers:
