@@ -92,6 +92,7 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                   + ("; objective: recurrent (recurrent-full with backpropagation through the whole recurrence; the "
                      "pass schedule and warm passes do not apply)" if tc.get("objective") == "recurrent" else "")
                   + ("; dense running-value targets at every update line" if tc.get("dense_targets") else "")
+                  + (" and every column between" if tc.get("dense_every") else "")
                   + (f"; length curriculum N <= {tc.get('length_start', 4)} * 2^(step // {tc['length_doubling']})"
                      if tc.get("length_doubling") else "")
                   + f"; depth scaling {tc.get('depth_scale')}; fusion gate init "

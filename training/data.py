@@ -189,7 +189,7 @@ def make_batches(cfg: TrainConfig, tok, step: int) -> list[Batch]:
             real[r, :len(sq)] = True
         if reads:
             label_pos |= _answer_pos(ids, tok)
-        dense = _dense_targets(samples, seqs, T, tok, task) if cfg.dense_targets else None
+        dense = _dense_targets(samples, seqs, T, tok, task, cfg.dense_every) if cfg.dense_targets else None
         skip_pos = ~real
         if cfg.skip_values:
             skip_pos |= _value_targets(ids, label_pos, tok)
@@ -253,9 +253,11 @@ def _decoy(L: int, T: int, rows: int, frac: float, rng) -> tuple[torch.Tensor, t
     return cols, donor
 
 
-def _dense_targets(samples, seqs, T: int, tok, task: str) -> torch.Tensor:
+def _dense_targets(samples, seqs, T: int, tok, task: str, every: bool = False) -> torch.Tensor:
     """[rows, T] target ids AT each column: the running value's label word at the last token of every update line
-    (line i + 1 of the prompt ends before its newline), and the answer at the prompt's last token; -100 elsewhere."""
+    (line i + 1 of the prompt ends before its newline), and the answer at the prompt's last token; -100 elsewhere.
+    `every`: also at each column between, the value as of the latest completed line (from the first update line's
+    end on), so that every fed state's logits state the running value, not only the line ends'."""
     words = label_token_ids(tok, task)
     newline = tok("\n", add_special_tokens=False)["input_ids"]
     if len(newline) != 1:
@@ -265,6 +267,9 @@ def _dense_targets(samples, seqs, T: int, tok, task: str) -> torch.Tensor:
         ends = [j - 1 for j, t in enumerate(sq) if t == newline[0]]  # last token of each line
         for i, j in enumerate(ends[1:1 + len(s.running)]):
             out[r, j] = words[s.running[i]]
+            if every:  # to the next line's end (exclusive), or through the query line for the last update
+                stop = ends[i + 2] if i + 1 < len(s.running) else len(sq) - 2
+                out[r, j:stop] = words[s.running[i]]
         out[r, len(sq) - 2] = words[s.label]  # the prompt's final ":" predicts the answer (the row's last token)
     return out
 
