@@ -845,3 +845,34 @@ def test_task_weights_flag_sets_the_token_shares(tmp_path, monkeypatch):
     run = replace(get_preset("smoke"), packing=False, task_weights=tuple(cfg["task_weights"]), distractors={0: 1.0})
     sizes = [m.ids.numel() for m in tdata.make_batches(run, build_tokenizer(), 0)]
     assert sizes[2] > 3 * max(sizes[:2])
+
+
+def test_resume_of_a_shipped_copy_says_why(tmp_path, capsys):
+    """A shipped checkpoint holds weights without optimizer state: the refusal says so and what to do."""
+    out = tmp_path / "copy"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-fbt-track", out)
+    assert not (out / "trainer_state.safetensors").exists()
+    _expect_error(FAST + ["--out", str(out), "--resume"], capsys, "shipped checkpoints carry no optimizer state")
+
+
+def test_base_fusion_keeps_every_trained_weight(tmp_path):
+    """--base-fusion fine-tunes a full-bandwidth checkpoint whole; without it the fusion starts afresh."""
+    from training.model import build_model
+    from training.presets import load_model
+
+    ship = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-fbt-track"
+    want = load_model(str(ship))[0].state_dict()
+    cfg = replace(get_preset("tiny-fbt-track"), base=str(ship), base_fusion=True)
+    kept = build_model(cfg, 0, cfg.base).state_dict()
+    assert kept.keys() == want.keys() and all(torch.equal(kept[k], want[k]) for k in want)
+    fresh = build_model(replace(cfg, base_fusion=False), 0, cfg.base).state_dict()
+    assert not torch.equal(fresh["fusion.gate.weight"], want["fusion.gate.weight"])
+    assert torch.equal(fresh["lm.model.embed_tokens.weight"], want["lm.model.embed_tokens.weight"])
+    with pytest.raises(UserError, match="base_fusion needs --base"):
+        replace(get_preset("tiny-fbt-track"), base_fusion=True)
+    plain = tmp_path / "plain"  # a plain HF causal LM (no fusion): the shipped model's decoder alone
+    load_model(str(ship))[0].lm.save_pretrained(plain)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(ship / f, plain / f)
+    with pytest.raises(UserError, match="has no fusion to keep"):
+        build_model(replace(cfg, base=str(plain)), 0, str(plain))

@@ -103,7 +103,11 @@ def check_resume_files(out: Path) -> None:
         if (out / LEGACY_STATE_FILE).is_file():
             raise UserError(f"--resume: {out} holds {LEGACY_STATE_FILE}, an earlier version's trainer state (a "
                             "pickle, which can run code when loaded, so it is not loaded); start over with --overwrite")
-        raise UserError(f"--resume: no {STATE_FILE} in {out}")
+        hint = ""
+        if (out / "model.safetensors").is_file():  # e.g. a copy of a shipped checkpoint: they ship without it
+            hint = (" (it holds weights only: the shipped checkpoints carry no optimizer state; train the preset "
+                    "into this --out first, then resume it)")
+        raise UserError(f"--resume: no {STATE_FILE} in {out}{hint}")
 
 
 def load_resume(model, opt, cfg, out: Path):

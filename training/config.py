@@ -210,6 +210,10 @@ class TrainConfig:
     save_every: int = opt(250, "steps between checkpoints")
     base: str | None = opt(None, "warm start from an HF causal LM dir or preset (its tokenizer is kept; fresh fusion, "
                                  "fresh optimizer)", parse=parse_base)
+    base_fusion: bool = opt(False, "with --base: keep the base's own trained fusion (W_U, W_G, norm) instead of a "
+                                   "fresh one, to fine-tune a full-bandwidth checkpoint such as a shipped one "
+                                   "(fresh optimizer, steps from 0; the shipped checkpoints carry no optimizer "
+                                   "state, so they cannot be --resume'd)")
     objective: str = opt("multipass", "multipass: the Jacobi objective (pass k fuses pass k-1's states); recurrent: "
                                       "every batch runs recurrent-full and backpropagates through the whole "
                                       "recurrence (state tracking)")
@@ -284,6 +288,8 @@ class TrainConfig:
         if self.dense_targets and (self.packing or any(t not in TRACKING_TASKS for t in self.tasks)):
             raise UserError("dense_targets needs unpacked batches (--no-packing) and state-tracking tasks only "
                             f"({', '.join(TRACKING_TASKS)})")
+        if self.base_fusion and not self.base:
+            raise UserError("base_fusion needs --base (the checkpoint whose fusion is kept)")
         if self.dense_every and not self.dense_targets:
             raise UserError("dense_every needs --dense-targets")
         if any(t in TRACKING_TASKS for t in self.tasks) and min(self.distractors) < 1:
@@ -326,7 +332,7 @@ class TrainConfig:
         for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0),
                           ("fixed_point_tol", 0.0), ("consistency", 0.0), ("consistency_window", 0),
                           ("consistency_layers", "top"), ("gate_std", 1.0), ("objective", "multipass"),
-                          ("dense_targets", False), ("dense_every", False), ("length_doubling", 0), ("length_start", 4), ("attn_window", 0),
+                          ("dense_targets", False), ("dense_every", False), ("base_fusion", False), ("length_doubling", 0), ("length_start", 4), ("attn_window", 0),
                           ("pairs", False), ("interchange", 0.0), ("all_answers", False), ("init_offset", 0),
                           ("attn_dropout", 0.0), ("decoy", 0.0)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged

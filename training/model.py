@@ -7,6 +7,7 @@ import torch
 
 from models.configs import gpt2_config, qwen3_config
 from models.full_bandwidth import FullBandwidthLM, embedding_rms
+from common.errors import UserError
 from training.config import TrainConfig
 
 
@@ -26,6 +27,10 @@ def build_model(cfg: TrainConfig, vocab_size: int, base: str | None = None) -> F
     if base:
         from training.presets import load_model
         model, _, _ = load_model(base)
+        if cfg.base_fusion:
+            if model.fusion is None:
+                raise UserError(f"--base-fusion: {base} has no fusion to keep (a plain LM); drop --base-fusion")
+            return model  # every trained weight, the fusion's included; only the optimizer starts afresh
         return _init_gate(FullBandwidthLM(model.lm, fusion=True), cfg)
     mk = qwen3_config if cfg.arch == "qwen3" else gpt2_config
     kw = dict(n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.max_len,
