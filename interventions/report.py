@@ -1,6 +1,9 @@
 """causal_report.{json,md,html}: the verdict sentence, tables, and Plotly figures (self-contained HTML).
 
-JSON schema {"name": "causal-report", "version": 4}. Version 4 names fields for what they hold: <metrics>.n_flip
+JSON schema {"name": "causal-report", "version": 5}. Version 5 keeps every field of version 4 and splits
+results.position_sweep.first_line_after two ways: by_diff_line [{lines [first, last] (the doubling bins [0, 0], [1, 1],
+[2, 3], [4, 7], ... of the prompt line index of the pair's first differing token that hold rows), <metrics>}] and
+by_answers [{own, donor (label indices), <metrics>}]. Version 4 names fields for what they hold: <metrics>.n_flip
 (the rows a flip rate is computed over) is now n_flip_rows, beside the new flips (the flips among them);
 model.weights_sha256 is the hash of the tensors, as in probes.json (probes.collect.weights_hash), and the
 checkpoint file's bytes are model.file_sha256; config.n_boot is the --n-boot in force. Version 3 keeps every
@@ -50,7 +53,7 @@ import math
 from pathlib import Path
 
 REPORT_FILES = ("causal_report.json", "causal_report.md", "causal_report.html")
-SCHEMA = {"name": "causal-report", "version": 4}
+SCHEMA = {"name": "causal-report", "version": 5}
 
 
 def clean_json(x):
@@ -160,6 +163,10 @@ def control_sentence(report: dict) -> str:
             f"{_f(cl['accuracy'])}, n={sw['n']}).")
 
 
+def _lines_label(first: int, last: int) -> str:
+    return f"line {first}" if first == last else f"lines {first}-{last}"
+
+
 def _table(rows, first="intervention"):
     out = [f"| {first} | LD mean | accuracy | flip rate | normalized effect | n |", "|---|---|---|---|---|---|"]
     for r in rows:
@@ -256,6 +263,14 @@ def markdown(report: dict) -> str:
                       f"recomputed to T (every row, {fl['n_positions']} distinct positions): flip rate "
                       f"{_f(fl['flip_rate'])} {_ci(fl, 'flip_rate')}, normalized effect {_f(fl['normalized_effect'])} "
                       f"{_ci(fl, 'normalized_effect')} (n={fl['n']})."]
+            if fl.get("by_diff_line"):
+                lines += ["", "The same swap by the prompt line of the pair's first differing token, and by the (own, "
+                          "donor) answers:", ""]
+                lines.append(_table([{**r, "label": _lines_label(*r["lines"])}
+                                     for r in fl["by_diff_line"]], "differing line"))
+                lines += [""]
+                lines.append(_table([{**r, "label": f"{r['own']} -> {r['donor']}"} for r in fl["by_answers"]],
+                                    "own -> donor"))
     lp = res.get("layer_patching")
     if lp:
         lines += ["", "## Layer patching (residual stream from the paired sample): normalized effect", ""]

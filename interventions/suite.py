@@ -78,6 +78,15 @@ def first_line_after_positions(batch: Batch, fline: np.ndarray) -> tuple[np.ndar
     return np.where(has, after.argmax(1) - T, 0), has
 
 
+def line_bins(n_lines: int) -> list[int]:
+    """Lower ends of the doubling bins [0], [1], [2, 3], [4, 7], ... that cover line indices 0 .. n_lines - 1."""
+    out, lo = [0], 1
+    while lo < n_lines:
+        out.append(lo)
+        lo *= 2
+    return out
+
+
 class Suite:
     def __init__(self, ctx: CausalContext, n_boot: int = 1000, seed: int = 0, max_positions: int | None = None):
         self.ctx, self.n_boot, self.seed, self.max_positions = ctx, n_boot, seed, max_positions
@@ -352,7 +361,19 @@ class Suite:
         if not parts:
             return None
         pooled = {k: np.concatenate([a[k][r] for a, r in parts]) for k in parts[0][0]}
-        return {"n_positions": len(parts), **self.summary(pooled)}
+        line = np.concatenate([fline[r] for _, r in parts])  # [rows] the pair's differing line
+        # Where the answer follows the swap, split two ways: by how deep in the prompt the pair differs (early
+        # lines lie within the standard pass's reach, so a model can recompute them without the fed state) and
+        # by the (own, donor) answers (a K-way label can follow some donors less than others).
+        by_line = []
+        for lo in line_bins(int(line.max()) + 1):
+            hi = max(1, 2 * lo)
+            sel = (line >= lo) & (line < hi)
+            if sel.any():  # bins without rows are left out
+                by_line.append({"lines": [lo, hi - 1], **self.summary(pooled, sel)})
+        by_answers = [{"own": int(y), "donor": int(r), **self.summary(pooled, (pooled["y"] == y) & (pooled["r"] == r))}
+                      for y, r in sorted({(int(y), int(r)) for y, r in zip(pooled["y"], pooled["r"])})]
+        return {"n_positions": len(parts), **self.summary(pooled), "by_diff_line": by_line, "by_answers": by_answers}
 
     def layer_patching(self, modes=None) -> dict:
         ctx, b = self.ctx, self.ctx.batch

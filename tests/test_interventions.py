@@ -409,3 +409,13 @@ def test_verdict_names_a_necessary_path_behind_an_unused_state():
     assert "depends" not in s
     label, s = verdict(_verdict_report((0.9, 0.95), (0.5, 0.5)))
     assert label == "causally used" and "depends" not in s
+
+
+def test_line_bins_double_and_cover_every_line():
+    from interventions.suite import line_bins
+
+    assert line_bins(1) == [0] and line_bins(2) == [0, 1] and line_bins(5) == [0, 1, 2, 4]
+    for n in range(1, 70):
+        lows = line_bins(n)
+        spans = [range(lo, max(1, 2 * lo)) for lo in lows]
+        assert sorted(i for s in spans for i in s if i < n) == list(range(n))

@@ -264,7 +264,7 @@ def test_cli_end_to_end_in_every_mode(tiny_ckpt, tmp_path, mode, task, n):
     assert sorted(p.name for p in out.iterdir()) == ["causal_report.html", "causal_report.json",
                                                      "causal_report.md"]
     rep = json.loads((out / "causal_report.json").read_text())
-    assert rep["schema"] == {"name": "causal-report", "version": 4}  # interventions.report.SCHEMA
+    assert rep["schema"] == {"name": "causal-report", "version": 5}  # interventions.report.SCHEMA
     assert rep["config"]["mode"] == mode and rep["config"]["n_classes"] == (3 if task == "shell_game" else 2)
     res = rep["results"]
     # default subspace rank K - 1: two orthonormal directions for the 3-way label, one for binary tasks
@@ -289,6 +289,15 @@ def test_cli_end_to_end_in_every_mode(tiny_ckpt, tmp_path, mode, task, n):
         assert any(r["relative_line"] == 0 for r in sw["by_line"])
         fl = sw["first_line_after"]  # every row, although the sweep covers only the last 6 positions
         assert fl["n"] == 20 and fl["n_positions"] >= 1 and 0.0 <= fl["flip_rate"] <= 1.0
+        # both splits partition the rows and their flips; each pair's answers differ
+        for split in ("by_diff_line", "by_answers"):
+            assert sum(r["n"] for r in fl[split]) == fl["n"]
+            assert sum(r["flips"] or 0 for r in fl[split]) == fl["flips"]
+        assert all(r["own"] != r["donor"] for r in fl["by_answers"])
+        # every row's differing line (the prompt's line 0 holds the start, so line = diff_line + 1) in its bin
+        counts = {tuple(r["lines"]): r["n"] for r in fl["by_diff_line"]}
+        want = {b: sum(b[0] <= d + 1 <= b[1] for d in sw["diff_line"]) for b in counts}
+        assert counts == want
     md = (out / "causal_report.md").read_text()
     assert "## Position sweep" in md and "## Layer patching" in md
     html = (out / "causal_report.html").read_text()
