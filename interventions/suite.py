@@ -115,7 +115,9 @@ class Suite:
         if rows is not None:
             a = {k: v[rows] for k, v in a.items()}
         if len(a["ld"]) == 0:
-            return {"n": 0, **{k: None for k in METRIC_KEYS}, **{k + "_ci": None for k in METRIC_KEYS}}
+            # every key of a non-empty summary (interventions.metrics.summarize), so readers need no special case
+            return {"n": 0, "n_groups": 0, "n_flip_rows": 0, "flips": 0.0, "ld_clean_mean": None, "ld_ref_mean": None,
+                    **{k: None for k in METRIC_KEYS}, **{k + "_ci": None for k in METRIC_KEYS}}
         return summarize(a["ld"], a["ldc"], a["ref"], a["y"], a["r"], a["groups"], self.n_boot, self.seed,
                          a.get("correct"), a.get("follow"))
 

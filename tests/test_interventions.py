@@ -419,3 +419,16 @@ def test_line_bins_double_and_cover_every_line():
         lows = line_bins(n)
         spans = [range(lo, max(1, 2 * lo)) for lo in lows]
         assert sorted(i for s in spans for i in s if i < n) == list(range(n))
+
+
+def test_an_empty_summary_has_the_keys_of_a_full_one():
+    """Splits of a report can select no rows; their <metrics> keep every key (n = 0, flips 0, the rest None)."""
+    from interventions.suite import Suite
+
+    s = Suite.__new__(Suite)  # summary() needs only the bootstrap settings
+    s.n_boot, s.seed = 20, 0
+    a = {"ld": np.array([1.0, -2.0, 0.5, -1.0, 2.0, -0.5]), "ldc": np.full(6, 2.0), "ref": np.full(6, -2.0),
+         "y": np.array([0, 1] * 3), "r": np.array([1, 0] * 3), "groups": np.repeat(np.arange(3), 2)}
+    full, empty = s.summary(a), s.summary(a, np.zeros(6, bool))
+    assert full["n"] == 6 and empty["n"] == 0 and empty["flips"] == 0.0
+    assert empty.keys() == full.keys()
