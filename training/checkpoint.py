@@ -105,8 +105,8 @@ def check_resume_files(out: Path) -> None:
                             "pickle, which can run code when loaded, so it is not loaded); start over with --overwrite")
         hint = ""
         if (out / "model.safetensors").is_file():  # e.g. a copy of a shipped checkpoint: they ship without it
-            hint = (" (it holds weights only: the shipped checkpoints carry no optimizer state; train the preset "
-                    "into this --out first, then resume it)")
+            hint = (" (it holds weights only: the shipped checkpoints carry no optimizer state; fine-tune them with "
+                    "--base DIR --base-fusion instead, or train the preset into a new --out and resume that)")
         raise UserError(f"--resume: no {STATE_FILE} in {out}{hint}")
 
 

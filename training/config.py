@@ -221,7 +221,8 @@ class TrainConfig:
                                      "update line (never a token of the input), beside the final label")
     dense_every: bool = opt(False, "with --dense-targets: the running value is the target at every column from the "
                                    "first update line's end to the answer (the value as of the latest completed "
-                                   "line), not only at line ends, so the fed logits state it at every step")
+                                   "line), not only at line ends, so every top state fed back must read out, "
+                                   "through the LM head, as the running value")
     length_doubling: int = opt(0, "length curriculum: N <= length-start * 2**(step // this) (within --distractors); "
                                   "0 = off")
     length_start: int = opt(4, "largest N in the first leg of the length curriculum")
@@ -332,7 +333,8 @@ class TrainConfig:
         for name, off in (("register_curriculum", 0), ("targets", "all"), ("fixed_point_prob", 0.0),
                           ("fixed_point_tol", 0.0), ("consistency", 0.0), ("consistency_window", 0),
                           ("consistency_layers", "top"), ("gate_std", 1.0), ("objective", "multipass"),
-                          ("dense_targets", False), ("dense_every", False), ("base_fusion", False), ("length_doubling", 0), ("length_start", 4), ("attn_window", 0),
+                          ("dense_targets", False), ("dense_every", False), ("base_fusion", False), ("length_doubling", 0),
+                          ("length_start", 4), ("attn_window", 0),
                           ("pairs", False), ("interchange", 0.0), ("all_answers", False), ("init_offset", 0),
                           ("attn_dropout", 0.0), ("decoy", 0.0)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged

@@ -257,7 +257,7 @@ def _dense_targets(samples, seqs, T: int, tok, task: str, every: bool = False) -
     """[rows, T] target ids AT each column: the running value's label word at the last token of every update line
     (line i + 1 of the prompt ends before its newline), and the answer at the prompt's last token; -100 elsewhere.
     `every`: also at each column between, the value as of the latest completed line (from the first update line's
-    end on), so that every fed state's logits state the running value, not only the line ends'."""
+    end on), so that every top state fed back reads out, through the LM head, as the running value."""
     words = label_token_ids(tok, task)
     newline = tok("\n", add_special_tokens=False)["input_ids"]
     if len(newline) != 1:
