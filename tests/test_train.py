@@ -861,7 +861,8 @@ def test_base_fusion_keeps_every_trained_weight(tmp_path):
     from training.presets import load_model
 
     ship = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-fbt-track"
-    want = load_model(str(ship))[0].state_dict()
+    shipped = load_model(str(ship))[0]
+    want = shipped.state_dict()
     cfg = replace(get_preset("tiny-fbt-track"), base=str(ship), base_fusion=True)
     kept = build_model(cfg, 0, cfg.base).state_dict()
     assert kept.keys() == want.keys() and all(torch.equal(kept[k], want[k]) for k in want)
@@ -871,7 +872,7 @@ def test_base_fusion_keeps_every_trained_weight(tmp_path):
     with pytest.raises(UserError, match="base_fusion needs --base"):
         replace(get_preset("tiny-fbt-track"), base_fusion=True)
     plain = tmp_path / "plain"  # a plain HF causal LM (no fusion): the shipped model's decoder alone
-    load_model(str(ship))[0].lm.save_pretrained(plain)
+    shipped.lm.save_pretrained(plain)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(ship / f, plain / f)
     with pytest.raises(UserError, match="has no fusion to keep"):
