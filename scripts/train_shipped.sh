@@ -29,19 +29,19 @@ $PY -m training.card checkpoints/tiny-base --command "python -m training.train -
 for p in tiny-fbt tiny-fbt-no3 tiny-std; do
   $PY -m training.card checkpoints/$p --command "python -m training.train --preset tiny-base && python -m training.train --preset $p" --notes docs/cards/$p.md > /dev/null
 done
-# The state-tracking pair (docs/recipe.md items 18-19): from scratch, same data, steps and architecture (6 layers,
-# 64-token sliding attention windows). Each alone at two threads, measured whole: see the model cards. On another
-# machine this draws other weights (torch's CPU kernels differ bitwise), and whether the shell game is learned
-# within the 1000 steps depends on the draw (docs/recipe.md item 21): the committed checkpoints are the reference.
+# The state-tracking pair (docs/recipe.md items 18, 19 and 21): from scratch, same data, steps and architecture
+# (6 layers, 64-token sliding attention windows, dense targets at every column, all shell-game answers). Each alone
+# at two threads, measured whole: see the model cards. On another machine this draws other weights (torch's CPU
+# kernels differ bitwise): the committed checkpoints are the reference for every number.
 for p in tiny-fbt-track tiny-std-track; do
   $PY -m training.train --preset $p --threads 2 --no-progress --overwrite
 done
-# Every mode for both (the twin's fusion is untrained: its fed modes show what feedback does to a network that
-# never learned to read it).
-for p in tiny-fbt-track tiny-std-track; do
-  $PY -m analysis.evaluate --model checkpoints/$p --tasks parity,shell_game --n-pairs 100 --overwrite --no-progress
-  cp figures/$p/eval.json checkpoints/$p/eval.json
-done
+# Every mode for the feedback model (~40 min); the twin under std, soft and fused (its fusion is untrained: those
+# show what feedback does to a network that never learned to read it; its recurrent sweep would cost as much again).
+$PY -m analysis.evaluate --model checkpoints/tiny-fbt-track --tasks parity,shell_game --n-pairs 100 --overwrite --no-progress
+$PY -m analysis.evaluate --model checkpoints/tiny-std-track --tasks parity,shell_game --n-pairs 100 --modes std,soft,fused \
+  --overwrite --no-progress
+for p in tiny-fbt-track tiny-std-track; do cp figures/$p/eval.json checkpoints/$p/eval.json; done
 for p in tiny-fbt-track tiny-std-track; do
   $PY -m training.card checkpoints/$p --command "python -m training.train --preset $p" --notes docs/cards/$p.md > /dev/null
 done

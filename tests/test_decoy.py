@@ -144,6 +144,6 @@ def test_decoy_refusals():
     with pytest.raises(UserError, match="decoy"):
         _track(decoy=1.0)
     with pytest.raises(UserError, match="decoy"):
-        replace(get_preset("tiny-fbt-track"), packing=True, dense_targets=False, decoy=0.2)
+        replace(get_preset("tiny-fbt-track"), packing=True, dense_targets=False, dense_every=False, decoy=0.2)
     with pytest.raises(UserError, match="one at a time"):
         replace(get_preset("tiny-fbt-track"), pairs=True, interchange=0.5, decoy=0.2)

@@ -33,7 +33,7 @@ def test_every_column_holds_the_latest_completed_value(task):
     tok = build_tokenizer()
     words = label_token_ids(tok, task)
     newline = tok("\n", add_special_tokens=False)["input_ids"][0]
-    base = replace(get_preset("tiny-fbt-track"), tasks=(task,), task_weights=None)
+    base = replace(get_preset("tiny-fbt-track"), tasks=(task,), task_weights=None, dense_every=False)
     every = replace(base, dense_every=True)
     for step in (0, 450):
         (b0,), (b1,) = make_batches(base, tok, step), make_batches(every, tok, step)

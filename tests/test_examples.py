@@ -38,14 +38,14 @@ def test_headline_example_runs_and_shows_the_causal_yes():
     assert "small-sample" in out  # it says it is a small-sample check, not the README's measurement
     acc = {m: (float(v), float(w)) for m, v, w in ACC.findall(out)}
     assert set(acc) == {"standard", "recurrent-full"}, out
-    # README headline, parity N = 64: recurrent-full 1.000, the same weights without feedback 0.000 (eval.json's
-    # full-vocabulary argmax); between the label words the standard pass is at chance (0.50, the causal report).
+    # README headline, parity N = 64: recurrent-full 1.000, the same weights without feedback at chance (0.500 in
+    # eval.json's full-vocabulary argmax and between the label words, the causal report).
     assert acc["recurrent-full"][0] > acc["standard"][0] + 0.3, out
     assert acc["recurrent-full"][1] > acc["standard"][1] + 0.3, out
     assert acc["recurrent-full"][0] >= 0.9 and acc["recurrent-full"][1] >= 0.9, out
     m = SWAP.search(out)
     assert m, out
     flip, lo, hi, effect = map(float, m.groups())
-    # README: the state swap at T flips 98% [95%, 100%] of the answers, normalized effect 0.96 [0.93, 0.98] (100 samples).
+    # README: the state swap at T flips 100% [100%, 100%] of the answers, normalized effect 1.00 [1.00, 1.00] (100 samples).
     assert 0.0 <= lo <= flip <= hi <= 1.0, out
     assert flip >= 0.9 and effect >= 0.9, out

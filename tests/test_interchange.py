@@ -168,9 +168,9 @@ def test_interchange_loss_trains_the_swapped_recurrence(tok):
 @pytest.mark.parametrize("kw, msg", [
     (dict(interchange=0.5, pairs=False), "interchange needs --pairs"),
     (dict(interchange=0.5, objective="multipass"), "interchange needs --pairs"),
-    (dict(interchange=0.5, dense_targets=False), "interchange needs --pairs"),
+    (dict(interchange=0.5, dense_targets=False, dense_every=False), "interchange needs --pairs"),
     (dict(interchange=1.5), "interchange must be"),
-    (dict(pairs=True, packing=True, dense_targets=False, tasks=("memory",), task_weights=None,
+    (dict(pairs=True, packing=True, dense_targets=False, dense_every=False, tasks=("memory",), task_weights=None,
           distractors={0: 1.0}, interchange=0.0),
      "pairs needs unpacked"),
 ])
@@ -245,7 +245,7 @@ def test_all_answers_balances_the_shell_games_final_answers(tok):
         mb = [b for b in tdata.make_batches(cfg, tok, 5) if b.desc.startswith("shell_game")][0]
         return np.bincount([words[int(t)] for t in mb.dense[:, -2]], minlength=3), mb
 
-    old, _ = answers(_track(interchange=0.0))
+    old, _ = answers(_track(interchange=0.0, all_answers=False))
     assert old[2] == 0 and old[0] == old[1] > 0
     new, mb = answers(_track(interchange=0.0, all_answers=True))
     assert new.min() >= 0.2 * new.sum(), new

@@ -44,17 +44,23 @@ PRESETS: dict[str, TrainConfig] = {
 # Every layer attends to a 64-token window (both models, same architecture): the trained prompts (up to 263
 # tokens) are 4x the window, so the windowed regime a longer prompt runs in is the one trained; the standard
 # pass's receptive field (6 x 63 = 378 tokens) still covers every trained prompt. docs/recipe.md item 19.
-_TRACK = dict(tasks=("parity", "shell_game"), attn_window=64, packing=False, dense_targets=True, targets="labels", schedule="1",
+# The running value is a loss target at every column of the update lines (dense_every), and shell-game pairs
+# end on all three cups (all_answers): without these the shell game stalls at 0.69 on the draws that never
+# answer C (docs/recipe.md item 21).
+_TRACK = dict(tasks=("parity", "shell_game"), attn_window=64, packing=False, dense_targets=True, dense_every=True,
+              all_answers=True, targets="labels", schedule="1",
               distractors={n: 1.0 for n in range(1, 65)}, length_doubling=200, length_start=4, curriculum_steps=0,
               task_weights=(0.4, 0.6), batch_tokens=4096, lr=1e-3, warmup=100, steps=1000, gate_init="unit",
               gate_std=3.0, prefix_mix=0.0, noise=0.0, eval_every=100, save_every=100)
 PRESETS["tiny-fbt-track"] = TrainConfig(objective="recurrent", **_TRACK)
 PRESETS["tiny-std-track"] = TrainConfig(**_TRACK)
-# An experiment, not shipped (docs/recipe.md item 20): 200 more steps resumed from tiny-fbt-track (copy the
-# checkpoint to --out, then --resume) on both members of every pair, half of them with interchange training.
-# It lost the tasks (parity at chance by step 1200) instead of making the fed state the only carrier.
+# An experiment, not shipped (docs/recipe.md item 20): 200 more steps resumed from a local 1000-step run of the
+# earlier tiny-fbt-track recipe (--resume needs its optimizer state, which shipped checkpoints do not carry) on
+# both members of every pair, half of them with interchange training.
+# It lost the tasks (parity at chance by step 1200) instead of making the fed state the only carrier. It keeps
+# the data of the recipe it was run on (line-end targets only, shell-game answers A / B).
 PRESETS["tiny-fbt-track-iit"] = replace(PRESETS["tiny-fbt-track"], steps=1200, lr_legs=(1000,), pairs=True,
-                                        interchange=0.5)
+                                        interchange=0.5, dense_every=False, all_answers=False)
 PRESETS["smoke"] = replace(TrainConfig(), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,
                            steps=4, batch_tokens=256, seq_len=128, curriculum_steps=0, eval_every=2, save_every=2,
                            distractors={0: 0.5, 8: 0.5}, warmup=1)
