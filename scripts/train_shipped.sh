@@ -36,11 +36,11 @@ done
 for p in tiny-fbt-track tiny-std-track; do
   $PY -m training.train --preset $p --threads 2 --no-progress --overwrite
 done
-# Every mode for the feedback model (~40 min); the twin under std, soft and fused (its fusion is untrained: those
-# show what feedback does to a network that never learned to read it; its recurrent sweep would cost as much again).
-$PY -m analysis.evaluate --model checkpoints/tiny-fbt-track --tasks parity,shell_game --n-pairs 100 --overwrite --no-progress
-$PY -m analysis.evaluate --model checkpoints/tiny-std-track --tasks parity,shell_game --n-pairs 100 --modes std,soft,fused \
-  --overwrite --no-progress
+# Every mode for both models (20-40 min each): the twin's fed modes use its untrained fusion, so they show what
+# feedback does to a network that never learned to read it.
+for p in tiny-fbt-track tiny-std-track; do
+  $PY -m analysis.evaluate --model checkpoints/$p --tasks parity,shell_game --n-pairs 100 --overwrite --no-progress
+done
 for p in tiny-fbt-track tiny-std-track; do cp figures/$p/eval.json checkpoints/$p/eval.json; done
 for p in tiny-fbt-track tiny-std-track; do
   $PY -m training.card checkpoints/$p --command "python -m training.train --preset $p" --notes docs/cards/$p.md > /dev/null
