@@ -23,3 +23,46 @@ def test_tiny_fbt_reproduces_model_card(task, n):
         assert r["accuracy"] == pytest.approx(want[r["mode"]]["accuracy"], abs=1e-9), r["mode"]
         assert r["label_loss"] == pytest.approx(want[r["mode"]]["label_loss"], rel=1e-4, abs=1e-5), r["mode"]
     assert "MODEL_CARD.md" in {p.name for p in Path(CARD.parent).iterdir()}
+
+
+TRACK = ("tiny-fbt-track", "tiny-std-track")
+
+
+def _card_rows(name, task, n):
+    card = json.loads((checkpoint_dir(name) / "eval.json").read_text())
+    return card, {r["mode"]: r for r in card["results"] if r["task"] == task and r["n_distractors"] == n}
+
+
+@pytest.mark.skipif(not all((checkpoint_dir(m) / "eval.json").is_file() for m in TRACK),
+                    reason="the tracking pair is not shipped in this checkout")
+@pytest.mark.parametrize("name", TRACK)
+@pytest.mark.parametrize("task", ["parity", "shell_game"])
+def test_tracking_pair_reproduces_model_cards(name, task):
+    """Every mode of both cards (the twin's recurrent-full and fused-k included) at the cheapest N."""
+    card, want = _card_rows(name, task, 4)
+    model, tok, _ = load_model(name)
+    rows = evaluate(model, tok, [task], [4], ["std", "soft", "recurrent-full"], 3, card["meta"]["n_pairs"],
+                    progress=False)
+    assert {r["mode"] for r in rows} == {"std", "soft", "recurrent-full", "fused-1", "fused-2", "fused-3"}
+    for r in rows:
+        assert r["accuracy"] == pytest.approx(want[r["mode"]]["accuracy"], abs=1e-9), r["mode"]
+        assert r["label_loss"] == pytest.approx(want[r["mode"]]["label_loss"], rel=1e-4, abs=1e-5), r["mode"]
+
+
+@pytest.mark.skipif(not (checkpoint_dir("tiny-std-track") / "eval.json").is_file(),
+                    reason="tiny-std-track is not shipped in this checkout")
+def test_argmax_counts_agrees_with_the_card():
+    """scripts/argmax_counts.py answers with evaluate's samples and argmax: its answers score the card's accuracy."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "argmax_counts.py"
+    spec = importlib.util.spec_from_file_location("argmax_counts", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    card, want = _card_rows("tiny-std-track", "parity", 4)
+    model, tok, _ = load_model("tiny-std-track")
+    said, samples = mod.predictions(model, tok, "parity", 4, "recurrent-full", card["meta"]["n_pairs"])
+    assert len(said) == len(samples) == want["recurrent-full"]["n_samples"]
+    right = sum(a == s.answer for a, s in zip(said, samples))
+    assert right / len(samples) == pytest.approx(want["recurrent-full"]["accuracy"], abs=1e-9)
+    assert set(said) - {"0", "1"}, "the twin's recurrent-full gives non-label answers at N = 4 (eval: 0.455)"

@@ -1,0 +1,41 @@
+"""Which token a model answers with, over the full vocabulary, counted across a task's evaluation samples.
+
+    python scripts/argmax_counts.py checkpoints/tiny-std-track shell_game 16 recurrent-full
+
+Samples, batching and the full-vocabulary argmax at the final prompt token are analysis.evaluate's (seed 424242,
+100 pairs = 200 samples by default), so the counts explain an eval.json cell: an accuracy of exactly 1/K can be
+a model that gives one answer to every prompt, and an accuracy of 0 one whose answer is not a label word.
+"""
+import sys
+from collections import Counter
+
+import torch
+
+from analysis.evaluate import EVAL_SEED
+from engine.prefill import pad_left, prefill_many
+from tasks.custom import resolve_task
+from training.presets import load_model
+
+
+def predictions(model, tok, task: str, n: int, mode: str = "recurrent-full", n_pairs: int = 100):
+    """-> (answered token per sample, samples): analysis.evaluate's samples and batches, full-vocabulary argmax."""
+    src = resolve_task(task)
+    seqs, samples = src.tokenize(src.make(n_pairs, n, EVAL_SEED), tok)
+    said = []
+    for i in range(0, len(seqs), 64):  # analysis.evaluate's default batch
+        ids, mask = pad_left(seqs[i:i + 64], tok.pad_token_id)
+        logits = prefill_many(model, ids, mask, [mode], collect=False)[mode].logits[:, 0]  # [batch, vocab]
+        said += [tok.decode([int(t)]) for t in logits.argmax(-1)]
+    return said, samples
+
+
+def main(model_path: str, task: str, n: int, mode: str = "recurrent-full", n_pairs: int = 100) -> None:
+    model, tok, _ = load_model(model_path)
+    said, samples = predictions(model, tok, task, n, mode, n_pairs)
+    labels = Counter(s.answer for s in samples)
+    print(f"{task}, N = {n}, {mode}, {len(samples)} samples: answered " +
+          ", ".join(f"{w!r} {c}" for w, c in Counter(said).most_common()) +
+          "; labels " + ", ".join(f"{w!r} {c}" for w, c in sorted(labels.items())))
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:5])
