@@ -1,0 +1,55 @@
+"""Row by row: the fed-state swap from the first position after a pair's differing line, one position at a time.
+
+    python scripts/first_line_rows.py checkpoints/tiny-fbt-track parity 64 [LINE [POSITIONS [N_PAIRS]]]
+
+Samples as `interventions.run --task TASK --distractors N --n-pairs N_PAIRS` (seed 0; default 50 pairs),
+recurrent-full; only the rows whose pair differs in update line LINE (0-based, default 0: the first). For each
+row: its update lines LINE - 3 to LINE + 3, the LD (own label word minus the donor's) after the swap at the
+report's `first_line_after` position, and the first of the next POSITIONS (default 16) positions where the swap
+makes the answer follow the donor. The report's per-bin figures are means over rows; this shows whether a bin's 50% is
+every row at a tie or half the rows flipping outright.
+"""
+import sys
+
+import numpy as np
+
+from interventions.core import Batch, CausalContext
+from interventions.suite import first_line_after_positions
+from tasks import resolve_task
+from training.presets import load_model
+
+
+def main(model_path: str, task: str, n: int, line: int = 0, positions: int = 16, n_pairs: int = 50) -> None:
+    model, tok, _ = load_model(model_path)
+    source = resolve_task(task)
+    rows = [s for s in source.make(n_pairs, n, 0) if s.diff_line == line]
+    if not rows:
+        sys.exit(f"no pair of {n_pairs} differs in update line {line}")
+    b = Batch.from_samples(rows, tok, source)
+    ctx = CausalContext(model, b, modes=("recurrent-full",))
+    # prompt line index of update line `line` is line + 1 (line 0 of the prompt sets the start value)
+    start, _ = first_line_after_positions(b, np.full(b.size, line + 1))
+    y, r, ids = b.labels, b.labels[b.pair], b.label_ids
+
+    def ld(logits):  # [B]: logit(own label word) - logit(donor's label word)
+        return [float(logits[i, ids[y[i]]] - logits[i, ids[r[i]]]) for i in range(b.size)]
+
+    first_flip = [None] * b.size
+    at_start = ld(ctx.swap_state(b.pair, "recurrent-full", int(start[0])))
+    for p in range(int(start[0]), min(int(start[0]) + positions, 0)):
+        for i, v in enumerate(ld(ctx.swap_state(b.pair, "recurrent-full", p))):
+            if v < 0 and first_flip[i] is None:
+                first_flip[i] = p
+    T = b.input_ids.shape[1]
+    print(f"{task}, N = {n}: {b.size} rows differ in update line {line}; swap from position {int(start[0])}")
+    for i, s in enumerate(rows):
+        lo = max(0, line - 3)
+        lines = s.text.split("\n")[1 + lo:line + 5]  # prompt line 0 sets the start value
+        where = "never" if first_flip[i] is None else \
+            f"{first_flip[i]} ({tok.decode([int(b.input_ids[i, T + first_flip[i]])])!r})"
+        print(f"row {i} (pair {int(b.pair[i])}, label {s.answer}): update lines {lo}-{line + 3} {lines}; LD after the first-line swap "
+              f"{at_start[i]:+.3f}; first position whose swap flips it: {where}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *map(int, sys.argv[4:7]))
