@@ -9,8 +9,6 @@ a model that gives one answer to every prompt, and an accuracy of 0 one whose an
 import sys
 from collections import Counter
 
-import torch
-
 from analysis.evaluate import EVAL_SEED
 from engine.prefill import pad_left, prefill_many
 from tasks.custom import resolve_task
@@ -36,6 +34,7 @@ def main(model_path: str, task: str, n: int, mode: str = "recurrent-full", n_pai
     print(f"{task}, N = {n}, {mode}, {len(samples)} samples: answered " +
           ", ".join(f"{w!r} {c}" for w, c in Counter(said).most_common()) +
           "; labels " + ", ".join(f"{w!r} {c}" for w, c in sorted(labels.items())))
+
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:5])

@@ -6,8 +6,8 @@ Samples as `interventions.run --task TASK --distractors N --n-pairs N_PAIRS` (se
 recurrent-full; only the rows whose pair differs in update line LINE (0-based, default 0: the first). For each
 row: its update lines LINE - 3 to LINE + 3, the LD (own label word minus the donor's) after the swap at the
 report's `first_line_after` position, and the first of the next POSITIONS (default 16) positions where the swap
-makes the answer follow the donor. The report's per-bin figures are means over rows; this shows whether a bin's 50% is
-every row at a tie or half the rows flipping outright.
+makes the answer follow the donor. The report's per-bin figures are means over rows; this shows whether a bin's
+50% is every row at a tie or half the rows flipping outright.
 """
 import sys
 
@@ -29,26 +29,30 @@ def main(model_path: str, task: str, n: int, line: int = 0, positions: int = 16,
     ctx = CausalContext(model, b, modes=("recurrent-full",))
     # prompt line index of update line `line` is line + 1 (line 0 of the prompt sets the start value)
     start, _ = first_line_after_positions(b, np.full(b.size, line + 1))
+    if len(set(start.tolist())) != 1:  # the built-in tracking tasks' lines have fixed token counts
+        sys.exit("the rows' first positions after the line differ; this script swaps them all at one position")
+    start = int(start[0])
     y, r, ids = b.labels, b.labels[b.pair], b.label_ids
 
     def ld(logits):  # [B]: logit(own label word) - logit(donor's label word)
         return [float(logits[i, ids[y[i]]] - logits[i, ids[r[i]]]) for i in range(b.size)]
 
-    first_flip = [None] * b.size
-    at_start = ld(ctx.swap_state(b.pair, "recurrent-full", int(start[0])))
-    for p in range(int(start[0]), min(int(start[0]) + positions, 0)):
-        for i, v in enumerate(ld(ctx.swap_state(b.pair, "recurrent-full", p))):
+    first_flip, at_start = [None] * b.size, None
+    for p in range(start, min(start + max(positions, 1), 0)):
+        lds = ld(ctx.swap_state(b.pair, "recurrent-full", p))
+        at_start = at_start or lds  # the report's first_line_after swap
+        for i, v in enumerate(lds):
             if v < 0 and first_flip[i] is None:
                 first_flip[i] = p
     T = b.input_ids.shape[1]
-    print(f"{task}, N = {n}: {b.size} rows differ in update line {line}; swap from position {int(start[0])}")
+    print(f"{task}, N = {n}: {b.size} rows differ in update line {line}; swap from position {start}")
     for i, s in enumerate(rows):
         lo = max(0, line - 3)
         lines = s.text.split("\n")[1 + lo:line + 5]  # prompt line 0 sets the start value
         where = "never" if first_flip[i] is None else \
             f"{first_flip[i]} ({tok.decode([int(b.input_ids[i, T + first_flip[i]])])!r})"
-        print(f"row {i} (pair {int(b.pair[i])}, label {s.answer}): update lines {lo}-{line + 3} {lines}; LD after the first-line swap "
-              f"{at_start[i]:+.3f}; first position whose swap flips it: {where}")
+        print(f"row {i} (pair {int(b.pair[i])}, label {s.answer}): update lines {lo}-{line + 3} {lines}; "
+              f"LD after the first-line swap {at_start[i]:+.3f}; first position whose swap flips it: {where}")
 
 
 if __name__ == "__main__":
