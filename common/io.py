@@ -26,7 +26,6 @@ def atomic_write(path: str | Path, data) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; a result gets a plain open()'s mode
         if callable(data):
             os.close(fd)
             fd = -1
@@ -35,6 +34,9 @@ def atomic_write(path: str | Path, data) -> Path:
             with os.fdopen(fd, "wb") as f:
                 fd = -1
                 f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        # mkstemp makes 0600, and so do some writers that replace the file (safetensors): set a plain open()'s
+        # mode once it is written
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         if fd >= 0:

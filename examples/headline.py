@@ -19,6 +19,6 @@ for mode in ctx.modes:
     words = suite.metrics(logits, mode, donor=torch.arange(batch.size))["accuracy"]  # between the label words
     print(f"{mode:>15}: accuracy {vocab:.3f} (full vocabulary), {words:.3f} (label words)")
 swap = suite.metrics(ctx.swap_state(batch.pair))                       # the paired sample's h_{T-1} fed at T
-lo, hi = swap["flip_rate_ci"]
-print(f"state swap at T (recurrent-full): flip rate {swap['flip_rate']:.3f} [{lo:.3f}, {hi:.3f}], "
+lo, hi = swap["follows_donor_rate_ci"]
+print(f"state swap at T (recurrent-full): follows donor {swap['follows_donor_rate']:.3f} [{lo:.3f}, {hi:.3f}], "
       f"normalized effect {swap['normalized_effect']:.2f}")

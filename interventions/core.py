@@ -39,19 +39,25 @@ prefill_many: logits and top states at every position) bit for bit.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 
 import torch
 
 from common.cpus import sequential_threads
 from common.errors import UserError
 from engine.cache import new_cache
-from engine.hooks import ResidualRecorder, patched
+from engine.hooks import Hooks, ResidualRecorder, on_depth, patched, put_columns
 from engine.modes import Mode, parse_mode
-from engine.prefill import (cache_prefix, iter_fused, jacobi_pass, recurrent_run, recurrent_start, recurrent_step,
-                            shift_state)
+from engine.prefill import (cache_prefix, iter_fused, jacobi_pass, positions_from_mask, recurrent_run, recurrent_start,
+                            recurrent_step, shift_state)
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
 
 from interventions.batch import MODES, Batch, Patch, RunOut, pos_name  # Batch and Patch: the routine's arguments
+
+
+def _host(x: torch.Tensor | None) -> torch.Tensor | None:
+    """float32 on the CPU (what the metrics read); the tensor itself when it already is."""
+    return None if x is None else x.to("cpu", torch.float32)
 
 
 # ----- the one hook helper, as the runners use it ---------------------------------------------------------
@@ -95,20 +101,46 @@ class _Standard(_Runner):
 
     def __init__(self, model, ids, mask, mode):
         super().__init__(model, ids, mask, mode)
+        self.cache = new_cache()  # every column's keys/values: a patch at column c reruns only columns c..T-1
         with ResidualRecorder(model) as rec:
             rec.cols = torch.arange(self.T)
-            out = model(ids, mask)
+            out = model(ids, mask, cache=self.cache, use_cache=True)
             resid = rec.take()
+        self.positions = positions_from_mask(mask, self.T)
         self.clean = RunOut(out.logits[:, -1], out.top, resid)
+        self._base: tuple[int, torch.Tensor] | None = None  # (c0, unpatched suffix logits from c0)
 
     def check(self, p):
         super().check(p)
         if p.site != "resid":
             raise UserError("standard prefill has no fused state: only resid patches apply")
 
+    def _suffix(self, c0: int, patches) -> torch.Tensor:
+        """Logits at T of columns c0..T-1 run on the clean cache of columns 0..c0-1, each resid patch applied
+        as a shift by (value - the clean full pass's value there)."""
+        with Hooks() as hooks:
+            for p in patches:
+                delta = p.value - self.clean.resid[:, self.col(p), p.depth]  # [B, D]; 0 where nothing changes
+                hooks.add(on_depth(self.layers, p.depth, lambda h, c=self.col(p) - c0, delta=delta:
+                                   put_columns(h, [(c, h[:, c] + delta.to(h.dtype))])))
+            return self.model(self.ids[:, c0:], self.mask, cache=cache_prefix(self.cache, c0), use_cache=True,
+                              position_ids=self.positions[:, c0:]).logits[:, -1]
+
     def run(self, patches) -> torch.Tensor:
-        with _hooks(self.model, patches, self.col):
-            return self.model(self.ids, self.mask).logits[:, -1]
+        # Columns before the first patched one are the clean run's (causal attention): start from its cache
+        # there, as the recurrent runner does, so a patch near T costs a few columns, not a whole forward.
+        # A shorter call rounds differently from the clean full pass (~1e-6), so it is used for a difference
+        # only: the clean logits plus (patched suffix - unpatched suffix), each patch entering the suffix as a
+        # shift by (value - clean value). A patch that changes nothing (an identity, or a row whose donor value
+        # equals its own) then gives the clean logits exactly; any other, the full patched forward up to float
+        # rounding (tests/test_interventions.py holds both).
+        c0 = min(self.col(p) for p in patches)
+        if c0 == 0:
+            with _hooks(self.model, patches, self.col):
+                return self.model(self.ids, self.mask).logits[:, -1]
+        if self._base is None or self._base[0] != c0:  # one unpatched suffix per start column (sweeps go in order)
+            self._base = (c0, self._suffix(c0, []))
+        return self.clean.logits + (self._suffix(c0, patches) - self._base[1])
 
     def resid(self, pass_=None):
         return self.clean.resid
@@ -254,7 +286,12 @@ class CausalContext:
         self.model = model.eval()
         self.batch = batch
         self.n_layers = model.n_layers
-        ids, mask = batch.input_ids, batch.attention_mask
+        self.on_run = None  # called after every patched run (a progress bar's step)
+        # The model may sit on an accelerator or in a low-precision dtype: runs happen there, and what callers
+        # read (logits, states, residuals) comes back as float32 on the CPU, where the metrics are computed.
+        w = next(model.parameters())
+        self.device, self.dtype = w.device, w.dtype
+        ids, mask = batch.input_ids.to(self.device), batch.attention_mask.to(self.device)
         ctx = getattr(model.config, "max_position_embeddings", None)
         if ctx is not None and int(mask.sum(-1).max()) > ctx:
             raise UserError(f"prompts of {int(mask.sum(-1).max())} tokens exceed the model's context ({ctx})")
@@ -274,7 +311,8 @@ class CausalContext:
             self.e = model.embed(ids)  # [B, T, D] token embeddings
             self.e_T = self.e[:, -1]
             self.runners = {p.name: _RUNNERS[p.kind](model, ids, mask, p) for p in parsed}
-        self.clean = {m: r.clean for m, r in self.runners.items()}
+        self.clean = {m: RunOut(_host(r.clean.logits), _host(r.clean.top), _host(r.clean.resid))
+                      for m, r in self.runners.items()}
         if check_engine:
             self._check_engine()
 
@@ -289,12 +327,13 @@ class CausalContext:
         T = self.batch.input_ids.shape[1]
         # "standard" beside the modes: the engine's recurrent modes then share one full standard pass, the
         # computation the runners keep (their patched runs restart from it)
-        ref = prefill_many(self.model, self.batch.input_ids, self.batch.attention_mask, ["standard", *self.modes],
-                           positions=tuple(range(-T, 0)), collect=False)
+        ids, mask = self.batch.input_ids.to(self.device), self.batch.attention_mask.to(self.device)
+        ref = prefill_many(self.model, ids, mask, ["standard", *self.modes], positions=tuple(range(-T, 0)),
+                           collect=False)
         for m in self.modes:
             r = self.runners[m]
-            if not torch.equal(ref[m].logits[:, -1], self.clean[m].logits):
-                diff = (ref[m].logits[:, -1] - self.clean[m].logits).abs().max().item()
+            if not torch.equal(ref[m].logits[:, -1], r.clean.logits):
+                diff = (ref[m].logits[:, -1] - r.clean.logits).abs().max().item()
                 raise RuntimeError(f"clean {m} logits differ from the prefill engine's by {diff:.3g}")
             if not torch.equal(ref[m].top, r.clean.top):
                 diff = (ref[m].top - r.clean.top).abs().max().item()
@@ -317,9 +356,13 @@ class CausalContext:
                                 f"got {tuple(p.value.shape)}")
             r.check(p)
         if not patches:
-            return RunOut(r.clean.logits)
+            return RunOut(self.clean[r.mode.name].logits)
+        patches = [replace(p, value=p.value.to(self.device, self.dtype)) for p in patches]
         with torch.no_grad():
-            return RunOut(r.run(patches))
+            out = RunOut(_host(r.run(patches)))
+        if self.on_run is not None:
+            self.on_run()
+        return out
 
     # -- thin wrappers ------------------------------------------------------------------------------------
     def fused_positions(self, mode=None) -> list[int]:
@@ -331,11 +374,14 @@ class CausalContext:
         r = self._runner(mode)
         if r.kind == "standard":
             raise UserError("standard prefill has no fed state")
-        return r.state(pos, pass_)
+        return _host(r.state(pos, pass_))
 
     def resid(self, mode=None, pass_=None) -> torch.Tensor:
         """Clean residual stream [B, T, L+1, D] of `mode` (fused-n: pass `pass_`, default the last)."""
-        return self._runner(mode).resid(pass_)
+        r = self._runner(mode)
+        if pass_ is None or (r.kind == "fused" and pass_ == r.n):
+            return self.clean[r.mode.name].resid
+        return _host(r.resid(pass_))
 
     def patch_state(self, states: torch.Tensor, mode=None, pos: int = -1, pass_=None) -> torch.Tensor:
         """Logits at T with the state entering the fusion at `pos` replaced by `states` [B, D]."""

@@ -6,10 +6,15 @@ For row i with true label y_i, reference (donor) label r_i and label-word logits
     LD_i        = z[y_i] - z[o_i]                        label logit difference at T
     correct_i   binary: 1 if LD_i > 0, 1/2 if LD_i == 0, 0 otherwise (an exact tie is a coin flip);
                 K > 2: 1/m if y_i is among the m tied argmax label words, else 0 (the same rule for K = 2)
-    flip_i      over rows whose reference label differs from their own (r_i != y_i): the prediction (argmax
-                over the K label words) follows the donor's label, 1/m on an m-way tie; binary: 1 - correct_i.
-                Rows with a same-label donor (possible under resampling) are left out of the flip rate;
-                `n_flip_rows` counts the rows used, `flips` the (tie-weighted) flips among them.
+    follows_i   "follows donor", over rows whose reference label differs from their own (r_i != y_i): the
+                prediction (argmax over the K label words) is the donor's label, 1/m on an m-way tie; binary:
+                1 - correct_i. Rows with a same-label donor (possible under resampling) are left out;
+                `n_donor_rows` counts the rows used, `follows_donor` the (tie-weighted) count among them.
+                On a model that is often wrong this is not "the answer moved": a row the clean run already
+                answers with the donor's label "follows" with no intervention at all.
+    changed_i   "changed", over every row: the prediction differs from the clean run's prediction (argmax over
+                the K label words; ties: 1 - P(two uniform picks from the tied sets agree)). An identity patch
+                gives exactly 0; this is what most readers mean by a "flip".
     normalized effect = (mean LD_patched - mean LD_clean) / (mean LD_ref - mean LD_clean)
                   a ratio of means (stable where single rows have LD_ref ~ LD_clean); LD_ref is the reference
                   run's clean LD measured against row i's labels (for the paired donor, LD_ref = -LD_pair).
@@ -54,6 +59,16 @@ def decisions(logits: torch.Tensor, labels, ref_labels, label_ids) -> tuple[np.n
     return own.cpu().numpy(), ref.cpu().numpy()
 
 
+def changed(logits: torch.Tensor, clean_logits: torch.Tensor, label_ids) -> np.ndarray:
+    """Per row: 1 - P(argmax over the label words of `logits` == that of `clean_logits`), ties picked uniformly."""
+    ids = list(label_ids)
+    a, b = logits[:, ids].double(), clean_logits[:, ids].double()
+    ta = (a == a.max(1, keepdim=True).values).double()  # [B, K] tied argmax sets
+    tb = (b == b.max(1, keepdim=True).values).double()
+    agree = (ta * tb).sum(1) / (ta.sum(1) * tb.sum(1))
+    return (1.0 - agree).cpu().numpy()
+
+
 def correctness(ld) -> np.ndarray:
     ld = np.asarray(ld, dtype=np.float64)
     return np.where(ld > 0, 1.0, np.where(ld == 0, 0.5, 0.0))
@@ -64,11 +79,11 @@ def _finite(x):
 
 
 def summarize(ld_patched, ld_clean, ld_ref, labels, ref_labels, groups, n_boot: int = 1000, seed: int = 0,
-              correct=None, follow=None) -> dict:
+              correct=None, follow=None, changed=None) -> dict:
     """All metrics of one intervention; see the module doc. Arrays are per row [B].
 
     `correct`, `follow` (K > 2 label words, from `decisions`): per-row decision scores; default (binary) derived
-    from the LD."""
+    from the LD. `changed` (from `changed`): per-row; default (binary) from the signs of LD patched and clean."""
     ld_p = np.asarray(ld_patched, dtype=np.float64)
     ld_c = np.asarray(ld_clean, dtype=np.float64)
     ld_r = np.asarray(ld_ref, dtype=np.float64)
@@ -81,20 +96,26 @@ def summarize(ld_patched, ld_clean, ld_ref, labels, ref_labels, groups, n_boot: 
     acc = correctness(ld_p) if correct is None else np.asarray(correct, dtype=np.float64)
     fmask = (r != y).astype(np.float64)
     flip = ((1.0 - acc) if follow is None else np.asarray(follow, dtype=np.float64)) * fmask
+    if changed is None:  # binary: the decision is the sign of LD (a tie is a coin flip on either side)
+        acc_c = correctness(ld_c)
+        changed = acc * (1 - acc_c) + (1 - acc) * acc_c
+    chg = np.asarray(changed, dtype=np.float64)
     dp, dr = ld_p - ld_c, ld_r - ld_c
 
     boot = ClusterBootstrap(groups, n_boot, seed)
-    sums = {k: boot.sums(v) for k, v in {"ld": ld_p, "acc": acc, "flip": flip, "nflip": fmask, "dp": dp, "dr": dr,
+    sums = {k: boot.sums(v) for k, v in {"ld": ld_p, "acc": acc, "flip": flip, "nflip": fmask, "chg": chg, "dp": dp, "dr": dr,
                                          "n": np.ones(n)}.items()}
 
     def stats(s):
         with np.errstate(divide="ignore", invalid="ignore"):
-            return {"ld_mean": s["ld"] / s["n"], "accuracy": s["acc"] / s["n"], "flip_rate": s["flip"] / s["nflip"],
+            return {"ld_mean": s["ld"] / s["n"], "accuracy": s["acc"] / s["n"], "follows_donor_rate": s["flip"] / s["nflip"],
+                    "changed_rate": s["chg"] / s["n"],
                     "normalized_effect": (s["dp"] / s["n"]) / (s["dr"] / s["n"])}
 
     point = stats({k: v[0] for k, v in sums.items()})
     reps = stats({k: v[1] for k, v in sums.items()})
-    out = {"n": int(n), "n_groups": boot.n_groups, "n_flip_rows": int(fmask.sum()), "flips": float(flip.sum()),
+    out = {"n": int(n), "n_groups": boot.n_groups, "n_donor_rows": int(fmask.sum()), "follows_donor": float(flip.sum()),
+           "changed": float(chg.sum()),
            "ld_clean_mean": float(ld_c.mean()), "ld_ref_mean": float(ld_r.mean())}
     for k, v in point.items():
         out[k] = _finite(float(v))

@@ -1,6 +1,16 @@
 """causal_report.{json,md,html}: the verdict sentence, tables, and Plotly figures (self-contained HTML).
 
-JSON schema {"name": "causal-report", "version": 5}. Version 5 keeps every field of version 4 and splits
+JSON schema {"name": "causal-report", "version": 6}. Version 6 names the two readings of a "flip" apart:
+<metrics>.flip_rate is now follows_donor_rate (the prediction is the donor's label, over the n_donor_rows rows
+whose donor label differs from their own; formerly n_flip_rows; follows_donor, formerly flips, the count), and
+changed_rate / changed are new (the prediction differs from the clean run's, over every row: an identity patch
+gives 0). It adds config.budget (quick | full), config.n_pairs (the pairs actually used) beside
+config.n_pairs_requested, config.layer_depths, config.sweep_depth, config.device / dtype, dataset.n_pairs,
+model.feedback (has a fusion module), results.fed_state (only where the fed-state analyses do not apply: "not
+applicable (no feedback): <why>"), results.resid_mean_ablation {mode, site "resid", rows [{name mean_resid_d<l>,
+depth, position -1, reference "paired sample", <metrics>}]}, and results.position_sweep.site "resid" with its
+depth under standard prefill (the paired sample's residual stream at that depth swapped at each position; no
+first_line_after). Layer patching rows follow results.layer_patching.depths (possibly a subset). Version 5 keeps every field of version 4 and splits
 results.position_sweep.first_line_after two ways: by_diff_line [{lines [first, last] (the doubling bins [0, 0], [1, 1],
 [2, 3], [4, 7], ... of the prompt line index of the pair's first differing token that hold rows), <metrics>}] and
 by_answers [{own, donor (label indices), <metrics>}]. Version 4 names fields for what they hold: <metrics>.n_flip
@@ -41,8 +51,8 @@ position, K-class labels) keeps every field of version 1 and adds:
                                 line indices; not limited to the last P positions)}
     results.layer_patching      positions now every position (names "T-k"), plus offsets [t - T] and reference;
                                 cells[mode][*] carry position (offset) and position_name
-<metrics> = n, n_groups, n_flip_rows, flips, ld_clean_mean, ld_ref_mean, ld_mean, accuracy, flip_rate, normalized_effect and
-their *_ci (interventions.metrics). Standard as the mode under study has no fed state: interventions = [],
+<metrics> = n, n_groups, n_donor_rows, follows_donor, changed, ld_clean_mean, ld_ref_mean, ld_mean, accuracy,
+follows_donor_rate, changed_rate, normalized_effect and their *_ci (interventions.metrics). Standard as the mode under study has no fed state: interventions = [],
 subspace / dose / position_sweep = null.
 """
 from __future__ import annotations
@@ -53,7 +63,7 @@ import math
 from pathlib import Path
 
 REPORT_FILES = ("causal_report.json", "causal_report.md", "causal_report.html")
-SCHEMA = {"name": "causal-report", "version": 5}
+SCHEMA = {"name": "causal-report", "version": 6}
 
 
 def clean_json(x):
@@ -99,10 +109,11 @@ def verdict(report: dict) -> tuple[str, str]:
     clean = res["clean"][cfg["mode"]]
     swap, sub = _row(res, "state_swap"), res.get("subspace")
     if swap is None or sub is None:
-        return ("not applicable (no fed state)",
-                f"{cfg['task']} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): standard "
-                f"prefill feeds no state, so there is nothing to swap (clean accuracy {_f(clean['accuracy'])} "
-                f"{_ci(clean, 'accuracy')}, n={clean['n']}); see the layer-patching heatmap.")
+        why = res.get("fed_state") or "not applicable (no feedback): standard prefill feeds no state"
+        return ("not applicable (no feedback)",
+                f"{cfg['task']} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): {why}, so "
+                f"the fed-state analyses do not apply (clean accuracy {_f(clean['accuracy'])} "
+                f"{_ci(clean, 'accuracy')}, n={clean['n']})" + _resid_clause(res) + ".")
     ne, ci = swap["normalized_effect"], swap["normalized_effect_ci"]
     lo = ci[0] if ci else None
     if clean["accuracy"] is None or clean["accuracy"] < 0.6:
@@ -116,9 +127,10 @@ def verdict(report: dict) -> tuple[str, str]:
     r = sub["rank"]
     parts = {n: _row(res, n) for n in ("subspace_swap", "complement_swap", "random_subspace_swap")}
     s = (f"{cfg['task']} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): the fused state is "
-         f"{label}: swapping the state entering the fusion at T with the paired sample's flips "
-         f"{_f(swap['flip_rate'], pct=True)} "
-         f"{_ci(swap, 'flip_rate', pct=True)} of predictions, normalized effect {_f(ne)} "
+         f"{label} (judged by the normalized effect's CI): swapping the state entering the fusion at T with the "
+         f"paired sample's makes {_f(swap['follows_donor_rate'], pct=True)} "
+         f"{_ci(swap, 'follows_donor_rate', pct=True)} of predictions follow the donor's label and changes "
+         f"{_f(swap['changed_rate'], pct=True)} {_ci(swap, 'changed_rate', pct=True)}, normalized effect {_f(ne)} "
          f"{_ci(swap, 'normalized_effect')} (n={swap['n']}, {swap['n_groups']} groups; clean accuracy "
          f"{_f(clean['accuracy'])} {_ci(clean, 'accuracy')}); the rank-{r} probe subspace alone gives "
          f"{_f(parts['subspace_swap']['normalized_effect'])} {_ci(parts['subspace_swap'], 'normalized_effect')}, "
@@ -128,6 +140,32 @@ def verdict(report: dict) -> tuple[str, str]:
          f"{_ci(parts['random_subspace_swap'], 'normalized_effect')} "
          f"(probe held-out accuracy on h_{{T-1}} {_f(sub['probe_heldout_accuracy'])}).")
     return label, s + _path_clause(label, clean, _row(res, "gate_bypass_all"))
+
+
+def _resid_clause(res: dict) -> str:
+    """What the residual analyses found, for a report without a fed state: where swapping the paired sample's
+    residual stream moves the answer most (layer patching) and what the position sweep saw before the pair's
+    first differing token (exactly nothing, by causal attention)."""
+    out = []
+    lp = res.get("layer_patching")
+    if lp and lp.get("modes"):
+        m = lp["modes"][0]
+        best = None
+        for i, d in enumerate(lp["depths"]):
+            for j, name in enumerate(lp["positions"]):
+                v = lp[m]["normalized_effect"][i][j]
+                if v is not None and (best is None or v > best[0]):
+                    best = (v, d, name)
+        if best is not None:
+            out.append(f"; layer patching: the largest normalized effect is {_f(best[0])} at depth {best[1]}, "
+                       f"position {best[2]}")
+    sw = res.get("position_sweep")
+    if sw and sw.get("after_first_diff"):
+        a = sw["after_first_diff"]
+        out.append(f"; the residual swap at depth {sw.get('depth')} after the pair's first differing token "
+                   f"changes {_f(a['changed_rate'], pct=True)} {_ci(a, 'changed_rate', pct=True)} of predictions "
+                   f"(max |LD change| at or before it {_f(sw['max_abs_ld_change_at_or_before_first_diff'], 3)})")
+    return "".join(out)
 
 
 def _path_clause(label: str, clean: dict, bypass: dict | None) -> str:
@@ -158,8 +196,9 @@ def control_sentence(report: dict) -> str:
     sw = next(r for r in c["interventions"] if r["name"] == "state_swap")
     cl = c["clean"].get(report["config"]["mode"]) or c["clean"]["standard"]
     return (f"Negative control {c['model']} (fusion never trained): the same swap gives normalized effect "
-            f"{_f(sw['normalized_effect'])} {_ci(sw, 'normalized_effect')}, flip rate "
-            f"{_f(sw['flip_rate'], pct=True)} {_ci(sw, 'flip_rate', pct=True)} (clean accuracy "
+            f"{_f(sw['normalized_effect'])} {_ci(sw, 'normalized_effect')}, follows donor "
+            f"{_f(sw['follows_donor_rate'], pct=True)} {_ci(sw, 'follows_donor_rate', pct=True)}, changed "
+            f"{_f(sw['changed_rate'], pct=True)} {_ci(sw, 'changed_rate', pct=True)} (clean accuracy "
             f"{_f(cl['accuracy'])}, n={sw['n']}).")
 
 
@@ -168,10 +207,12 @@ def _lines_label(first: int, last: int) -> str:
 
 
 def _table(rows, first="intervention"):
-    out = [f"| {first} | LD mean | accuracy | flip rate | normalized effect | n |", "|---|---|---|---|---|---|"]
+    out = [f"| {first} | LD mean | accuracy | follows donor | changed | normalized effect | n |",
+           "|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r.get('label', r.get('name'))} | {_f(r['ld_mean'])} {_ci(r, 'ld_mean')} | "
-                   f"{_f(r['accuracy'])} {_ci(r, 'accuracy')} | {_f(r['flip_rate'])} {_ci(r, 'flip_rate')} | "
+                   f"{_f(r['accuracy'])} {_ci(r, 'accuracy')} | {_f(r['follows_donor_rate'])} "
+                   f"{_ci(r, 'follows_donor_rate')} | {_f(r['changed_rate'])} {_ci(r, 'changed_rate')} | "
                    f"{_f(r['normalized_effect'])} {_ci(r, 'normalized_effect')} | {r['n']} |")
     return "\n".join(out)
 
@@ -194,15 +235,16 @@ def _leace_markdown(res) -> list[str]:
            "guarantee); clean on erased = the clean probe on the erased held-out rows. Relative change = mean "
            "||erased - clean|| / mean ||clean||.", "",
            "| erasure | position | probe before / after / clean on erased | relative change | LD mean | accuracy | "
-           "flip rate | normalized effect | n |", "|---|---|---|---|---|---|---|---|---|"]
+           "follows donor | changed | normalized effect | n |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in le["rows"]:
         pr = r.get("probe")
         probe = (" / ".join(_f((pr.get(k) or {}).get("accuracy")) for k in ("before", "after", "clean_on_erased"))
                  if pr else "n/a")
         pos = "all" if r["position"] == "all" else ("T" if r["position"] == -1 else f"T{r['position'] + 1}")
         out.append(f"| {r['name']} | {pos} | {probe} | {_f(r.get('relative_change'))} | {_f(r['ld_mean'])} "
-                   f"{_ci(r, 'ld_mean')} | {_f(r['accuracy'])} {_ci(r, 'accuracy')} | {_f(r['flip_rate'])} "
-                   f"{_ci(r, 'flip_rate')} | {_f(r['normalized_effect'])} {_ci(r, 'normalized_effect')} | {r['n']} |")
+                   f"{_ci(r, 'ld_mean')} | {_f(r['accuracy'])} {_ci(r, 'accuracy')} | {_f(r['follows_donor_rate'])} "
+                   f"{_ci(r, 'follows_donor_rate')} | {_f(r['changed_rate'])} {_ci(r, 'changed_rate')} | "
+                   f"{_f(r['normalized_effect'])} {_ci(r, 'normalized_effect')} | {r['n']} |")
     if le.get("dose"):
         out += ["", "Dose: h = h + a (LEACE(h) - h) of the fed state at T:", ""]
         out.append(_table([{**r, "label": f"a = {r['alpha']:.1f}"} for r in le["dose"]["rows"]], "alpha"))
@@ -215,17 +257,21 @@ def markdown(report: dict) -> str:
     lines = [f"# Causal-ablation report: {cfg['task']} on {report['model']['name']}", "",
              f"**Verdict.** {sentence}", "", control_sentence(report), "",
              f"Model `{report['model']['path']}` (weights sha256 {report['model']['weights_sha256'][:12]}), "
-             f"mode `{cfg['mode']}`, {cfg['n_pairs']} pairs, N = {cfg['distractors']} distractors, seed "
-             f"{cfg['seed']}, dataset fingerprint {report['dataset']['fingerprint'][:12]}. "
+             f"mode `{cfg['mode']}`, {cfg['n_pairs']} pairs ({report['dataset']['n_samples']} samples, "
+             f"{report['dataset']['n_groups']} groups), N = {cfg['distractors']} distractors, seed "
+             f"{cfg['seed']}, budget {cfg.get('budget', 'full')}, dataset fingerprint "
+             f"{report['dataset']['fingerprint'][:12]}. "
              "Metrics at the probed position T: LD = logit(true) - logit(other) label word; accuracy = LD > 0; "
-             "flip rate = prediction follows the donor's (or, without a donor, the paired sample's) label; "
+             "follows donor = the prediction is the donor's (or, without a donor, the paired sample's) label, "
+             "over rows whose donor label differs from their own (on a model that is often wrong, rows follow "
+             "the donor with no intervention at all); changed = the prediction differs from the clean run's; "
              "normalized effect = (LD_patched - LD_clean) / (LD_ref - LD_clean) as a ratio of means; 95% CIs "
              "by a bootstrap over groups.", "", "## Clean runs", ""]
     lines.append(_table([{**v, "label": k} for k, v in res["clean"].items()], "mode"))
     sub = res.get("subspace")
     if sub is None:
-        lines += ["", "Standard prefill feeds no state: no state interventions, subspace swaps, dose-response or "
-                  "position sweep.", ""]
+        lines += ["", f"Fed state: {res.get('fed_state') or 'not applicable (no feedback)'}: no state "
+                  "interventions, subspace swaps or dose-response.", ""]
     else:
         lines += ["", "## Interventions on the fused state at T", ""]
         lines.append(_table(res["interventions"] + sub["rows"] + _leace_rows(res, "state")))
@@ -236,11 +282,19 @@ def markdown(report: dict) -> str:
               "## Dose-response: h = (1 - a) own + a donor", ""]
         lines.append(_table([{**r, "label": f"a = {r['alpha']:.1f}"} for r in res["dose"]["rows"]], "alpha"))
     lines += _leace_markdown(res)
+    ab = res.get("resid_mean_ablation")
+    if ab:
+        lines += ["", f"## Mean ablation by depth ({ab['mode']}): the residual stream at (depth, T) replaced by its "
+                  "batch mean", ""]
+        lines.append(_table([{**r, "label": f"depth {r['depth']}"} for r in ab["rows"]], "depth"))
     sw = res.get("position_sweep")
     if sw:
-        lines += ["", f"## Position sweep: state swap at position t ({sw['mode']}), effect on the answer at T", "",
-                  "The paired sample's state entering the fusion at t replaces the row's own, the rest of the run "
-                  "is recomputed from it. Positions aligned from the end; rows whose own or paired columns t-1, t "
+        what = ("the state entering the fusion at t" if sw.get("site", "state") == "state"
+                else f"the residual stream at depth {sw.get('depth')}, position t,")
+        lines += ["", f"## Position sweep: {'state' if sw.get('site', 'state') == 'state' else 'residual'} swap "
+                  f"at position t ({sw['mode']}), effect on the answer at T", "",
+                  f"The paired sample's {what} replaces the row's own, the rest of the run "
+                  "is recomputed from it. Positions aligned from the end; rows whose own or paired columns "
                   "are padding are left out. `at/before diff` = rows whose pair's first differing token is at or "
                   "after t (their two states are identical there).", ""]
         lines.append(_table([{**r, "label": f"{r['position_name']} ({r['n_at_or_before_first_diff']} at/before "
@@ -260,8 +314,9 @@ def markdown(report: dict) -> str:
         fl = sw.get("first_line_after")
         if fl:
             lines += ["", f"Swap at each row's first position of the line after its first differing token's line, "
-                      f"recomputed to T (every row, {fl['n_positions']} distinct positions): flip rate "
-                      f"{_f(fl['flip_rate'])} {_ci(fl, 'flip_rate')}, normalized effect {_f(fl['normalized_effect'])} "
+                      f"recomputed to T (every row, {fl['n_positions']} distinct positions): follows donor "
+                      f"{_f(fl['follows_donor_rate'])} {_ci(fl, 'follows_donor_rate')}, changed "
+                      f"{_f(fl['changed_rate'])} {_ci(fl, 'changed_rate')}, normalized effect {_f(fl['normalized_effect'])} "
                       f"{_ci(fl, 'normalized_effect')} (n={fl['n']})."]
             if fl.get("by_diff_line"):
                 lines += ["", "The same swap by the prompt line of the pair's first differing token, and by the (own, "
@@ -279,8 +334,8 @@ def markdown(report: dict) -> str:
                 continue
             lines += [f"**{mode}**", "", "| depth | " + " | ".join(lp["positions"]) + " |",
                       "|---" * (len(lp["positions"]) + 1) + "|"]
-            for d in lp["depths"]:
-                lines.append(f"| {d} | " + " | ".join(_f(v) for v in lp[mode]["normalized_effect"][d]) + " |")
+            for i, d in enumerate(lp["depths"]):
+                lines.append(f"| {d} | " + " | ".join(_f(v) for v in lp[mode]["normalized_effect"][i]) + " |")
             lines.append("")
     c = report.get("control")
     if c and c.get("interventions"):
@@ -289,7 +344,10 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def html_report(report: dict) -> str:
+def html_report(report: dict, plotly: str = "directory") -> str:
+    """The report page. plotly.js as `plotly` says (probes.depth_curves.PLOTLY_CHOICES): "directory" loads
+    plotly.min.js from the page's folder (write_report stages it there), "inline" embeds it, "cdn" loads it from
+    cdn.plot.ly."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -305,8 +363,8 @@ def html_report(report: dict) -> str:
     c = report.get("control")
     crow = [dict(r, name=f"control: {r['name']}") for r in (c.get("interventions") or [])] if c else []
     allrows = rows + crow
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("normalized effect", "accuracy", "flip rate"))
-    for j, key in enumerate(("normalized_effect", "accuracy", "flip_rate")):
+    fig = make_subplots(rows=1, cols=4, subplot_titles=("normalized effect", "accuracy", "follows donor", "changed"))
+    for j, key in enumerate(("normalized_effect", "accuracy", "follows_donor_rate", "changed_rate")):
         fig.add_trace(go.Bar(x=[r["name"] for r in allrows], y=[r[key] for r in allrows], error_y=err(allrows, key),
                              name=key, showlegend=False), row=1, col=j + 1)
     fig.update_layout(title="Interventions at T: the fused state (and LEACE on the residual stream, leace_resid_d*) "
@@ -316,7 +374,7 @@ def html_report(report: dict) -> str:
     if res.get("dose"):
         dose = res["dose"]["rows"]
         fig = go.Figure()
-        for key in ("normalized_effect", "flip_rate", "accuracy"):
+        for key in ("normalized_effect", "follows_donor_rate", "changed_rate", "accuracy"):
             fig.add_trace(go.Scatter(x=[r["alpha"] for r in dose], y=[r[key] for r in dose],
                                      error_y=err(dose, key), mode="lines+markers", name=key))
         fig.update_layout(title="Dose-response: h = (1 - a) own + a paired donor", xaxis_title="a", height=420)
@@ -326,7 +384,7 @@ def html_report(report: dict) -> str:
     if le.get("dose"):
         dose = le["dose"]["rows"]
         fig = go.Figure()
-        for key in ("normalized_effect", "flip_rate", "accuracy"):
+        for key in ("normalized_effect", "follows_donor_rate", "changed_rate", "accuracy"):
             fig.add_trace(go.Scatter(x=[r["alpha"] for r in dose], y=[r[key] for r in dose],
                                      error_y=err(dose, key), mode="lines+markers", name=key))
         fig.update_layout(title="LEACE dose: h + a (LEACE(h) - h), fed state at T (reference: paired sample)",
@@ -336,14 +394,15 @@ def html_report(report: dict) -> str:
     sw = res.get("position_sweep")
     if sw:
         fig = make_subplots(rows=1, cols=2, subplot_titles=("by position t - T", "by t - first differing token"))
-        for key in ("normalized_effect", "flip_rate"):
+        for key in ("normalized_effect", "changed_rate"):
             rs = [r for r in sw["rows"] if r[key] is not None]
             fig.add_trace(go.Scatter(x=[r["position"] for r in rs], y=[r[key] for r in rs], error_y=err(rs, key),
                                      mode="lines+markers", name=key), row=1, col=1)
             rs = [r for r in sw["by_first_diff"] if r[key] is not None]
             fig.add_trace(go.Scatter(x=[r["relative"] for r in rs], y=[r[key] for r in rs], error_y=err(rs, key),
                                      mode="lines+markers", name=f"{key} (aligned)"), row=1, col=2)
-        fig.update_layout(title=f"State swap at position t ({sw['mode']}): effect on the answer at T "
+        site = "State" if sw.get("site", "state") == "state" else f"Residual (depth {sw.get('depth')})"
+        fig.update_layout(title=f"{site} swap at position t ({sw['mode']}): effect on the answer at T "
                                 "(bars: 95% bootstrap CI)", height=440)
         figs.append(fig)
 
@@ -362,9 +421,12 @@ def html_report(report: dict) -> str:
                           height=480)
         figs.append(fig)
 
+    from probes.depth_curves import include_plotlyjs
+
+    js = include_plotlyjs(plotly)
     body = []
     for i, f in enumerate(figs):
-        body.append(f.to_html(full_html=False, include_plotlyjs=(i == 0)))
+        body.append(f.to_html(full_html=False, include_plotlyjs=js if i == 0 else False))
     title = f"Causal-ablation report: {report['config']['task']} on {report['model']['name']}"
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title></head><body>"
             f"<h1>{html.escape(title)}</h1><p><b>Verdict.</b> {html.escape(report['verdict']['sentence'])}</p>"
@@ -385,7 +447,7 @@ def check_no_results(out: Path, overwrite: bool) -> None:
                         "pass --overwrite or choose another --out")
 
 
-def write_report(report: dict, out: Path, overwrite: bool) -> list[Path]:
+def write_report(report: dict, out: Path, overwrite: bool, plotly: str = "directory") -> list[Path]:
     """Write the three files to temporaries, then rename them all into place (common.staged): an earlier run's
     files are replaced only once every new one is complete, and no temporary survives an error or interrupt.
     Never replaces results without overwrite; never touches another file in `out` (probes.json, ...)."""
@@ -395,8 +457,11 @@ def write_report(report: dict, out: Path, overwrite: bool) -> list[Path]:
     check_no_results(out, overwrite)
     report = clean_json(report)
     texts = {"causal_report.json": json.dumps(report, indent=2, allow_nan=False),
-             "causal_report.md": markdown(report), "causal_report.html": html_report(report)}
+             "causal_report.md": markdown(report), "causal_report.html": html_report(report, plotly)}
     with Staged(out) as st:
+        from probes.depth_curves import stage_plotly_js
+
+        stage_plotly_js(st, plotly)  # plotly.min.js beside the page (shared with depth_curves.html) when needed
         for name, text in texts.items():
             st.file(name, text)
         st.commit()

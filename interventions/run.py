@@ -1,15 +1,19 @@
-"""python -m interventions.run --task completion [--model tiny-fbt] [--mode recurrent-1] [--max-positions P]
+"""python -m interventions.run --task completion [--model tiny-fbt] [--mode recurrent-1] [--budget quick|full]
 
-Runs the causal-ablation battery of docs/design.md (Interventions) in any prefill mode (standard, recurrent-K, recurrent-full,
-fused-N; parsed once by engine.modes.parse_mode, reported under its canonical name): the interventions on the
-state entering the fusion at T, the state-swap sweep over every fused position t and the depth x position layer
-patching (mode under study and standard side by side), and LEACE erasure of the label from the fed state and
-the residual stream (--erase-depths, --erase-positions; docs/methods.md). Sweeps and heatmaps cover every position of prompts up
-to DEFAULT_MAX_POSITIONS columns and the last DEFAULT_MAX_POSITIONS otherwise (--max-positions P: the last P;
-0 = all). It writes
-<project root>/figures/<model>/<task>/causal_report.{json,md,html} (beside probes.run's probes.json, from any
-working directory) or --out. The output directory is locked for the run; the three files replace an earlier
-run's only once all are complete; no other file in the folder is touched.
+Runs the causal battery of docs/design.md (Interventions) in any prefill mode (standard, recurrent-K,
+recurrent-full, fused-N; parsed once by engine.modes.parse_mode, reported under its canonical name), on a
+feedback model or on any HF causal LM (standard mode: what needs no fed state). With a fed state: the
+interventions on the state entering the fusion at T, the subspace swaps, the dose, the state-swap sweep over
+the fused positions (and each row's first position after its differing line), LEACE erasure of the label
+(--erase-depths, --erase-positions; docs/methods.md). In every mode: mean ablation of the residual at T by depth
+and the depth x position layer patching (the mode under study and standard side by side); under standard the
+sweep swaps the residual stream at --sweep-depth instead, and the fed-state analyses read "not applicable (no
+feedback)". --budget quick (the default) bounds positions, depths, LEACE rows and resamples for a first look;
+--budget full runs everything at full size; explicit flags override either. Progress: a bar over every patched
+run on a terminal (count, rate, ETA), one line per stage otherwise.
+It writes ./figures/<model>/<task>/causal_report.{json,md,html} (beside probes.run's probes.json) or --out. The
+output directory is locked for the run; the files replace an earlier run's only once all are complete; no other
+file in the folder is touched.
 """
 from __future__ import annotations
 
@@ -21,8 +25,9 @@ from pathlib import Path
 
 from common.cli import Parser, int_in, output_dir, safe_name
 from common.errors import UserError, cli_entry
+from common.paths import default_output
+from common.placement import add_placement_flags
 
-ROOT = Path(__file__).resolve().parent.parent
 N_PAIRS_RANGE = (10, 5000)
 MAX_DISTRACTORS = 1024
 MAX_SEED = 2**31 - 1  # the suite also seeds with seed + 1000
@@ -31,6 +36,20 @@ MAX_BOOT = 100_000
 DEFAULT_MAX_POSITIONS = 64
 MAX_POSITIONS = 100_000
 MAX_ERASE_DEPTH = 10_000  # checked against the model's depth once it is loaded
+DEFAULT_DISTRACTORS = 8
+# What a budget sets where its flag is not given. quick: a first look (the sweep over the last 8 positions,
+# at most 4 heatmap depths, LEACE on the fed state only, 500 resamples: CIs printed to the percent); full: the
+# whole battery as the documented results were run.
+BUDGETS = {
+    "quick": {"n_pairs": 100, "max_positions": 8, "max_depths": 4, "erase_depths": "none", "n_boot": 500},
+    "full": {"n_pairs": 200, "max_positions": 64, "max_depths": 0, "erase_depths": "all", "n_boot": 1000},
+}
+
+
+def _budget_text(name: str) -> str:
+    b = BUDGETS[name]
+    return (f"{b['n_pairs']} pairs, --max-positions {b['max_positions']}, --max-depths {b['max_depths']}, "
+            f"--erase-depths {b['erase_depths']}, --n-boot {b['n_boot']}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,25 +65,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="recurrent-1",
                    help="prefill mode intervened on: standard, recurrent-K, recurrent-full or fused-N (default "
                         "recurrent-1; fused-N patches its last pass). Layer patching also runs standard.")
-    p.add_argument("--max-positions", type=int_in(0, MAX_POSITIONS), default=DEFAULT_MAX_POSITIONS,
+    p.add_argument("--budget", choices=tuple(BUDGETS), default="quick",
+                   help="how much of the battery runs: quick (default: the analyses a first look needs, "
+                        f"{_budget_text('quick')}) or full (every analysis at full size: {_budget_text('full')}); "
+                        "an explicit flag below overrides its budget value")
+    p.add_argument("--max-positions", type=int_in(0, MAX_POSITIONS), default=None,
                    help="position sweep and layer-patching heatmap over the last P positions (0 = all; default "
-                        f"{DEFAULT_MAX_POSITIONS}: every position of prompts up to that length)")
-    p.add_argument("--distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
-                   help=f"number N of distractor lines per prompt, 0..{MAX_DISTRACTORS} (default 8)")
-    p.add_argument("--n-pairs", type=int_in(*N_PAIRS_RANGE), default=200,
-                   help=f"number of sample pairs (2 samples each), {N_PAIRS_RANGE[0]}..{N_PAIRS_RANGE[1]} "
-                        "(default 200)")
-    p.add_argument("--n-boot", type=int_in(1, MAX_BOOT), default=1000,
-                   help=f"cluster-bootstrap resamples (over groups) for every 95%% CI, 1..{MAX_BOOT} (default 1000)")
+                        "from --budget)")
+    p.add_argument("--max-depths", type=int_in(0, MAX_ERASE_DEPTH), default=None,
+                   help="layer-patching heatmap at most this many depths, evenly spaced, 0 and L kept (0 = all; "
+                        "default from --budget)")
+    p.add_argument("--sweep-depth", type=int_in(0, MAX_ERASE_DEPTH), default=None,
+                   help="standard prefill (no fed state): the residual depth the position sweep swaps at "
+                        "(default the middle of the stack, L // 2)")
+    p.add_argument("--distractors", type=int_in(0, MAX_DISTRACTORS), default=None,
+                   help=f"number N of distractor lines per prompt, 0..{MAX_DISTRACTORS} (default: a task file's "
+                        "or generator's own N, else 8)")
+    p.add_argument("--n-pairs", type=int_in(*N_PAIRS_RANGE), default=None,
+                   help=f"number of sample pairs (2 samples each), {N_PAIRS_RANGE[0]}..{N_PAIRS_RANGE[1]}; for a "
+                        "task file the first this many pairs of its N (default: every pair of a file, else from "
+                        "--budget)")
+    p.add_argument("--n-boot", type=int_in(1, MAX_BOOT), default=None,
+                   help=f"cluster-bootstrap resamples (over groups) for every 95%% CI, 1..{MAX_BOOT} (default from "
+                        "--budget)")
     p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
                    help=f"dataset / resampling / bootstrap seed, 0..{MAX_SEED} (default 0)")
     p.add_argument("--subspace-rank", type=int_in(1, MAX_RANK), default=None,
                    help=f"rank of the probe subspace, 1..min({MAX_RANK}, d_model) (default K - 1 for a K-class "
                         "label, the span of a K-class linear read-out: 1 for binary tasks, 2 for the shell game; "
                         f"at most {MAX_RANK} and d_model)")
-    p.add_argument("--erase-depths", default="all",
+    p.add_argument("--erase-depths", default=None,
                    help="LEACE rows: erase the label from the residual stream at T at these depths, one row each "
-                        "(comma-separated 0..L; 'all' = every depth, the default; 'none' = no residual rows). "
+                        "(comma-separated 0..L; 'all' = every depth; 'none' = no residual rows; default from "
+                        "--budget). "
                         "The fed state at T, with a dose, and at every fused position at once are always erased "
                         "(recurrent and fused modes)")
     p.add_argument("--erase-positions", default=None,
@@ -72,13 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "(comma-separated T, T-1, T-2, ..., or negative offsets -1 = T, -2 = T-1 written "
                         "--erase-positions=-2,-5; must be fused positions of --mode; default none beyond T)")
     p.add_argument("--control-model", default=None,
-                   help="negative-control model for the same swap (default: tiny-std when its checkpoint exists; "
-                        "'none' to skip)")
+                   help="negative-control model for the same swap (default: tiny-std when its checkpoint exists "
+                        "and shares the model's tokenizer; 'none' to skip)")
+    add_placement_flags(p)
     p.add_argument("--out", default=None,
-                   help="output directory (default <project root>/figures/<model>/<task>/, beside probes.json)")
+                   help="output directory (default ./figures/<model>/<task>/ of the current directory, beside "
+                        "probes.run's probes.json)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier run's causal_report.* in the output directory (never done silently)")
-    p.add_argument("--no-progress", action="store_true", help="do not print progress lines on stderr")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (by default a bar over every patched run on a terminal, one line "
+                        "per stage otherwise)")
     return p
 
 
@@ -97,13 +134,13 @@ def _model_path(name_or_path: str) -> Path:
     return checkpoint_dir(name_or_path) if not p.exists() and name_or_path in PRESETS else p
 
 
-def _load(name_or_path: str, role: str):
+def _load(name_or_path: str, role: str, placement=None):
     from training.presets import load_model
 
-    model, tok, name = load_model(name_or_path)  # refuses NaN/inf weights (models.full_bandwidth.load_weights)
+    model, tok, name = load_model(name_or_path, placement)  # refuses NaN/inf weights (load_weights)
     if tok is None:
         raise UserError(f"{role} model {name_or_path!r} has no tokenizer.json next to its weights")
-    return model.float().eval(), tok, name
+    return model.eval(), tok, name
 
 
 def _resolve_control(arg, main_path: Path):
@@ -158,83 +195,124 @@ def _check_erase_positions(positions, mode: str, T: int) -> None:
 @cli_entry
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from common.placement import Placement
     from engine.modes import parse_mode
     from probes.collect import weights_hash
     from probes.linear import ProbeConfig, check_groups
     from tasks import dataset_fingerprint, resolve_task
 
+    from .progress import Progress
+
     t0 = time.perf_counter()
+    budget = BUDGETS[args.budget]
+    pick = lambda flag, key: budget[key] if flag is None else flag  # an explicit flag beats its budget value
+    placement = Placement.from_args(args)
     source = resolve_task(args.task)  # a built-in name, a JSONL file or module:function; one-line errors
     mode = parse_mode(args.mode).name
-    max_positions = args.max_positions or None
-    n_pairs, n_dis, seed, rank = args.n_pairs, args.distractors, args.seed, args.subspace_rank
+    max_positions = pick(args.max_positions, "max_positions") or None
+    max_depths = pick(args.max_depths, "max_depths") or None
+    n_boot, seed, rank = pick(args.n_boot, "n_boot"), args.seed, args.subspace_rank
+    # A task file is a fixed set: by default every pair of its N, else its first --n-pairs pairs (as probes.run).
+    n_pairs = args.n_pairs if args.n_pairs is not None or source.fixed else budget["n_pairs"]
+    n_dis = args.distractors
     out_arg = output_dir(args.out, "--out") if args.out is not None else None  # "" refused, never the default
-    say = (lambda *a: None) if args.no_progress else (lambda msg: print(f"[interventions] {msg}", file=sys.stderr))
+    progress = Progress(enabled=not args.no_progress)
+    say = progress.say
 
     main_path = _model_path(args.model)
     if not main_path.exists():
         from training.presets import load_model
         load_model(args.model)  # raises the loader's UserError (unknown name / untrained preset)
     model_name = safe_name(main_path)  # a path ending in '..' names the folder it resolves to
-    # One default-output rule with probes.run: the project root's figures/<model>/<task>/, whatever the cwd.
-    out = out_arg if out_arg is not None else output_dir(ROOT / "figures" / model_name / source.name, "--out")
     from common.io import DirLock
 
     from .report import SCHEMA, check_no_results, write_report
 
-    check_no_results(out, args.overwrite)
+    if out_arg is not None:
+        check_no_results(out_arg, args.overwrite)
     control_arg, control_skip = _resolve_control(args.control_model, main_path)
-    erase_depths = _parse_erase_depths(args.erase_depths)
+    erase_depths = _parse_erase_depths(pick(args.erase_depths, "erase_depths"))
     erase_positions = _parse_erase_positions(args.erase_positions)
+    source.load()  # a module:function task's code runs from here on, every other argument checked
+    if n_dis is None:
+        own = source.default_distractors or ()
+        n_dis = own[0] if own else DEFAULT_DISTRACTORS
+    # One default-output rule with probes.run (common.paths): ./figures/<model>/<task>/ of the current directory.
+    out = out_arg if out_arg is not None else output_dir(default_output(model_name, source.name), "--out")
+    check_no_results(out, args.overwrite)
 
     if n_dis < source.min_distractors:
         raise UserError(f"task {source.name!r} needs --distractors >= {source.min_distractors}")
-    samples = source.make(None if source.fixed else n_pairs, n_dis, seed)
+    samples = source.make(n_pairs, n_dis, seed)
+    if source.fixed and args.distractors is None and len(source.default_distractors or ()) > 1:
+        say(f"task file {source.spec}: N = {n_dis} (the file also has N = "
+            f"{', '.join(map(str, source.default_distractors[1:]))}; choose with --distractors)")
     probe_cfg = ProbeConfig(random_state=seed)
     check_groups([s.label for s in samples], [s.group_id for s in samples], probe_cfg.n_splits)
 
     say(f"loading {args.model}")
-    model, tok, _ = _load(args.model, "the")
-    if not model.has_fusion:
-        raise UserError(f"model {args.model!r} has no fusion module: there is no fed state to intervene on")
+    model, tok, _ = _load(args.model, "the", placement)
     if rank is None:  # K - 1 directions separate K class means; one would leave a 3-way label partly unswapped
         rank = min(max(1, source.n_classes - 1), MAX_RANK, model.d_model)
     if rank > model.d_model:
         raise UserError(f"--subspace-rank {rank} exceeds the model's d_model {model.d_model}")
     if erase_depths and max(erase_depths) > model.n_layers:
         raise UserError(f"--erase-depths {max(erase_depths)} is beyond the model's depth 0..{model.n_layers}")
+    if args.sweep_depth is not None and args.sweep_depth > model.n_layers:
+        raise UserError(f"--sweep-depth {args.sweep_depth} is beyond the model's depth 0..{model.n_layers}")
+    feedback = model.has_fusion and parse_mode(mode).kind != "standard"
+    if not model.has_fusion and parse_mode(mode).kind != "standard":
+        raise UserError(f"model {args.model!r} has no fusion module, so it has no {mode} prefill: use --mode "
+                        "standard (residual patching, the residual position sweep and mean ablation by depth)")
+    if not feedback and erase_positions:
+        raise UserError("--erase-positions: standard prefill feeds no state")
     cmodel = None
+    if control_arg is not None and not feedback:
+        control_arg, control_skip = None, "a control model tests a fed state; standard prefill has none"
     if control_arg is not None:  # loaded (and checked) before any work, used after the main suite
-        cmodel, ctok, _ = _load(control_arg, "control")
+        cmodel, ctok, _ = _load(control_arg, "control", placement)
         if ctok.get_vocab() != tok.get_vocab():
-            raise UserError(f"control model {control_arg!r} uses another tokenizer than {args.model!r}")
+            if args.control_model is None:  # the default control only applies to the task tokenizer's models
+                cmodel, control_arg, control_skip = None, None, "tiny-std uses another tokenizer than the model"
+            else:
+                raise UserError(f"control model {control_arg!r} uses another tokenizer than {args.model!r}")
     with DirLock(out):
         check_no_results(out, args.overwrite)  # again under the lock: another run may just have written
         from common.io import remove_stale_tmp
 
         remove_stale_tmp(out)  # temporaries a killed earlier run left (this process holds the lock)
         from .core import Batch, CausalContext
-        from .suite import run_control, run_suite
+        from .suite import evenly, run_control, run_suite
 
         batch = Batch.from_samples(samples, tok, source)
-        say(f"{batch.size} samples, T = {batch.input_ids.shape[1]} columns; clean runs")
+        n_pairs_used = len({s.pair_id for s in samples})
+        say(f"{n_pairs_used} pairs ({batch.size} samples), N = {n_dis}, T = {batch.input_ids.shape[1]} columns, "
+            f"budget {args.budget}; clean runs")
         _check_erase_positions(erase_positions, mode, batch.input_ids.shape[1])  # before any model run
         t1 = time.perf_counter()
         modes = ("standard", mode)
         ctx = CausalContext(model, batch, modes=modes)
-        results = run_suite(ctx, rank=rank, n_boot=args.n_boot, seed=seed, probe_config=probe_cfg, progress=say,
-                            max_positions=max_positions, erase_depths=erase_depths,
-                            erase_positions=erase_positions)
-        t_suite = time.perf_counter() - t1
+        layer_depths = evenly(range(model.n_layers + 1), max_depths)
+        try:
+            results = run_suite(ctx, rank=rank, n_boot=n_boot, seed=seed, probe_config=probe_cfg,
+                                progress=progress, max_positions=max_positions, erase_depths=erase_depths,
+                                erase_positions=erase_positions, layer_depths=layer_depths,
+                                sweep_depth=args.sweep_depth)
+            t_suite = time.perf_counter() - t1
 
-        control = None
-        if control_arg is not None:
-            say(f"negative control {control_arg}")
-            cname = safe_name(_model_path(control_arg))
-            control = {"model": cname, "path": str(_model_path(control_arg)),
-                       **run_control(CausalContext(cmodel, batch, modes=modes), n_boot=args.n_boot, seed=seed)}
-        else:
-            control = {"skipped": control_skip}
+            control = None
+            if control_arg is not None:
+                cname = safe_name(_model_path(control_arg))
+                cctx = CausalContext(cmodel, batch, modes=modes)
+                progress.plan(3 if cmodel.has_fusion else 0)
+                progress.stage(f"negative control {control_arg}", 3 if cmodel.has_fusion else 0)
+                cctx.on_run = progress.step
+                control = {"model": cname, "path": str(_model_path(control_arg)),
+                           **run_control(cctx, n_boot=n_boot, seed=seed)}
+            else:
+                control = {"skipped": control_skip}
+        finally:
+            progress.close()
 
         lengths = batch.attention_mask.sum(-1)
         report = {
@@ -242,15 +320,18 @@ def main(argv=None) -> int:
             "model": {"name": model_name, "path": str(main_path),
                       # one definition with probes.json: a hash of the tensors (probes.collect.weights_hash);
                       # the checkpoint file's bytes are file_sha256
-                      "weights_sha256": weights_hash(model), "file_sha256": _sha256(main_path / "model.safetensors"),
-                      "n_layers": model.n_layers, "d_model": model.d_model},
-            "config": {"task": args.task, "task_source": source.describe(), "mode": mode, "distractors": n_dis, "n_pairs": n_pairs, "seed": seed,
-                       "subspace_rank": rank, "n_boot": args.n_boot, "probe": probe_cfg.to_dict(),
-                       "max_positions": max_positions, "n_classes": batch.n_classes,
+                      "weights_sha256": weights_hash(model), "file_sha256": _weights_file_sha256(main_path),
+                      "n_layers": model.n_layers, "d_model": model.d_model, "feedback": model.has_fusion},
+            "config": {"task": args.task, "task_source": source.describe(), "mode": mode, "distractors": n_dis,
+                       "n_pairs": n_pairs_used, "n_pairs_requested": n_pairs, "budget": args.budget, "seed": seed,
+                       "subspace_rank": rank, "n_boot": n_boot, "probe": probe_cfg.to_dict(),
+                       "max_positions": max_positions, "layer_depths": layer_depths, "n_classes": batch.n_classes,
                        "erase_depths": erase_depths, "erase_positions": erase_positions,
+                       "sweep_depth": (results.get("position_sweep") or {}).get("depth"),
+                       "device": str(ctx.device), "dtype": placement.dtype,
                        "command": "python -m interventions.run " + " ".join(sys.argv[1:] if argv is None else argv)},
             "dataset": {"fingerprint": dataset_fingerprint(samples), "n_samples": batch.size,
-                        "n_groups": int(len(set(batch.groups.tolist()))),
+                        "n_pairs": n_pairs_used, "n_groups": int(len(set(batch.groups.tolist()))),
                         "tokens_min": int(lengths.min()), "tokens_max": int(lengths.max())},
             "results": results,
             "control": control,
@@ -264,6 +345,15 @@ def main(argv=None) -> int:
         for p in paths:
             print(f"wrote {p}")
         return 0
+
+
+def _weights_file_sha256(path: Path) -> str | None:
+    """sha256 of the checkpoint's weights file (model.safetensors, or the first safetensors shard / .bin)."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return _sha256(path / name)
+    shards = sorted(path.glob("*.safetensors"))
+    return _sha256(shards[0]) if shards else None
 
 
 if __name__ == "__main__":

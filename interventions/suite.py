@@ -33,16 +33,15 @@ import time
 import numpy as np
 import torch
 
-from common.errors import UserError
 from probes.linear import ProbeConfig
 
 from .batch import Batch, pos_name
 from .core import CausalContext
-from .metrics import decisions, label_ld, summarize
+from .metrics import changed, decisions, label_ld, summarize
 from .subspace import energy_fraction, fold_subspaces, per_fold_states
 
 DOSE_GRID = tuple(round(a / 10, 1) for a in range(11))
-METRIC_KEYS = ("ld_mean", "accuracy", "flip_rate", "normalized_effect")
+METRIC_KEYS = ("ld_mean", "accuracy", "follows_donor_rate", "changed_rate", "normalized_effect")
 
 DESCRIPTIONS = {
     "clean": "no intervention",
@@ -61,7 +60,10 @@ DESCRIPTIONS = {
                        "position, each applied to the clean run's state there)",
     "leace_state_at": "the label erased by LEACE from the fed state at this position only",
     "leace_resid": "the label erased by LEACE from the residual stream at this depth, position T",
+    "mean_resid": "the residual stream at this depth, position T, replaced by its mean over the batch",
 }
+
+NO_FEEDBACK = "not applicable (no feedback)"
 
 
 def cap_positions(positions, max_positions):
@@ -109,6 +111,7 @@ class Suite:
                "groups": b.groups}
         if b.n_classes > 2:
             out["correct"], out["follow"] = decisions(logits, y, r, b.label_ids)
+            out["changed"] = changed(logits, clean, b.label_ids)
         return out
 
     def summary(self, a: dict, rows=None) -> dict:
@@ -116,10 +119,11 @@ class Suite:
             a = {k: v[rows] for k, v in a.items()}
         if len(a["ld"]) == 0:
             # every key of a non-empty summary (interventions.metrics.summarize), so readers need no special case
-            return {"n": 0, "n_groups": 0, "n_flip_rows": 0, "flips": 0.0, "ld_clean_mean": None, "ld_ref_mean": None,
+            return {"n": 0, "n_groups": 0, "n_donor_rows": 0, "follows_donor": 0.0, "changed": 0.0,
+                    "ld_clean_mean": None, "ld_ref_mean": None,
                     **{k: None for k in METRIC_KEYS}, **{k + "_ci": None for k in METRIC_KEYS}}
         return summarize(a["ld"], a["ldc"], a["ref"], a["y"], a["r"], a["groups"], self.n_boot, self.seed,
-                         a.get("correct"), a.get("follow"))
+                         a.get("correct"), a.get("follow"), a.get("changed"))
 
     def metrics(self, logits, mode=None, donor=None, rows=None) -> dict:
         return self.summary(self.arrays(logits, mode, donor), rows)
@@ -290,19 +294,35 @@ class Suite:
         self.timings["dose_per_point"] = self.timings["dose"] / max(1, len(grid))
         return {"alphas": [float(a) for a in grid], "rows": rows}
 
-    def position_sweep(self) -> dict | None:
-        """The state swap at every fused position t; effect on the answer at T."""
+    def sweep_positions(self) -> list[int]:
+        """The positions the sweep patches: every fused position (fed modes) or every column (standard), capped."""
+        if self.mode == "standard":
+            return cap_positions(range(-self.ctx.batch.input_ids.shape[1], 0), self.max_positions)
+        return cap_positions(self.ctx.fused_positions(self.mode), self.max_positions)
+
+    def sweep_depth(self, depth: int | None = None) -> int:
+        """The residual sweep's depth under standard prefill: `depth`, default the middle of the stack (depth 0
+        is the token embedding, which a one-token pair changes only at the differing token itself)."""
+        return self.ctx.n_layers // 2 if depth is None else int(depth)
+
+    def position_sweep(self, depth: int | None = None) -> dict | None:
+        """The swap at every position t, effect on the answer at T: of the fed state (feedback modes), or of the
+        residual stream at `depth` (standard prefill: any model, no feedback needed)."""
         ctx, b, mode = self.ctx, self.ctx.batch, self.mode
-        if mode == "standard":
-            return None
-        positions = cap_positions(ctx.fused_positions(mode), self.max_positions)
+        fed = mode != "standard"
+        depth = None if fed else self.sweep_depth(depth)
+        positions = self.sweep_positions()
         first = b.first_diff
         rows, cells = [], []
         t0 = time.perf_counter()
         for pos in positions:
-            a = self.arrays(ctx.swap_state(b.pair, mode, pos), mode)
-            ok = self._real(pos, fused=True)
-            rel = pos - first
+            logits = ctx.swap_state(b.pair, mode, pos) if fed else ctx.patch_resid(mode, depth, pos, b.pair)
+            a = self.arrays(logits, mode)
+            ok = self._real(pos, fused=fed)
+            # the swapped vector is computed from columns before the pair's first differing token (so equal in
+            # both rows): the state at t is column t-1's top state (t <= first_diff); the residual at t is
+            # column t's own (t < first_diff). Shifting the residual's offset by one gives both one rule, rel <= 0.
+            rel = pos - first + (0 if fed else 1)
             rows.append({"position": pos, "position_name": pos_name(pos),
                          "n_at_or_before_first_diff": int((ok & (rel <= 0)).sum()), **self.summary(a, ok)})
             cells.append((a, ok, rel, pos))
@@ -321,7 +341,8 @@ class Suite:
         before, after = pool(lambda rel: rel <= 0), pool(lambda rel: rel > 0)
         max_before = float(np.abs(before["ld"] - before["ldc"]).max()) if before is not None and len(
             before["ld"]) else None
-        out = {"mode": mode, "site": "state", "reference": "donor", "positions": positions,
+        out = {"mode": mode, "site": "state" if fed else "resid", "depth": depth, "reference": "donor",
+               "positions": positions,
                "position_names": [pos_name(p) for p in positions], "rows": rows,
                "first_diff": first.tolist(), "by_first_diff": by_rel,
                "at_or_before_first_diff": self.summary(before) if before is not None else None,
@@ -332,8 +353,7 @@ class Suite:
         if b.line_index is not None and cells:
             # line of the swapped position relative to the line holding the pair's first differing token
             T = b.input_ids.shape[1]
-            rows_ix = np.arange(b.size)
-            fline = b.line_index[rows_ix, np.clip(first + T, 0, T - 1)]
+            fline = self._first_diff_lines()
             rel_line = [b.line_index[:, T + pos] - fline for *_, pos in cells]
             lines = sorted({int(v) for (_, ok, _, _), rl in zip(cells, rel_line) for v in rl[ok]})
             by_line = []
@@ -342,8 +362,26 @@ class Suite:
                 pooled = {k: np.concatenate([a[k][s] for a, s in parts]) for k in cells[0][0]}
                 by_line.append({"relative_line": v, **self.summary(pooled)})
             out["by_line"] = by_line
-            out["first_line_after"] = self._first_line_after(fline, {pos: a for a, _, _, pos in cells})
+            if fed:  # the swap carried by the recurrence from the next line to T
+                out["first_line_after"] = self._first_line_after(fline, {pos: a for a, _, _, pos in cells})
         return out
+
+    def _first_diff_lines(self) -> np.ndarray | None:
+        """Per row: the line index of the pair's first differing token (None without line indices)."""
+        b = self.ctx.batch
+        if b.line_index is None:
+            return None
+        T = b.input_ids.shape[1]
+        return b.line_index[np.arange(b.size), np.clip(b.first_diff + T, 0, T - 1)]
+
+    def first_line_extra_runs(self) -> int:
+        """Patched runs `_first_line_after` adds beyond the sweep's positions (for the progress bar's plan)."""
+        fline = self._first_diff_lines()
+        if fline is None or self.mode == "standard":
+            return 0
+        pos, has = first_line_after_positions(self.ctx.batch, fline)
+        wanted = {int(v) for v in pos[has]} & set(self.ctx.fused_positions(self.mode))
+        return len(wanted - set(self.sweep_positions()))
 
     def _first_line_after(self, fline: np.ndarray, done: dict) -> dict | None:
         """The state swap at each row's own first position of the line after its first differing token's line
@@ -377,24 +415,42 @@ class Suite:
                       for y, r in sorted({(int(y), int(r)) for y, r in zip(pooled["y"], pooled["r"])})]
         return {"n_positions": len(parts), **self.summary(pooled), "by_diff_line": by_line, "by_answers": by_answers}
 
-    def layer_patching(self, modes=None) -> dict:
+    def resid_mean_ablation(self) -> dict:
+        """The residual stream at (depth, T) replaced by its mean over the batch, one run per depth (every mode,
+        any model): where along the stack the answer at T stops being recoverable from the rest."""
+        ctx, b, mode = self.ctx, self.ctx.batch, self.mode
+        from .core import Patch
+
+        resid = ctx.resid(mode)  # [B, T, L+1, D]
+        rows = []
+        t = time.perf_counter()
+        for d in range(ctx.n_layers + 1):
+            mean = resid[:, -1, d].mean(0, keepdim=True).expand(b.size, -1).clone()
+            logits = ctx.run(mode, [Patch("resid", mean, depth=d, pos=-1)]).logits
+            rows.append({"name": f"mean_resid_d{d}", "description": DESCRIPTIONS["mean_resid"], "mode": mode,
+                         "depth": d, "position": -1, "reference": "paired sample", **self.metrics(logits)})
+        self.timings["resid_mean_ablation"] = time.perf_counter() - t
+        return {"mode": mode, "site": "resid", "rows": rows}
+
+    def layer_patching(self, modes=None, depths=None) -> dict:
         ctx, b = self.ctx, self.ctx.batch
         L = ctx.n_layers
         T = b.input_ids.shape[1]
         modes = [m for m in (modes or ctx.modes) if m in ctx.clean]
         positions = cap_positions(range(-T, 0), self.max_positions)
+        depths = list(range(L + 1)) if depths is None else list(depths)
         out = {"modes": modes, "positions": [pos_name(p) for p in positions], "offsets": positions,
-               "depths": list(range(L + 1)), "reference": "donor", "cells": {}}
+               "depths": depths, "reference": "donor", "cells": {}}
         for mode in modes:
-            grid = {k: [[None] * len(positions) for _ in range(L + 1)] for k in METRIC_KEYS}
+            grid = {k: [[None] * len(positions) for _ in depths] for k in METRIC_KEYS}
             cells = []
             t = time.perf_counter()
             for j, pos in enumerate(positions):
                 ok = self._real(pos, fused=False)
-                for d in range(L + 1):
+                for i, d in enumerate(depths):
                     m = self.metrics(ctx.patch_resid(mode, d, pos, b.pair), mode, rows=ok)
                     for k in grid:
-                        grid[k][d][j] = m[k]
+                        grid[k][i][j] = m[k]
                     cells.append({"depth": d, "position": pos, "position_name": pos_name(pos), **m})
             self.timings[f"layer_patching/{mode}"] = time.perf_counter() - t
             self.timings[f"layer_patching/{mode}/per_cell"] = self.timings[f"layer_patching/{mode}"] / len(cells)
@@ -403,29 +459,65 @@ class Suite:
         return out
 
 
+def evenly(values, k: int | None) -> list:
+    """At most k of `values`, evenly spaced, first and last kept (None = all)."""
+    values = list(values)
+    if k is None or len(values) <= k:
+        return values
+    ix = np.unique(np.round(np.linspace(0, len(values) - 1, k)).astype(int))
+    return [values[i] for i in ix]
+
+
 def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int = 0, dose_grid=DOSE_GRID,
               layers: bool = True, probe_config: ProbeConfig | None = None, progress=None,
               max_positions: int | None = None, sweep: bool = True, leace: bool = True, erase_depths=None,
-              erase_positions=()) -> dict:
+              erase_positions=(), layer_depths=None, sweep_depth: int | None = None, ablation: bool = True) -> dict:
     """Every intervention of the report on one context; returns the JSON-ready result dict.
 
-    `erase_depths` (None = all) and `erase_positions` configure the LEACE rows (Suite.leace)."""
-    if not ctx.model.has_fusion:
-        raise UserError("the model has no fusion module: there is no fed state to intervene on")
+    Under standard prefill, or on a model without feedback (any HF causal LM), the fed-state analyses are
+    marked not applicable (`results["fed_state"]`) and what needs no fed state runs: layer patching, the
+    position sweep of residual swaps (at `sweep_depth`) and mean ablation by depth.
+    `erase_depths` (None = all) and `erase_positions` configure the LEACE rows (Suite.leace); `layer_depths`
+    (None = all) the heatmap's rows. `progress` (interventions.progress.Progress or None) is told each stage and
+    its planned number of patched runs, and every patched run (CausalContext.on_run)."""
     s = Suite(ctx, n_boot, seed, max_positions)
-    steps = [("clean", s.clean), ("interventions", s.state_interventions),
-             ("subspace", lambda: s.subspace(rank, probe_config)), ("dose", lambda: s.dose(dose_grid))]
+    fed = ctx.mode != "standard"
+    L, grid = ctx.n_layers, list(dose_grid)
+    steps = [("clean", s.clean, 0)]
+    if fed:
+        steps += [("interventions", s.state_interventions, 7), ("subspace", lambda: s.subspace(rank, probe_config), 3),
+                  ("dose", lambda: s.dose(dose_grid), len(grid))]
     if leace:
-        steps.append(("leace", lambda: s.leace(probe_config, erase_depths, erase_positions, dose_grid)))
+        n_depths = L + 1 if erase_depths is None else len(erase_depths)
+        n_leace = n_depths + ((2 + len(grid) + len([p for p in erase_positions if p != -1])) if fed else 0)
+        steps.append(("leace", lambda: s.leace(probe_config, erase_depths, erase_positions, dose_grid), n_leace))
+    if ablation:
+        steps.append(("resid_mean_ablation", s.resid_mean_ablation, L + 1))
     if sweep:
-        steps.append(("position_sweep", s.position_sweep))
+        steps.append(("position_sweep", lambda: s.position_sweep(sweep_depth),
+                      len(s.sweep_positions()) + (s.first_line_extra_runs() if fed else 0)))
     if layers:
-        steps.append(("layer_patching", s.layer_patching))
+        depths = list(range(L + 1)) if layer_depths is None else list(layer_depths)
+        n_pos = len(cap_positions(range(ctx.batch.input_ids.shape[1]), max_positions))
+        steps.append(("layer_patching", lambda: s.layer_patching(depths=depths),
+                      n_pos * len(depths) * len(ctx.modes)))
+    if progress is not None:
+        progress.plan(sum(n for *_, n in steps))
+        ctx.on_run = progress.step
     res = {}
-    for name, fn in steps:
-        if progress:
-            progress(name)
-        res[name] = fn()
+    try:
+        for name, fn, n in steps:
+            if progress is not None:
+                progress.stage(name, n)
+            res[name] = fn()
+    finally:
+        ctx.on_run = None
+    if not fed:
+        why = ("the model has no fusion module" if not ctx.model.has_fusion else "standard prefill feeds no state")
+        res["fed_state"] = f"{NO_FEEDBACK}: {why}"
+        res.setdefault("interventions", [])
+        for k in ("subspace", "dose"):
+            res.setdefault(k, None)
     res["timings_s"] = s.timings
     return res
 

@@ -27,3 +27,63 @@ def gpt2_config(vocab_size: int, n_layers: int = 2, d_model: int = 64, n_heads: 
     return GPT2Config(vocab_size=vocab_size, n_embd=d_model, n_layer=n_layers, n_head=n_heads, n_positions=max_len,
                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                       pad_token_id=0, bos_token_id=None, eos_token_id=None, **kw)
+
+
+def check_config(config, where) -> None:
+    """UserError (one line) for a base-model config that HF builds but that computes nonsense: a NaN model (RoPE
+    theta 0, a norm eps <= 0), a window of no tokens (every answer wrong), sizes < 1, heads that do not split the
+    width or KV heads that do not split the heads. For full-bandwidth checkpoints and plain HF models alike
+    (models.full_bandwidth.FullBandwidthLM.from_pretrained, training.presets._load_hf_lm)."""
+    import math
+
+    from common.errors import UserError
+
+    def get(key):
+        return getattr(config, key, None)
+
+    def refuse(what):
+        raise UserError(f"bad model config in {where}: {what}")
+
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_num(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "n_inner", "head_dim", "max_position_embeddings"):
+        v = get(key)
+        if v is not None and (not is_int(v) or v < 1):
+            refuse(f"{key} must be a positive integer, got {v!r}")
+    for key in ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"):
+        v = get(key)
+        if v is not None and (not is_num(v) or v <= 0):
+            refuse(f"{key} must be a finite number > 0, got {v!r}")
+    window = get("sliding_window")
+    if window is not None and (not is_int(window) or window < 1):
+        refuse(f"sliding_window must be an integer >= 1 (tokens attended) or null, got {window!r}")
+    # RoPE: v5 keeps theta in rope_parameters (per layer type in some models), older configs at the top level
+    rope = [("rope_theta", get("rope_theta"))]
+    stack = [("rope_parameters", get("rope_parameters"))]
+    if get("rope_scaling") != get("rope_parameters"):  # an alias of rope_parameters in transformers 5
+        stack.append(("rope_scaling", get("rope_scaling")))
+    while stack:
+        name, d = stack.pop()
+        if isinstance(d, dict):
+            for k, v in d.items():
+                if k in ("rope_theta", "factor"):
+                    rope.append((f"{name}.{k}", v))
+                elif isinstance(v, dict):
+                    stack.append((f"{name}.{k}", v))
+    for key, v in rope:
+        if v is not None and (not is_num(v) or v <= 0):
+            refuse(f"{key} must be a finite number > 0, got {v!r}")
+    width, heads, kv = get("hidden_size"), get("num_attention_heads"), get("num_key_value_heads")
+    if width and heads and get("head_dim") is None and width % heads:
+        refuse(f"num_attention_heads {heads} does not divide hidden_size {width}")
+    if heads and kv and heads % kv:
+        refuse(f"num_key_value_heads {kv} does not divide num_attention_heads {heads}")
+    head_dim = get("head_dim") or (width // heads if width and heads else None)
+    partial = get("partial_rotary_factor") is not None or "partial_rotary_factor" in str(get("rope_parameters"))
+    if any(v is not None for _, v in rope) and not partial and head_dim and head_dim % 2:
+        refuse(f"head dimension {head_dim} is odd; RoPE rotates pairs of dimensions")

@@ -30,6 +30,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from common.errors import UserError
 from common.io import atomic_write
+from common.jsonio import read_user_json
+from models.configs import check_config
 from models.fusion import Fusion
 
 FORMAT = "full-bandwidth-lm"
@@ -219,10 +221,7 @@ class FullBandwidthLM(nn.Module):
         missing = [n for n in ("config.json", "model.safetensors") if not (path / n).is_file()]
         if missing:
             raise UserError(f"{path} is not a full-bandwidth checkpoint: no {' and no '.join(missing)} in it")
-        try:
-            cfg = json.loads(cfg_file.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"corrupt checkpoint config {cfg_file}: {e}") from None
+        cfg = read_user_json(cfg_file, "corrupt checkpoint config")  # huge ints, deep nesting, NaN: one line
         if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
             fmt = cfg.get("format") if isinstance(cfg, dict) else type(cfg).__name__
             raise UserError(f"{cfg_file} is not a {FORMAT} config (format={fmt!r})")
@@ -251,6 +250,7 @@ class FullBandwidthLM(nn.Module):
         except Exception as e:  # ValueError/KeyError/TypeError, or HF's strict-dataclass validation errors
             raise UserError(f"cannot build the base model config of {path} (model_type={model_type!r}): "
                             f"{one_line(e, 200)}") from None
+        check_config(base_config, path / "config.json")  # values HF accepts but that make a NaN or blind model
         fusion = cfg["fusion"]
         d_model = getattr(base_config, "hidden_size", None)
         if fusion["enabled"] and fusion.get("d_model", d_model) != d_model:
@@ -293,5 +293,37 @@ def load_weights(model: FullBandwidthLM, weights_file: Path) -> None:
         raise UserError(f"corrupt checkpoint weights {weights_file}: {len(wrong)} tensor{'s' * (len(wrong) > 1)} of "
                         f"the wrong shape for its config.json, first {k}: {list(sd[k].shape)} in the file, "
                         f"{list(own[k].shape)} in the model")
+    # load_state_dict would cast integer tensors into the float parameters: a model of rounded weights
+    ints = [k for k in sorted(sd) if own[k].is_floating_point() and not sd[k].is_floating_point()]
+    if ints:
+        raise UserError(f"corrupt checkpoint weights {weights_file}: {len(ints)} tensor{'s' * (len(ints) > 1)} of a "
+                        f"non-floating type, first {ints[0]} ({sd[ints[0]].dtype}); weights must be floating point")
     check_finite_weights(sd, str(weights_file))
     model.load_state_dict(sd, strict=False)
+
+
+def non_float_weights(directory: Path) -> list[tuple[str, str]]:
+    """(name, dtype) of every `*.weight` tensor stored in a non-floating type in a plain HF model folder's weight
+    files (safetensors: read from the headers; pytorch_model.bin: memory-mapped, no pickle code run).
+    HF's from_pretrained casts them silently into the float parameters."""
+    from safetensors import safe_open
+
+    directory = Path(directory)
+    files = [directory / "model.safetensors"]
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_user_json(index, "corrupt weight index").get("weight_map", {})
+        files = sorted({directory / f for f in weight_map.values()}) if isinstance(weight_map, dict) else []
+    out = []
+    for f in files:
+        if f.is_file():
+            with safe_open(str(f), "pt") as st:
+                out += [(k, st.get_slice(k).get_dtype()) for k in st.keys()
+                        if not st.get_slice(k).get_dtype().startswith(("F", "BF"))]
+    if not (directory / "model.safetensors").is_file() and (directory / "pytorch_model.bin").is_file():
+        import zipfile
+
+        bin_file = directory / "pytorch_model.bin"  # mmap needs torch's zip format (not the legacy one)
+        sd = torch.load(bin_file, map_location="cpu", mmap=zipfile.is_zipfile(bin_file), weights_only=True)
+        out += [(k, str(v.dtype)) for k, v in sd.items() if torch.is_tensor(v) and not v.is_floating_point()]
+    return [(k, d) for k, d in sorted(out) if k.endswith(".weight")]

@@ -13,6 +13,8 @@
 Every CLI (probes.run, analysis.evaluate, interventions.run) uses it the same way::
 
     src = resolve_task(args.task)           # UserError (one line) on a bad spec or a malformed file
+    ...                                     # every other argument checked
+    src.load()                              # module:function: imports (runs) the user's code, time-limited
     samples = src.make(n_pairs, n, seed)    # validated: pairs of two members with different labels, ...
     ids, samples = src.tokenize(samples, tokenizer)  # shared final token, known words
     label_ids = src.label_token_ids(tokenizer)       # one distinct single token per label word
@@ -23,15 +25,20 @@ ignored (the data are fixed). Samples of custom tasks carry ``task = src.name`` 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib
-import json
 import re
+import signal
+import threading
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Callable
 
 from common.errors import UserError
+from common.jsonio import loads_user, split_jsonl
 
 from .samples import ALL_TASKS, LABEL_WORDS, TRACKING_TASKS, Sample
 
@@ -54,17 +61,51 @@ def is_custom_spec(spec: str) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskSource:
-    """One task, built-in or custom. ``make(n_pairs, n_distractors, seed)`` returns validated samples."""
+class _Loaded:
+    """What a task is once known: for a module:function task, only after its code has been imported."""
 
     name: str  # the rows' "task" and the default output folder name
     label_words: tuple  # index = label
-    kind: str  # "builtin", "jsonl" or "function"
-    spec: str  # as given
-    sha256: str | None = None  # jsonl: digest of the file's bytes
     default_distractors: tuple | None = None  # jsonl: the N values in the file; function: f.distractors
-    min_distractors: int = 0  # 1 for the tracking tasks (a pair differs in an update line)
-    _make: Callable | None = dataclasses.field(default=None, repr=False, compare=False)
+    make: Callable | None = None  # (n_pairs, n_distractors, seed) -> validated samples; None for built-ins
+
+
+class TaskSource:
+    """One task, built-in or custom. ``make(n_pairs, n_distractors, seed)`` returns validated samples.
+
+    A module:function task imports (runs) the user's code only in ``load()``, which ``name``, ``label_words``,
+    ``default_distractors`` and ``make`` call on first use: a CLI checks everything else first, then calls
+    ``load()``, so a refused invocation never runs that code.
+    """
+
+    def __init__(self, kind: str, spec: str, *, loaded: _Loaded | None = None, loader: Callable | None = None,
+                 sha256: str | None = None, min_distractors: int = 0):
+        self.kind = kind  # "builtin", "jsonl" or "function"
+        self.spec = spec  # as given
+        self.sha256 = sha256  # jsonl: digest of the file's bytes
+        self.min_distractors = min_distractors  # 1 for the tracking tasks (a pair differs in an update line)
+        self._loaded, self._loader = loaded, loader
+
+    def __repr__(self) -> str:
+        return f"TaskSource({self.kind!r}, {self.spec!r}{'' if self._loaded else ', not loaded'})"
+
+    def load(self) -> "TaskSource":
+        """Import and check a module:function task's code (once); other tasks are loaded already. UserError if bad."""
+        if self._loaded is None:
+            self._loaded = self._loader()
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.load()._loaded.name
+
+    @property
+    def label_words(self) -> tuple:
+        return self.load()._loaded.label_words
+
+    @property
+    def default_distractors(self) -> tuple | None:
+        return self.load()._loaded.default_distractors
 
     @property
     def n_classes(self) -> int:
@@ -99,7 +140,7 @@ class TaskSource:
             raise UserError(f"number of pairs must be a positive integer, got {n_pairs!r}")
         if not _is_int(n_distractors) or n_distractors < 0:
             raise UserError(f"number of distractors must be a non-negative integer, got {n_distractors!r}")
-        return self._make(n_pairs, n_distractors, seed)
+        return self.load()._loaded.make(n_pairs, n_distractors, seed)
 
     def tokenize(self, samples, tokenizer):
         """``tasks.tokenize_samples`` (shared final token, no unknown words), errors naming the task."""
@@ -179,14 +220,21 @@ def validate_samples(samples, label_words, where: str) -> list[Sample]:
             raise UserError(f"{where}: item {i} is a {type(s).__name__}, not a tasks.Sample")
         if not isinstance(s.text, str) or not s.text.strip():
             raise UserError(f"{where}: sample {i} has an empty or non-string text")
+        if not isinstance(s.task, str):
+            raise UserError(f"{where}: sample {i} has task {s.task!r}; must be a string")
         if not _is_int(s.label) or not 0 <= s.label < k:
             raise UserError(f"{where}: sample {i} has label {s.label!r}; labels must be integers in 0..{k - 1} "
                             f"(index into the {k} label words)")
-        for f in ("pair_id", "group_id", "n_distractors"):
-            if not _is_int(getattr(s, f)) or (f == "n_distractors" and s.n_distractors < 0):
+        for f in ("pair_id", "group_id", "n_distractors", "writes"):
+            if not _is_int(getattr(s, f)) or (f in ("n_distractors", "writes") and getattr(s, f) < 0):
                 raise UserError(f"{where}: sample {i} has {f} {getattr(s, f)!r}; must be an integer"
-                                + (" >= 0" if f == "n_distractors" else ""))
+                                + (" >= 0" if f in ("n_distractors", "writes") else ""))
+        if s.n_tokens is not None and (not _is_int(s.n_tokens) or s.n_tokens < 1):
+            raise UserError(f"{where}: sample {i} has n_tokens {s.n_tokens!r}; leave it None (tokenize fills it)")
         if s.running is not None:
+            if not isinstance(s.running, (list, tuple)):
+                raise UserError(f"{where}: sample {i} has running {s.running!r}; must be a non-empty list of "
+                                f"labels in 0..{k - 1}")
             run = tuple(s.running)
             if not run or any(not _is_int(v) or not 0 <= v < k for v in run):
                 raise UserError(f"{where}: sample {i} has running {list(run)}; must be a non-empty list of "
@@ -207,7 +255,10 @@ def validate_samples(samples, label_words, where: str) -> list[Sample]:
             raise UserError(f"{where}: the two members of pair {pid} (N={n}) are in different groups "
                             f"({a.group_id}, {b.group_id}); a pair must lie in one CV group")
     words = tuple(label_words)  # carried by each sample, so Sample.answer / full_text work for any task
-    return [s if s.label_words == words else dataclasses.replace(s, label_words=words) for s in samples]
+    # running as a tuple: a list would make the (frozen) Sample unhashable
+    return [s if s.label_words == words and not isinstance(s.running, list) else
+            dataclasses.replace(s, label_words=words, running=None if s.running is None else tuple(s.running))
+            for s in samples]
 
 
 # ----- JSONL ------------------------------------------------------------------------------------------------
@@ -225,18 +276,15 @@ def _load_jsonl(spec: str) -> TaskSource:
         raise UserError(f"task file {spec} does not exist (a --task ending in .jsonl names a samples file)")
     try:
         raw = path.read_bytes()
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a leading byte-order mark (some Windows editors) is not content
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read task file {spec}: {e}") from None
-    lines = [(i, ln) for i, ln in enumerate(text.splitlines(), start=1) if ln.strip()]
+    lines = split_jsonl(text)
     if not lines:
         raise UserError(f"task file {spec} is empty")
     objs = []
     for i, ln in lines:
-        try:
-            obj = json.loads(ln)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{spec} line {i}: not valid JSON ({e.msg})") from None
+        obj = loads_user(ln, f"{spec} line {i}")
         if not isinstance(obj, dict):
             raise UserError(f"{spec} line {i}: expected a JSON object, got {type(obj).__name__}")
         objs.append((i, obj))
@@ -311,65 +359,129 @@ def _load_jsonl(spec: str) -> TaskSource:
         keep = set(keep)
         return [s for s in sel if s.pair_id in keep]
 
-    return TaskSource(name=name, label_words=words, kind="jsonl", spec=spec, sha256=hashlib.sha256(raw).hexdigest(),
-                      default_distractors=counts, _make=make)
+    return TaskSource("jsonl", spec, loaded=_Loaded(name, words, counts, make), sha256=hashlib.sha256(raw).hexdigest())
 
 
 # ----- module:function --------------------------------------------------------------------------------------
-def _load_function(spec: str) -> TaskSource:
-    mod_name, func_name = spec.split(":")
+# Importing the module and calling the generator run the user's code: both run under a time limit (a generator
+# that never returns would hang the CLI), and sys.exit() in it becomes a one-line error instead of ending the run
+# with status 0 and no results.
+FUNCTION_TIME_LIMIT_S = 300
+
+
+class _TimeUp(BaseException):
+    """Raised by the SIGALRM handler; a BaseException so that the user's `except Exception` does not swallow it."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, what: str):
+    """Run the block for at most `seconds` (SIGALRM, so only in the main thread of a POSIX process; elsewhere
+    unlimited), else UserError naming the limit. A code that blocks signals inside C cannot be stopped."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired, armed = [], [True]
+
+    def on_alarm(signum, frame):
+        fired.append(True)
+        if armed[0]:
+            raise _TimeUp
+
+    t0 = time.monotonic()
+    old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    # re-fires every second: code that catches one _TimeUp (a bare except) is interrupted again
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
     try:
-        mod = importlib.import_module(mod_name)
-    except Exception as e:  # ImportError, or whatever the module raises on import
-        raise UserError(f"task {spec}: cannot import module {mod_name!r} ({type(e).__name__}: {e})") from None
-    f = getattr(mod, func_name, None)
-    if f is None or not callable(f):
-        raise UserError(f"task {spec}: module {mod_name!r} has no function {func_name!r}")
-    words = getattr(f, "label_words", None)
-    if words is None:
-        raise UserError(f"task {spec}: the function needs a label_words attribute (e.g. "
-                        f"{func_name}.label_words = (\"0\", \"1\"))")
-    words = _check_label_words(tuple(words) if isinstance(words, (list, tuple)) else words, f"task {spec}")
-    name = getattr(f, "task_name", func_name)
-    if not isinstance(name, str) or not _NAME_RE.match(name) or name in ALL_TASKS:
-        raise UserError(f"task {spec}: task_name {name!r} must be 1-64 letters, digits, '_', '-' or '.' and not "
-                        "a built-in task's name")
-    dis = getattr(f, "distractors", None)
-    if dis is not None:
-        if not isinstance(dis, (list, tuple)) or not dis or any(not _is_int(n) or n < 0 for n in dis):
-            raise UserError(f"task {spec}: distractors must be a non-empty list of integers >= 0, got {dis!r}")
-        dis = tuple(sorted(set(dis)))
-
-    def make(n_pairs, n_distractors, seed):
         try:
-            out = f(n_pairs, n_distractors, seed)
-        except UserError as e:
-            raise UserError(f"task {spec}: {e}") from None
-        except Exception as e:  # a bug in the user's generator: still one line
-            raise UserError(f"task {spec} failed for n_pairs={n_pairs}, N={n_distractors}, seed={seed}: "
-                            f"{type(e).__name__}: {e}") from None
-        out = validate_samples(out, words, f"task {spec} (N={n_distractors})")
-        return [s if s.task == name else dataclasses.replace(s, task=name) for s in out]
+            yield
+        finally:
+            armed[0] = False  # from here on the handler only records
+    except _TimeUp:
+        pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_delay:  # an outer timer (e.g. a test runner's), less the time spent here
+            signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - t0), 1e-3), old_interval)
+    if fired:
+        raise UserError(f"{what} did not finish within the {seconds:g} s limit for a task's code "
+                        "(tasks.custom.FUNCTION_TIME_LIMIT_S)")
 
-    return TaskSource(name=name, label_words=words, kind="function", spec=spec, default_distractors=dis,
-                      _make=make)
+
+def _run_user_code(what: str, call, failed: Callable[[Exception], str]):
+    """`call()` under the time limit; sys.exit() and a timeout as one UserError line naming `what`, an exception
+    as `failed(e)`."""
+    with _time_limit(FUNCTION_TIME_LIMIT_S, what):
+        try:
+            return call()
+        except SystemExit as e:
+            raise UserError(f"{what} called sys.exit({e.code!r}); a task's code must return or raise") from None
+        except UserError as e:  # the user's code refusing its arguments
+            raise UserError(f"{what}: {e}") from None
+        except Exception as e:  # a bug in the user's code: still one line
+            raise UserError(failed(e)) from None
+
+
+def _function_loader(spec: str) -> Callable[[], _Loaded]:
+    mod_name, func_name = spec.split(":")
+
+    def load() -> _Loaded:
+        mod = _run_user_code(f"task {spec}: importing module {mod_name!r}", lambda: importlib.import_module(mod_name),
+                             lambda e: f"task {spec}: cannot import module {mod_name!r} ({type(e).__name__}: {e})")
+        f = getattr(mod, func_name, None)
+        if f is None or not callable(f):
+            raise UserError(f"task {spec}: module {mod_name!r} has no function {func_name!r}")
+        words = getattr(f, "label_words", None)
+        if words is None:
+            raise UserError(f"task {spec}: the function needs a label_words attribute (e.g. "
+                            f"{func_name}.label_words = (\"0\", \"1\"))")
+        words = _check_label_words(tuple(words) if isinstance(words, (list, tuple)) else words, f"task {spec}")
+        name = getattr(f, "task_name", func_name)
+        if not isinstance(name, str) or not _NAME_RE.match(name) or name in ALL_TASKS:
+            raise UserError(f"task {spec}: task_name {name!r} must be 1-64 letters, digits, '_', '-' or '.' and "
+                            "not a built-in task's name")
+        dis = getattr(f, "distractors", None)
+        if dis is not None:
+            if not isinstance(dis, (list, tuple)) or not dis or any(not _is_int(n) or n < 0 for n in dis):
+                raise UserError(f"task {spec}: distractors must be a non-empty list of integers >= 0, got {dis!r}")
+            dis = tuple(sorted(set(dis)))
+
+        def generate(n_pairs, n_distractors, seed):
+            out = f(n_pairs, n_distractors, seed)
+            # an iterator (a generator function's result) runs the user's code as it is consumed: consume it here
+            if isinstance(out, Iterable) and not isinstance(out, (str, bytes, dict, list)):
+                out = list(out)
+            return out
+
+        def make(n_pairs, n_distractors, seed):
+            call = f"n_pairs={n_pairs}, N={n_distractors}, seed={seed}"
+            out = _run_user_code(f"task {spec} ({call})", lambda: generate(n_pairs, n_distractors, seed),
+                                 lambda e: f"task {spec} failed for {call}: {type(e).__name__}: {e}")
+
+            out = validate_samples(out, words, f"task {spec} (N={n_distractors})")
+            return [s if s.task == name else dataclasses.replace(s, task=name) for s in out]
+
+        return _Loaded(name, words, dis, make)
+
+    return load
 
 
 def resolve_task(spec) -> TaskSource:
     """A built-in task name, a ``*.jsonl`` samples file or ``package.module:function`` -> :class:`TaskSource`.
 
-    UserError (one line) on an unknown name, a missing or malformed file, or a generator that cannot be
-    imported; a JSONL file is read and validated here, a generator's output on every ``make``.
+    UserError (one line) on an unknown name or a missing or malformed file; a JSONL file is read and validated
+    here. A module:function spec is checked for its syntax only: its module is imported (its code run) by
+    ``TaskSource.load()``, and a generator's output validated on every ``make``.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise UserError("task is empty: give a built-in task, a .jsonl file or package.module:function")
     spec = spec.strip()
     if spec in ALL_TASKS:
-        return TaskSource(name=spec, label_words=tuple(LABEL_WORDS[spec]), kind="builtin", spec=spec,
+        return TaskSource("builtin", spec, loaded=_Loaded(spec, tuple(LABEL_WORDS[spec])),
                           min_distractors=int(spec in TRACKING_TASKS))
     if spec.endswith(".jsonl") or (Path(spec).suffix and Path(spec).is_file()):
         return _load_jsonl(spec)
     if _FUNC_RE.match(spec):
-        return _load_function(spec)
+        return TaskSource("function", spec, loader=_function_loader(spec))  # imported on load()
     raise UserError(f"unknown task {spec!r}; valid tasks: {', '.join(ALL_TASKS)}, a path to a .jsonl samples file, "
                     "or package.module:function (docs/tasks.md)")

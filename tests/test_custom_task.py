@@ -222,7 +222,7 @@ def test_interventions_run_on_a_jsonl_file(tiny_ckpt, tmp_path):
     assert rep["config"]["task_source"]["kind"] == "jsonl"
     assert rep["dataset"]["n_samples"] == 30
     swap = next(r for r in rep["results"]["interventions"] if r["name"] == "state_swap")
-    assert swap["n"] == 30 and 0.0 <= swap["flip_rate"] <= 1.0
+    assert swap["n"] == 30 and 0.0 <= swap["follows_donor_rate"] <= 1.0
 
 
 def test_custom_samples_know_their_answer(tmp_path):

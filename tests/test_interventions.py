@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -90,7 +91,7 @@ def test_hand_built_model_swap_flips_all_and_zero_gives_documented_value(state_o
     assert np.allclose(ld_clean, C * math.sqrt(D), rtol=1e-4)
     s = Suite(ctx, n_boot=200)
     swap = s.metrics(ctx.swap_state(batch.pair))
-    assert swap["flip_rate"] == 1.0 and swap["accuracy"] == 0.0
+    assert swap["follows_donor_rate"] == 1.0 and swap["accuracy"] == 0.0
     assert swap["normalized_effect"] == pytest.approx(1.0, abs=1e-6)
     zero_logits = ctx.patch_state(torch.zeros_like(ctx.h_prev))
     assert np.array_equal(label_ld(zero_logits, y, ids), np.zeros(batch.size))
@@ -110,15 +111,15 @@ def test_metric_formulas_match_a_hand_computation():
     ref_labels = np.array([1, 0, 1, 1])
     groups = np.array([0, 0, 1, 1])
     m = summarize(ld, ld_clean, ld_ref, y, ref_labels, groups, n_boot=500, seed=0)
-    assert m["n"] == 4 and m["n_groups"] == 2 and m["n_flip_rows"] == 3
-    assert m["flips"] == pytest.approx(0 + 0.5 + 1)  # rows 0, 1, 3 below
+    assert m["n"] == 4 and m["n_groups"] == 2 and m["n_donor_rows"] == 3
+    assert m["follows_donor"] == pytest.approx(0 + 0.5 + 1)  # rows 0, 1, 3 below
     assert m["ld_mean"] == pytest.approx(1.0)
     assert m["accuracy"] == pytest.approx((1 + 0.5 + 1 + 0) / 4)
     # flip over rows 0, 1, 3 (donor label differs): 0, 0.5, 1
-    assert m["flip_rate"] == pytest.approx(1.5 / 3)
+    assert m["follows_donor_rate"] == pytest.approx(1.5 / 3)
     # ((2-3)+(0-1)+(4-2)+(-2-1)) / ((-3-3)+(-1-1)+(2-2)+(-1-1)) = -3 / -10
     assert m["normalized_effect"] == pytest.approx(0.3)
-    for k in ("ld_mean", "accuracy", "flip_rate", "normalized_effect"):
+    for k in ("ld_mean", "accuracy", "follows_donor_rate", "normalized_effect"):
         lo, hi = m[k + "_ci"]
         assert lo <= m[k] + 1e-12 and m[k] <= hi + 1e-12
 
@@ -229,6 +230,7 @@ def _metric_rows(res):
     rows += [(f"subspace/{r['name']}", r) for r in res["subspace"]["rows"]]
     rows += [(f"dose/{r['alpha']}", r) for r in res["dose"]["rows"]]
     rows += [(f"sweep/{r['position']}", r) for r in res["position_sweep"]["rows"]]
+    rows += [(f"ablation/{r['name']}", r) for r in res["resid_mean_ablation"]["rows"]]
     for mode, cells in res["layer_patching"]["cells"].items():
         rows += [(f"layers/{mode}/{c['depth']}/{c['position']}", c) for c in cells]
     return rows
@@ -253,7 +255,7 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
             "--no-progress", "--n-boot", "300"]
     assert main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == ["causal_report.html", "causal_report.json",
-                                                     "causal_report.md"]
+                                                     "causal_report.md", "plotly.min.js"]
     rep = json.loads((out / "causal_report.json").read_text())
     res = rep["results"]
 
@@ -284,7 +286,7 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
     cfg = rep["config"]
     assert (cfg["task"], cfg["mode"], cfg["distractors"], cfg["n_pairs"], cfg["max_positions"], cfg["n_classes"],
             cfg["n_boot"]) == ("parity", "recurrent-full", 4, 10, 4, 2, 300)  # the values in force
-    assert rep["dataset"] == {"fingerprint": dataset_fingerprint(samples), "n_samples": 20,
+    assert rep["dataset"] == {"fingerprint": dataset_fingerprint(samples), "n_samples": 20, "n_pairs": 10,
                               "n_groups": len({s.group_id for s in samples}),
                               "tokens_min": min(map(len, ids)), "tokens_max": max(map(len, ids))}
     assert rep["control"] == {"skipped": "disabled with --control-model none"}
@@ -303,16 +305,18 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
     assert names == ["gate_bypass", "state_swap", "resample", "mean", "zero", "random_state", "gate_bypass_all",
                      "subspace_swap", "complement_swap", "random_subspace_swap"]
     rows = _metric_rows(res)
-    assert len(rows) == 2 + 10 + 11 + 4 + 2 * 4 * (model.n_layers + 1)
+    # the quick budget (the default): at most 4 heatmap depths, evenly spaced, 0 and L kept
+    assert res["layer_patching"]["depths"] == [0, 2, 4, 6] and cfg["budget"] == "quick"
+    assert len(rows) == 2 + 10 + 11 + 4 + (model.n_layers + 1) + 2 * 4 * 4
     for where, r in rows:
         assert 0 < r["n"] <= 20 and 0 < r["n_groups"] <= rep["dataset"]["n_groups"], where
-        for k in ("ld_mean", "accuracy", "flip_rate", "normalized_effect"):
+        for k in ("ld_mean", "accuracy", "follows_donor_rate", "normalized_effect"):
             if r[k] is None:
                 assert r[k + "_ci"] is None, (where, k)
                 continue
             lo, hi = r[k + "_ci"]
             assert lo <= r[k] + 1e-9 and r[k] <= hi + 1e-9, (where, k, lo, r[k], hi)
-            if k in ("accuracy", "flip_rate"):
+            if k in ("accuracy", "follows_donor_rate"):
                 assert 0 <= lo <= hi <= 1, (where, k)
 
     # --- invariants of the interventions
@@ -321,8 +325,9 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
     assert [d["alpha"] for d in dose] == [a / 10 for a in range(11)]
     # a = 0 feeds the model its own state (the clean run, bit for bit), a = 1 the donor's (= the state swap)
     assert dose[0]["normalized_effect"] == 0 and dose[0]["ld_mean"] == res["clean"]["recurrent-full"]["ld_mean"]
+    assert dose[0]["changed_rate"] == 0 and dose[0]["changed"] == 0  # the identity patch changes no answer
     same = [k for k in dose[-1] if k not in ("alpha", "position")]
-    assert len(same) == 14 and {k: dose[-1][k] for k in same} == {k: by["state_swap"][k] for k in same}
+    assert len(same) == 17 and {k: dose[-1][k] for k in same} == {k: by["state_swap"][k] for k in same}
     # e_t fed at every position instead of the fused input is the standard prefill
     assert by["gate_bypass_all"]["accuracy"] == pytest.approx(want["standard"][0], abs=1e-12)
     assert by["gate_bypass_all"]["ld_mean"] == pytest.approx(want["standard"][1], abs=1e-4)
@@ -331,16 +336,17 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
     # at or before the pair's first differing token the two states are equal: exactly no effect
     before = sweep["at_or_before_first_diff"]
     assert before["n"] == sum(r["n_at_or_before_first_diff"] for r in sweep["rows"]) > 0
-    assert sweep["max_abs_ld_change_at_or_before_first_diff"] == 0.0 and before["flip_rate"] == 0.0
+    assert sweep["max_abs_ld_change_at_or_before_first_diff"] == 0.0 and before["follows_donor_rate"] == 0.0
     lp = res["layer_patching"]
-    assert lp["offsets"] == [-4, -3, -2, -1] and lp["depths"] == list(range(model.n_layers + 1))
+    assert lp["offsets"] == [-4, -3, -2, -1] and lp["depths"] == [0, 2, 4, 6]
     # the donor's top residual at T gives the donor's logits: normalized effect 1 in both modes
     for mode in ("standard", "recurrent-full"):
-        assert lp[mode]["normalized_effect"][model.n_layers][-1] == pytest.approx(1.0, abs=1e-4), mode
+        assert lp[mode]["normalized_effect"][-1][-1] == pytest.approx(1.0, abs=1e-4), mode
 
     assert rep["verdict"]["label"] and "parity" in rep["verdict"]["sentence"]
     assert "**Verdict.**" in (out / "causal_report.md").read_text()
-    assert "<script src=" not in (out / "causal_report.html").read_text()
+    srcs = re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", (out / "causal_report.html").read_text())
+    assert srcs == ["plotly.min.js"] and (out / "plotly.min.js").is_file()  # offline: plotly.js beside the page
 
 
 @pytest.mark.slow  # ~1 min on a loaded 2-core box; the default run keeps the fast CLI tests above
@@ -370,7 +376,9 @@ def test_cli_end_to_end_on_a_tiny_checkpoint(tmp_path, capsys):
     assert rep["control"]["interventions"][0]["name"] == "state_swap"
     assert "memory" in rep["verdict"]["sentence"]
     html = (out / "causal_report.html").read_text()
-    assert "plotly" in html.lower() and "<script src=" not in html  # self-contained
+    # offline: the page loads the one plotly.min.js of its folder, written with the report
+    assert re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", html) == ["plotly.min.js"]
+    assert (out / "plotly.min.js").stat().st_size > 1_000_000
     assert "**Verdict.**" in (out / "causal_report.md").read_text()
     before = (out / "causal_report.json").read_text()
     capsys.readouterr()
@@ -381,8 +389,8 @@ def test_cli_end_to_end_on_a_tiny_checkpoint(tmp_path, capsys):
 
 def _verdict_report(swap_ne_ci, bypass_acc_ci, clean_acc_ci=(1.0, 1.0)):
     row = lambda name, ne=0.0, ci=(0.0, 0.0), acc=1.0, acc_ci=(1.0, 1.0): {
-        "name": name, "normalized_effect": ne, "normalized_effect_ci": list(ci), "flip_rate": ne,
-        "flip_rate_ci": list(ci), "n": 100, "n_groups": 50, "accuracy": acc, "accuracy_ci": list(acc_ci)}
+        "name": name, "normalized_effect": ne, "normalized_effect_ci": list(ci), "follows_donor_rate": ne,
+        "follows_donor_rate_ci": list(ci), "changed_rate": ne, "changed_rate_ci": list(ci), "n": 100, "n_groups": 50, "accuracy": acc, "accuracy_ci": list(acc_ci)}
     return {"config": {"task": "parity", "mode": "recurrent-full", "distractors": 64}, "model": {"name": "m"},
             "results": {"clean": {"recurrent-full": {"accuracy": clean_acc_ci[0], "accuracy_ci": list(clean_acc_ci),
                                                      "n": 100}},
@@ -430,5 +438,5 @@ def test_an_empty_summary_has_the_keys_of_a_full_one():
     a = {"ld": np.array([1.0, -2.0, 0.5, -1.0, 2.0, -0.5]), "ldc": np.full(6, 2.0), "ref": np.full(6, -2.0),
          "y": np.array([0, 1] * 3), "r": np.array([1, 0] * 3), "groups": np.repeat(np.arange(3), 2)}
     full, empty = s.summary(a), s.summary(a, np.zeros(6, bool))
-    assert full["n"] == 6 and empty["n"] == 0 and empty["flips"] == 0.0
+    assert full["n"] == 6 and empty["n"] == 0 and empty["follows_donor"] == 0.0
     assert empty.keys() == full.keys()

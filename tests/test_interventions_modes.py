@@ -235,7 +235,7 @@ def test_k_class_labels_ld_against_the_donor_and_argmax_flips(tiny_model):
     logits = ctx.swap_state(b.pair)
     z = logits[:, [10, 11, 12]]
     follow = (z.argmax(1) == b.labels[b.pair]).double().mean().item()  # no ties with random weights
-    assert m["flip_rate"] == pytest.approx(follow)
+    assert m["follows_donor_rate"] == pytest.approx(follow)
 
 
 # ----- CLI end to end ------------------------------------------------------------------------------------------
@@ -260,11 +260,12 @@ def test_cli_end_to_end_in_every_mode(tiny_ckpt, tmp_path, mode, task, n):
     out = tmp_path / "fig"
     cap = ["--max-positions", "6"] if task == "shell_game" else []  # the capped sweep / heatmap, and faster
     assert main(["--model", str(tiny_ckpt), "--task", task, "--mode", mode, "--n-pairs", "10",
-                 "--distractors", n, "--out", str(out), "--control-model", "none", "--no-progress", *cap]) == 0
+                 "--distractors", n, "--out", str(out), "--control-model", "none", "--no-progress", "--budget", "full",
+                 *cap]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["causal_report.html", "causal_report.json",
-                                                     "causal_report.md"]
+                                                     "causal_report.md", "plotly.min.js"]
     rep = json.loads((out / "causal_report.json").read_text())
-    assert rep["schema"] == {"name": "causal-report", "version": 5}  # interventions.report.SCHEMA
+    assert rep["schema"] == {"name": "causal-report", "version": 6}  # interventions.report.SCHEMA
     assert rep["config"]["mode"] == mode and rep["config"]["n_classes"] == (3 if task == "shell_game" else 2)
     res = rep["results"]
     # default subspace rank K - 1: two orthonormal directions for the 3-way label, one for binary tasks
@@ -288,11 +289,11 @@ def test_cli_end_to_end_in_every_mode(tiny_ckpt, tmp_path, mode, task, n):
         assert all(r["normalized_effect"] in (0.0, None) for r in sw["by_line"] if r["relative_line"] < 0)
         assert any(r["relative_line"] == 0 for r in sw["by_line"])
         fl = sw["first_line_after"]  # every row, although the sweep covers only the last 6 positions
-        assert fl["n"] == 20 and fl["n_positions"] >= 1 and 0.0 <= fl["flip_rate"] <= 1.0
+        assert fl["n"] == 20 and fl["n_positions"] >= 1 and 0.0 <= fl["follows_donor_rate"] <= 1.0
         # both splits partition the rows and their flips; each pair's answers differ
         for split in ("by_diff_line", "by_answers"):
             assert sum(r["n"] for r in fl[split]) == fl["n"]
-            assert sum(r["flips"] or 0 for r in fl[split]) == fl["flips"]
+            assert sum(r["follows_donor"] or 0 for r in fl[split]) == fl["follows_donor"]
         assert all(r["own"] != r["donor"] for r in fl["by_answers"])
         # every row's differing line (the prompt's line 0 holds the start, so line = diff_line + 1) in its bin
         counts = {tuple(r["lines"]): r["n"] for r in fl["by_diff_line"]}
@@ -325,11 +326,20 @@ def test_cli_standard_mode_has_no_state_interventions(tiny_ckpt, tmp_path):
 
     out = tmp_path / "fig"
     assert main(["--model", str(tiny_ckpt), "--task", "completion", "--mode", "fused-0", "--n-pairs", "10",
-                 "--distractors", "0", "--out", str(out), "--control-model", "none", "--no-progress"]) == 0
+                 "--distractors", "0", "--out", str(out), "--control-model", "none", "--no-progress",
+                 "--max-positions", "0"]) == 0
     rep = json.loads((out / "causal_report.json").read_text())
-    assert rep["config"]["mode"] == "standard" and rep["results"]["interventions"] == []
-    assert rep["results"]["position_sweep"] is None and rep["results"]["layer_patching"]["modes"] == ["standard"]
-    assert rep["verdict"]["label"].startswith("not applicable")
+    res = rep["results"]
+    assert rep["config"]["mode"] == "standard" and res["interventions"] == [] and res["subspace"] is None
+    assert res["fed_state"] == "not applicable (no feedback): standard prefill feeds no state"
+    assert res["layer_patching"]["modes"] == ["standard"]
+    # what needs no fed state runs: the residual sweep at the middle depth, exactly zero before the first
+    # differing token (the pair's residuals are equal there), and mean ablation at every depth
+    sw = res["position_sweep"]
+    assert sw["site"] == "resid" and sw["depth"] == 1 == rep["config"]["sweep_depth"]
+    assert sw["max_abs_ld_change_at_or_before_first_diff"] == 0.0 and sw["at_or_before_first_diff"]["n"] > 0
+    assert [r["depth"] for r in res["resid_mean_ablation"]["rows"]] == [0, 1, 2]
+    assert rep["verdict"]["label"] == "not applicable (no feedback)"
 
 
 @pytest.mark.parametrize("task", ["parity", "shell_game"])

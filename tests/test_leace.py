@@ -139,7 +139,7 @@ def test_suite_row_is_the_measured_patched_run(tiny_model):
     logits = ctx.patch_state(erased)
     assert row["ld_mean"] == pytest.approx(float(label_ld(logits, y, batch.label_ids).mean()), rel=1e-5)
     assert row["ld_mean"] != pytest.approx(row["ld_clean_mean"])  # the patch did change the run
-    for key in ("flip_rate", "normalized_effect", "accuracy", "ld_mean"):
+    for key in ("follows_donor_rate", "normalized_effect", "accuracy", "ld_mean"):
         assert row[key + "_ci"] is not None  # (a ratio of means on a random model: no containment check)
     assert row["ld_mean_ci"][0] <= row["ld_mean"] <= row["ld_mean_ci"][1]
     assert row["mode"] == "recurrent-full" and row["position"] == -1 and row["reference"] == "paired sample"
@@ -176,7 +176,7 @@ def test_interventions_cli_reports_leace_rows(tiny_ckpt, tmp_path):
                  "--distractors", "0", "--out", str(out), "--control-model", "none", "--no-progress",
                  "--max-positions", "3", "--erase-depths", "0,2", "--erase-positions", "T-1,T-2"]) == 0
     rep = json.loads((out / "causal_report.json").read_text())
-    assert rep["schema"]["version"] == 5
+    assert rep["schema"]["version"] == 6
     assert rep["config"]["erase_depths"] == [0, 2] and rep["config"]["erase_positions"] == [-2, -3]
     le = rep["results"]["leace"]
     names = [r["name"] for r in le["rows"]]
@@ -184,7 +184,7 @@ def test_interventions_cli_reports_leace_rows(tiny_ckpt, tmp_path):
                      "leace_resid_d2"]
     for r in le["rows"]:
         assert "leace" in r["name"] and r["mode"] == "recurrent-full" and "position" in r
-        assert r["n"] > 0 and r["flip_rate_ci"] is not None and r["normalized_effect_ci"] is not None
+        assert r["n"] > 0 and r["follows_donor_rate_ci"] is not None and r["normalized_effect_ci"] is not None
     assert len(le["dose"]["rows"]) == 11
     md = (out / "causal_report.md").read_text()
     assert "## Concept erasure (LEACE)" in md and "leace_resid_d2" in md
@@ -260,5 +260,5 @@ def test_shipped_tiny_fbt_memory_erasure(tmp_path):
     st = rows["leace_state"]
     assert st["probe"]["before"]["accuracy"] >= 0.95
     assert st["probe"]["after"]["ci"][0] <= 0.5 <= st["probe"]["after"]["ci"][1]
-    assert st["normalized_effect"] < 0.1 and st["flip_rate"] == 0.0
-    assert rows["leace_resid_d6"]["flip_rate"] > 0.3
+    assert st["normalized_effect"] < 0.1 and st["follows_donor_rate"] == 0.0
+    assert rows["leace_resid_d6"]["follows_donor_rate"] > 0.3

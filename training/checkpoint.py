@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import hashlib
-import json
+import os
 import shutil
 from pathlib import Path
 
 import torch
 
 from common.errors import UserError
-from common.io import atomic_write, json_text, remove_stale_tmp
+from common.io import atomic_write, current_umask, json_text, remove_stale_tmp
+from common.jsonio import loads_user, read_user_json
 from models.full_bandwidth import FullBandwidthLM, load_weights
 
 STATE_FILE = "trainer_state.safetensors"  # optimizer state + step: tensors and JSON, no pickle
@@ -61,9 +62,41 @@ def _unflatten(obj, tensors: dict):
     return obj
 
 
+# A save writes the whole checkpoint into PENDING (a folder inside the run's folder) and only then moves its files
+# over the previous ones, the trainer state last: a kill while writing leaves the previous checkpoint intact (and
+# an incomplete PENDING, removed by the next run), a kill while moving leaves a complete PENDING (it holds the
+# trainer state) whose move the next --resume or save finishes. Either way one complete checkpoint remains.
+PENDING = ".checkpoint.tmp"
+
+
+def _complete(pending: Path) -> bool:
+    return (pending / STATE_FILE).is_file()
+
+
+def finish_pending(out: Path) -> None:
+    """Move a complete pending checkpoint's files into `out`, the trainer state last; each file gets the umask's
+    mode. Idempotent, and safe when several processes (torchrun ranks resuming) run it at once."""
+    pending = Path(out) / PENDING
+    if not _complete(pending):
+        return
+    names = sorted(p.name for p in pending.iterdir() if p.name != STATE_FILE and not p.name.startswith("."))
+    mode = 0o666 & ~current_umask()  # like a plain open(): safetensors' own writer leaves some files 0600
+    for name in [*names, STATE_FILE]:
+        try:
+            os.chmod(pending / name, mode)
+            os.replace(pending / name, Path(out) / name)
+        except FileNotFoundError:  # another process moved it: it is in `out`
+            pass
+    shutil.rmtree(pending, ignore_errors=True)  # empty now (but for a temporary a kill may have left)
+
+
 def remove_stale(out: Path) -> None:
-    """Temporaries a killed earlier save left in `out` (SIGKILL skips every cleanup)."""
+    """Temporaries a killed earlier save left in `out` (SIGKILL skips every cleanup), and an incomplete pending
+    checkpoint (a complete one is kept: it is the newest checkpoint, moved in by finish_pending)."""
     remove_stale_tmp(out)
+    pending = Path(out) / PENDING
+    if pending.is_dir() and not pending.is_symlink() and not _complete(pending):
+        shutil.rmtree(pending, ignore_errors=True)
     for name in ("model.safetensors.tmp", "config.json.tmp"):  # an earlier version's save_pretrained temporaries
         (out / name).unlink(missing_ok=True)
     for p in out.glob(".tokenizer.*.tmp"):
@@ -72,17 +105,30 @@ def remove_stale(out: Path) -> None:
 
 
 def save_checkpoint(model, tok, opt, cfg, step, log, out: Path):
-    """Model, tokenizer, log, then the trainer state (last, with the digests of the model and the log)."""
+    """Model, tokenizer, log, then the trainer state (last, with the digests of the model and the log), written
+    into `out`/PENDING and then moved over the previous checkpoint (finish_pending)."""
     from safetensors.torch import save_file
 
     out = Path(out)
-    model.save_pretrained(out, tokenizer=tok)  # atomic per file, no temporary left on any exit path
-    log_text = json_text(log).encode()
-    atomic_write(out / LOG_FILE, log_text)
-    tensors: dict = {}
-    meta = {"format": STATE_FORMAT, "step": step, "config": cfg.to_dict(), "optimizer": _flatten(opt.state_dict(), tensors),
-            "model_sha256": _sha256((out / "model.safetensors").read_bytes()), "log_sha256": _sha256(log_text)}
-    atomic_write(out / STATE_FILE, lambda tmp: save_file(tensors, tmp, metadata={"trainer_state": json_text(meta, None)}))
+    finish_pending(out)  # a complete checkpoint whose move a kill cut short goes in before it is replaced
+    pending = out / PENDING
+    if pending.exists():  # an incomplete one (a save cut short): the previous checkpoint in `out` is the good one
+        shutil.rmtree(pending)
+    pending.mkdir(parents=True)
+    try:
+        model.save_pretrained(pending, tokenizer=tok)
+        log_text = json_text(log).encode()
+        atomic_write(pending / LOG_FILE, log_text)
+        tensors: dict = {}
+        meta = {"format": STATE_FORMAT, "step": step, "config": cfg.to_dict(),
+                "optimizer": _flatten(opt.state_dict(), tensors),
+                "model_sha256": _sha256((pending / "model.safetensors").read_bytes()), "log_sha256": _sha256(log_text)}
+        atomic_write(pending / STATE_FILE,
+                     lambda tmp: save_file(tensors, tmp, metadata={"trainer_state": json_text(meta, None)}))
+    except BaseException:  # an error or interrupt while writing: no temporary left, the previous checkpoint kept
+        shutil.rmtree(pending, ignore_errors=True)
+        raise
+    finish_pending(out)  # the new checkpoint is complete: only now does it replace the previous one
     (out / LEGACY_STATE_FILE).unlink(missing_ok=True)  # an earlier version's pickle must not lie beside it
 
 
@@ -91,7 +137,7 @@ def read_trainer_state(out: Path) -> tuple[dict, dict]:
     from safetensors import safe_open
 
     with safe_open(str(Path(out) / STATE_FILE), "pt") as f:
-        meta = json.loads((f.metadata() or {})["trainer_state"])
+        meta = loads_user((f.metadata() or {})["trainer_state"], f"{STATE_FILE}'s header")
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT:
         raise ValueError(f"{STATE_FILE} is not a {STATE_FORMAT} trainer state")
@@ -99,7 +145,7 @@ def read_trainer_state(out: Path) -> tuple[dict, dict]:
 
 
 def check_resume_files(out: Path) -> None:
-    if not (out / STATE_FILE).is_file():
+    if not (out / STATE_FILE).is_file() and not _complete(out / PENDING):  # (the latter: moved in on resume)
         if (out / LEGACY_STATE_FILE).is_file():
             raise UserError(f"--resume: {out} holds {LEGACY_STATE_FILE}, an earlier version's trainer state (a "
                             "pickle, which can run code when loaded, so it is not loaded); start over with --overwrite")
@@ -112,6 +158,7 @@ def check_resume_files(out: Path) -> None:
 
 def load_resume(model, opt, cfg, out: Path):
     check_resume_files(out)
+    finish_pending(out)  # the newest complete checkpoint, if a kill cut its move short
     saved = FullBandwidthLM.read_config(out)
     mine = model.lm.config.to_dict()
     keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads",
@@ -129,7 +176,7 @@ def load_resume(model, opt, cfg, out: Path):
         step = meta["step"]
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"bad step {step!r}")
-        log = json.loads((out / LOG_FILE).read_text())
+        log = read_user_json(out / LOG_FILE)
         load_weights(model, out / "model.safetensors")  # names, shapes, finite values: one line each
         opt.load_state_dict(_unflatten(meta["optimizer"], tensors))
     except Exception as e:

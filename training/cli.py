@@ -109,7 +109,7 @@ def main(argv=None):
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: this torch sees no CUDA device")
     cfg.check_world(int(os.environ.get("WORLD_SIZE", "1")))  # before any work; train() checks it again
-    out = output_dir(args.out if args.out is not None else checkpoint_dir(args.preset))
+    out = output_dir(args.out if args.out is not None else checkpoint_dir(args.preset), model_dir=True)
     staged = check_output(out, args.resume, args.overwrite)
     if args.threads:
         torch.set_num_threads(args.threads)

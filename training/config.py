@@ -256,6 +256,15 @@ class TrainConfig:
         for name, words in CHOICES.items():
             if getattr(self, name) not in words:
                 raise UserError(f"{name} must be {' or '.join(map(repr, words))}, got {getattr(self, name)!r}")
+        if not self.base:  # the sizes of a model built from scratch (--base keeps its own config)
+            if self.d_model % self.n_heads:
+                raise UserError(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
+            if self.arch == "qwen3" and self.n_heads % self.n_kv_heads:
+                raise UserError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}): each key/value "
+                                "head serves a whole group of query heads")
+            if self.arch == "qwen3" and (self.d_model // self.n_heads) % 2:
+                raise UserError(f"d_model / n_heads ({self.d_model // self.n_heads}) must be even for qwen3: RoPE "
+                                "rotates pairs of dimensions")
         if self.attn_window and self.arch != "qwen3":
             raise UserError(f"attn_window needs arch 'qwen3' (got {self.arch!r}: no sliding-window layers)")
         if self.attn_dropout and (self.arch != "qwen3" or self.base):
