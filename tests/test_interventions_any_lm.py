@@ -1,0 +1,183 @@
+"""interventions.run on any HF causal LM in standard mode (issue 37, item 4), the budget and the progress bar.
+
+A plain Llama and a plain GPT-2 with random weights, saved with `save_pretrained` beside the task tokenizer (no
+download), and the real SmolLM2-135M: the residual analyses run and are checked against their invariants (a
+residual swap before the pair's first differing token changes nothing, exactly; the donor's top residual at T
+gives the donor's answer), the fed-state analyses read "not applicable (no feedback)", and a feedback mode is
+refused in one line. The standard runner's cached-suffix patch is held to a full patched forward."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from interventions.core import Batch, CausalContext, Patch, _hooks
+
+
+def _plain_lm(family: str, vocab: int):
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if family == "llama":
+        cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                          initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        return LlamaForCausalLM(cfg).eval()
+    cfg = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=256, initializer_range=0.2,
+                     bos_token_id=None, eos_token_id=None)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def plain_dir(request, tmp_path_factory):
+    """A plain HF causal LM folder (config.json, model.safetensors, the task tokenizer's files)."""
+    from models.full_bandwidth import save_tokenizer
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    path = tmp_path_factory.mktemp(request.param)
+    _plain_lm(request.param, len(tok.get_vocab())).save_pretrained(str(path))
+    save_tokenizer(tok, path)
+    return path
+
+
+def test_standard_mode_battery_on_a_plain_hf_lm(plain_dir, tmp_path):
+    from interventions.run import main
+
+    out = tmp_path / "o"
+    assert main(["--model", str(plain_dir), "--mode", "standard", "--task", "parity", "--n-pairs", "10",
+                 "--distractors", "3", "--max-positions", "0", "--out", str(out), "--no-progress"]) == 0
+    assert {"causal_report.json", "causal_report.md", "causal_report.html"} <= {p.name for p in out.iterdir()}
+    rep = json.loads((out / "causal_report.json").read_text())
+    res, cfg = rep["results"], rep["config"]
+    assert rep["model"]["feedback"] is False and rep["model"]["file_sha256"]
+    assert rep["verdict"]["label"] == "not applicable (no feedback)"
+    assert res["fed_state"] == "not applicable (no feedback): the model has no fusion module"
+    assert res["interventions"] == [] and res["subspace"] is None and res["dose"] is None
+    assert rep["control"] == {"skipped": "a control model tests a fed state; standard prefill has none"}
+    assert cfg["n_pairs"] == 10 and rep["dataset"]["n_samples"] == 20 and cfg["budget"] == "quick"
+    # every row carries CIs
+    ab = res["resid_mean_ablation"]["rows"]
+    assert [r["depth"] for r in ab] == [0, 1, 2] and all(r["normalized_effect_ci"] for r in ab)
+    # the residual sweep: nothing before the first differing token, exactly
+    sw = res["position_sweep"]
+    assert sw["site"] == "resid" and sw["depth"] == 1 and sw["at_or_before_first_diff"]["n"] > 0
+    assert sw["max_abs_ld_change_at_or_before_first_diff"] == 0.0
+    assert sw["at_or_before_first_diff"]["changed_rate"] == 0.0
+    # layer patching: the donor's top residual at T is the donor's run from there on: normalized effect 1
+    lp = res["layer_patching"]
+    assert lp["modes"] == ["standard"] and lp["depths"] == [0, 1, 2]
+    assert lp["standard"]["normalized_effect"][-1][-1] == pytest.approx(1.0, abs=1e-4)
+    md = (out / "causal_report.md").read_text()
+    assert "not applicable (no feedback)" in md and "Mean ablation by depth" in md and "20 samples" in md
+
+
+def test_a_feedback_mode_on_a_plain_lm_is_one_line(plain_dir, tmp_path, capsys):
+    from interventions.run import main
+
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(plain_dir), "--mode", "recurrent-1", "--task", "parity", "--n-pairs", "10",
+              "--distractors", "3", "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.count("\n") == 0 and "use --mode standard" in err
+    assert not out.exists()
+
+
+def test_standard_suffix_patch_equals_a_full_patched_forward(plain_dir):
+    """The standard runner reruns only the columns from the first patched one; the result must be the full
+    patched forward's (up to float rounding), at every depth and at early and late positions."""
+    from tasks import make_dataset
+    from training.presets import load_model
+
+    model, tok, _ = load_model(str(plain_dir))
+    b = Batch.from_samples(make_dataset("parity", n_pairs=6, n_distractors=3, seed=1), tok, "parity")
+    ctx = CausalContext(model, b, modes=("standard",))
+    r = ctx.runners["standard"]
+    T = b.input_ids.shape[1]
+    for pos in (-1, -4, 1 - T):
+        for d in range(model.n_layers + 1):
+            fast = ctx.patch_resid("standard", d, pos, b.pair)
+            with torch.no_grad(), _hooks(model, [Patch("resid", ctx.resid("standard")[:, T + pos, d][b.pair], d,
+                                                       pos)], r.col):
+                full = model(b.input_ids, b.attention_mask).logits[:, -1]
+            assert torch.allclose(fast, full, atol=1e-5, rtol=1e-5), (pos, d)
+            own = ctx.resid("standard")[:, T + pos, d]
+            # nothing to move, exactly: the top residual of an earlier column (nothing reads it), or a column
+            # where the pair's residuals are equal (before the differing token; the shared final token at depth 0)
+            if (d == model.n_layers and pos != -1) or torch.equal(own, own[b.pair]):
+                assert torch.equal(fast, ctx.clean["standard"].logits), (pos, d)
+            else:  # the pair's residuals differ there and are read later: the patch moves the answer
+                assert (fast - ctx.clean["standard"].logits).abs().max() > 1e-3, (pos, d)
+
+
+def test_standard_mode_on_smollm2(smollm2, tmp_path):
+    """The real SmolLM2-135M: the standard battery runs, nothing moves before the first differing token."""
+    from interventions.run import main
+
+    out = tmp_path / "o"
+    assert main(["--model", "smollm2-135m", "--mode", "standard", "--task", "completion", "--n-pairs", "10",
+                 "--distractors", "0", "--out", str(out), "--no-progress", "--max-positions", "4"]) == 0
+    rep = json.loads((out / "causal_report.json").read_text())
+    res = rep["results"]
+    assert rep["model"]["n_layers"] == 30 and rep["verdict"]["label"] == "not applicable (no feedback)"
+    assert res["layer_patching"]["depths"] == [0, 10, 20, 30]  # the quick budget's 4 depths
+    assert len(res["resid_mean_ablation"]["rows"]) == 31 and res["position_sweep"]["depth"] == 15
+    lp = res["layer_patching"]["standard"]["normalized_effect"]
+    assert lp[-1][-1] == pytest.approx(1.0, abs=1e-3)  # the donor's top residual at T: the donor's answer
+
+
+# ----- the progress bar --------------------------------------------------------------------------------------
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _small_ctx():
+    from pathlib import Path
+
+    from tasks import make_dataset
+    from training.presets import load_model
+
+    model, tok, _ = load_model(str(Path(__file__).resolve().parent.parent / "checkpoints" / "tiny-fbt-track"))
+    b = Batch.from_samples(make_dataset("parity", n_pairs=10, n_distractors=4, seed=0), tok, "parity")
+    return CausalContext(model, b, modes=("standard", "recurrent-full"))
+
+
+def test_progress_counts_every_patched_run_as_planned():
+    """The suite announces its plan before the first run; the bar then counts every patched run: the counts
+    agree, stage by stage, so the ETA is the whole battery's."""
+    from interventions.progress import Progress
+    from interventions.suite import run_suite
+
+    ctx = _small_ctx()
+    stream = io.StringIO()
+    p = Progress(stream=stream)
+    run_suite(ctx, rank=1, n_boot=20, progress=p, max_positions=3, erase_depths=[0], layer_depths=[0, 6])
+    p.close()
+    patched = p.done
+    assert patched == p.total > 0  # the plan was exact
+    assert ctx.on_run is None  # the hook is removed after the battery
+    lines = stream.getvalue().splitlines()
+    assert any(line.startswith("[interventions] layer_patching: 12 patched runs") for line in lines)
+    assert lines[-1].endswith(f"({patched}/{patched} of the battery)")
+
+
+def test_progress_bar_on_a_terminal_and_silence_when_disabled():
+    from interventions.progress import Progress
+
+    tty = _Tty()
+    p = Progress(stream=tty)
+    p.plan(5)
+    p.stage("swap", 5)
+    for _ in range(5):
+        p.step()
+    p.close()
+    text = tty.getvalue()
+    assert "5/5" in text and "run/s" in text and "swap" in text  # tqdm: count, rate, stage
+    quiet = io.StringIO()
+    q = Progress(enabled=False, stream=quiet)
+    q.plan(2), q.stage("x", 2), q.step(), q.say("hello"), q.close()
+    assert quiet.getvalue() == ""
