@@ -32,20 +32,21 @@ setup: $(STAMP)
 
 smollm2: $(SMOLLM2_STAMP)
 
-# The headline: completion is decodable at depth 0 after one recurrent step, yet swapping the fed state changes nothing.
+# Both verdicts side by side (~2-3 min on 2 cores): tiny-fbt on completion is decodable at depth 0 yet its fed
+# state is not used; tiny-fbt-track on parity needs its fed state and uses it. Page: figures/demo/index.html.
 demo: $(STAMP)
-	$(BIN)/python -m probes.run --task completion --overwrite
-	$(BIN)/python -m interventions.run --task completion --n-pairs 60 --control-model none --overwrite
+	$(BIN)/python -m analysis.demo --overwrite
 
 # FBPROBE_REQUIRE_SMOLLM2=1: here a missing SmolLM2 extra fails the suite (a bare `pytest` skips those tests).
 test: $(STAMP) $(SMOLLM2_STAMP)
 	FBPROBE_REQUIRE_SMOLLM2=1 $(BIN)/python -m pytest
 
-# Headless Chromium, a system package (not pip): only the PNG export (`python -m analysis.depth_curves
-# --png`, `python -m analysis.length_curves --png`) and the two tests that draw a page need it; without it
-# those tests are skipped with the reason, and nothing else changes. Needs apt-get and root.
+# Headless Chromium, a system package (not pip): only the PNG export (`python -m probes.depth_curves
+# --png`, `python -m analysis.length_curves --png`, scripts/redraw_figures.sh) and the tests that draw a page
+# need it; without it those tests are skipped with the reason, and nothing else changes. Needs apt-get and root;
+# does nothing when a Chromium is already found.
 chromium: $(STAMP)
-	$(BIN)/python -c "import sys; from analysis.depth_curves import find_chromium; sys.exit(find_chromium() is None)" \
+	$(BIN)/python -c "import sys; from probes.depth_curves import find_chromium; sys.exit(find_chromium() is None)" \
 		|| (apt-get update -q && apt-get install -y --no-install-recommends chromium)
 
 clean-venv:

@@ -122,13 +122,16 @@ class Batch:
 class Patch:
     """Replace the activation at `site` (and `depth` for resid), column `pos`, by `value` [B, D], row by row.
 
-    `pass_`: fused-n only, the Jacobi pass (None = the last); ignored by the other modes."""
+    `pass_`: fused-n only, the Jacobi pass (None = the last); ignored by the other modes. `rows` (state patches
+    only): a bool [B] mask of the rows patched, the others left as the run has them (several patches at
+    different positions then patch each row at its own position in one run)."""
 
     site: str
     value: torch.Tensor
     depth: int = 0
     pos: int = -1
     pass_: int | None = None
+    rows: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.site not in SITES:
@@ -137,6 +140,9 @@ class Patch:
             raise UserError(f"patch position must be a negative column offset (-1 = T), got {self.pos!r}")
         if self.pass_ is not None and (not isinstance(self.pass_, int) or self.pass_ < 0):
             raise UserError(f"patch pass must be a non-negative integer, got {self.pass_!r}")
+        if self.rows is not None and (self.site != "state" or self.rows.dtype != torch.bool
+                                      or tuple(self.rows.shape) != (self.value.shape[0],)):
+            raise UserError("patch rows must be a bool [batch] mask, and only on state patches")
 
 
 @dataclass

@@ -198,7 +198,8 @@ class _Recurrent(_Runner):
                 here = [p for p, c in zip(patches, cols) if c == t]
                 for p in here:
                     if p.site == "state":
-                        prev = p.value.to(prev.dtype)
+                        v = p.value.to(prev.dtype)
+                        prev = v if p.rows is None else torch.where(p.rows.to(v.device)[:, None], v, prev)
                 with _hooks(model, [p for p in here if p.site != "state"], lambda p: 0):
                     out = recurrent_step(model, ids, mask, t, prev, cache)
                 prev = out.top[:, 0]
@@ -249,7 +250,8 @@ class _Fused(_Runner):
             if sp:
                 state = shift_state(top_prev, mask)[0]
                 for p in sp:
-                    state[:, self.col(p)] = p.value.to(state.dtype)
+                    c, v = self.col(p), p.value.to(state.dtype)
+                    state[:, c] = v if p.rows is None else torch.where(p.rows.to(v.device)[:, None], v, state[:, c])
             return jacobi_pass(model, ids, mask, top_prev, state=state)
 
     def resid(self, pass_=None) -> torch.Tensor:

@@ -41,30 +41,38 @@ DEFAULT_DISTRACTORS = 8
 # at most 4 heatmap depths, LEACE on the fed state only, 500 resamples: CIs printed to the percent); full: the
 # whole battery as the documented results were run.
 BUDGETS = {
-    "quick": {"n_pairs": 100, "max_positions": 8, "max_depths": 4, "erase_depths": "none", "n_boot": 500},
-    "full": {"n_pairs": 200, "max_positions": 64, "max_depths": 0, "erase_depths": "all", "n_boot": 1000},
+    "quick": {"n_pairs": 100, "max_positions": 8, "max_depths": 4, "erase_depths": "none", "leace_all": False,
+              "n_boot": 500},
+    "full": {"n_pairs": 200, "max_positions": 64, "max_depths": 0, "erase_depths": "all", "leace_all": True,
+             "n_boot": 1000},
 }
 
 
 def _budget_text(name: str) -> str:
     b = BUDGETS[name]
     return (f"{b['n_pairs']} pairs, --max-positions {b['max_positions']}, --max-depths {b['max_depths']}, "
-            f"--erase-depths {b['erase_depths']}, --n-boot {b['n_boot']}")
+            f"--erase-depths {b['erase_depths']}, {'--leace-all' if b['leace_all'] else '--no-leace-all'}, "
+            f"--n-boot {b['n_boot']}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from tasks import ALL_TASKS as TASKS
 
     p = Parser(prog="python -m interventions.run",
-               description="Causal interventions on the fed-back state at the probed position T: gate bypass, "
-                           "state swap, resample/mean/zero/random state, probe-subspace swaps, dose-response and "
-                           "layer patching, with a negative control model. Writes causal_report.{json,md,html}.")
+               description="The causal battery: interventions on the fed-back state at the probed position T "
+                           "(gate bypass, state swap, resample/mean/zero/random state, probe-subspace swaps, dose, "
+                           "LEACE, the swap at every fed position), and on the residual stream of any model (mean "
+                           "ablation by depth, depth x position layer patching; under --mode standard the position "
+                           "sweep too), with bootstrap CIs and a negative-control model. Works on any HF causal LM "
+                           "in standard mode (the fed-state analyses then read 'not applicable (no feedback)'). "
+                           "Writes causal_report.{json,md,html}.")
     p.add_argument("--task", default="completion", help=f"probing task: {', '.join(TASKS)} (default completion)")
     p.add_argument("--model", default="tiny-fbt",
                    help="shipped preset name (e.g. tiny-fbt) or a checkpoint directory (default tiny-fbt)")
     p.add_argument("--mode", default="recurrent-1",
                    help="prefill mode intervened on: standard, recurrent-K, recurrent-full or fused-N (default "
-                        "recurrent-1; fused-N patches its last pass). Layer patching also runs standard.")
+                        "recurrent-1; fused-N patches its last pass; a model without a fusion module, e.g. any HF "
+                        "causal LM: standard). Layer patching also runs standard.")
     p.add_argument("--budget", choices=tuple(BUDGETS), default="quick",
                    help="how much of the battery runs: quick (default: the analyses a first look needs, "
                         f"{_budget_text('quick')}) or full (every analysis at full size: {_budget_text('full')}); "
@@ -100,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "--budget). "
                         "The fed state at T, with a dose, and at every fused position at once are always erased "
                         "(recurrent and fused modes)")
+    p.add_argument("--leace-all", action=argparse.BooleanOptionalAction, default=None,
+                   help="LEACE row leace_state_all: erase the label from the fed state at every fused position at "
+                        "once (one eraser fitted per position: the battery's costliest row; default from --budget)")
     p.add_argument("--erase-positions", default=None,
                    help="LEACE rows: also erase the label from the fed state at each of these positions alone "
                         "(comma-separated T, T-1, T-2, ..., or negative offsets -1 = T, -2 = T-1 written "
@@ -297,7 +308,7 @@ def main(argv=None) -> int:
             results = run_suite(ctx, rank=rank, n_boot=n_boot, seed=seed, probe_config=probe_cfg,
                                 progress=progress, max_positions=max_positions, erase_depths=erase_depths,
                                 erase_positions=erase_positions, layer_depths=layer_depths,
-                                sweep_depth=args.sweep_depth)
+                                sweep_depth=args.sweep_depth, leace_all=pick(args.leace_all, "leace_all"))
             t_suite = time.perf_counter() - t1
 
             control = None
@@ -327,7 +338,7 @@ def main(argv=None) -> int:
                        "subspace_rank": rank, "n_boot": n_boot, "probe": probe_cfg.to_dict(),
                        "max_positions": max_positions, "layer_depths": layer_depths, "n_classes": batch.n_classes,
                        "erase_depths": erase_depths, "erase_positions": erase_positions,
-                       "sweep_depth": (results.get("position_sweep") or {}).get("depth"),
+                       "leace_all": pick(args.leace_all, "leace_all"), "sweep_depth": (results.get("position_sweep") or {}).get("depth"),
                        "device": str(ctx.device), "dtype": placement.dtype,
                        "command": "python -m interventions.run " + " ".join(sys.argv[1:] if argv is None else argv)},
             "dataset": {"fingerprint": dataset_fingerprint(samples), "n_samples": batch.size,

@@ -205,7 +205,8 @@ class Suite:
                 "energy_fraction": energy_fraction(h, donor, folds),
                 "rows": rows}
 
-    def leace(self, probe_config: ProbeConfig | None = None, depths=None, positions=(), grid=DOSE_GRID) -> dict:
+    def leace(self, probe_config: ProbeConfig | None = None, depths=None, positions=(), grid=DOSE_GRID,
+              every_position: bool = True) -> dict:
         """LEACE erasure of the label (interventions.erasure): fed state at T (with a dose), at every fused
         position at once, at each of `positions`, and from the residual stream at T at each of `depths`
         (None = every depth). Reference: the paired sample (erasing the label entirely lands near 0.5 on the
@@ -252,7 +253,7 @@ class Suite:
                                 probe_check(X, y, groups, fp, cfg, rows=real), relative_change(X, er, real),
                                 rows_ok=real, site="state"))
             patches, change_num, change_den = [], 0.0, 0.0
-            for pos in ctx.fused_positions(mode):
+            for pos in (ctx.fused_positions(mode) if every_position else ()):
                 X = ctx.state(mode, pos)
                 c = T + pos
                 real = (mask[:, c - 1] & mask[:, c]).numpy()
@@ -261,10 +262,11 @@ class Suite:
                 r = torch.as_tensor(real)
                 change_num += float((er - X)[r].double().norm(dim=-1).sum())
                 change_den += float(X[r].double().norm(dim=-1).sum())
-            logits = self._timed("leace_state_all", lambda: ctx.run(mode, patches).logits)
-            rows.append(row("leace_state_all", "leace_state_all", "all", logits, None,
-                            change_num / change_den if change_den > 0 else None, site="state",
-                            n_positions=len(patches)))
+            if patches:  # one eraser fitted per fused position: the costliest row (--leace-all)
+                logits = self._timed("leace_state_all", lambda: ctx.run(mode, patches).logits)
+                rows.append(row("leace_state_all", "leace_state_all", "all", logits, None,
+                                change_num / change_den if change_den > 0 else None, site="state",
+                                n_positions=len(patches)))
         resid = ctx.resid(mode)  # [B, T, L+1, D]
         for d in (range(ctx.n_layers + 1) if depths is None else depths):
             X = resid[:, -1, d]
@@ -363,7 +365,7 @@ class Suite:
                 by_line.append({"relative_line": v, **self.summary(pooled)})
             out["by_line"] = by_line
             if fed:  # the swap carried by the recurrence from the next line to T
-                out["first_line_after"] = self._first_line_after(fline, {pos: a for a, _, _, pos in cells})
+                out["first_line_after"] = self._first_line_after(fline)
         return out
 
     def _first_diff_lines(self) -> np.ndarray | None:
@@ -375,31 +377,33 @@ class Suite:
         return b.line_index[np.arange(b.size), np.clip(b.first_diff + T, 0, T - 1)]
 
     def first_line_extra_runs(self) -> int:
-        """Patched runs `_first_line_after` adds beyond the sweep's positions (for the progress bar's plan)."""
+        """Patched runs `_first_line_after` adds (one, every row at its own position), for the progress plan."""
         fline = self._first_diff_lines()
         if fline is None or self.mode == "standard":
             return 0
         pos, has = first_line_after_positions(self.ctx.batch, fline)
-        wanted = {int(v) for v in pos[has]} & set(self.ctx.fused_positions(self.mode))
-        return len(wanted - set(self.sweep_positions()))
+        return int(bool({int(v) for v in pos[has]} & set(self.ctx.fused_positions(self.mode))))
 
-    def _first_line_after(self, fline: np.ndarray, done: dict) -> dict | None:
+    def _first_line_after(self, fline: np.ndarray) -> dict | None:
         """The state swap at each row's own first position of the line after its first differing token's line
-        (the swap the recurrence must carry from there to T), every row at once: one run per distinct position,
-        whether or not the sweep's last-P window reaches it (`done`: arrays the sweep already has)."""
-        b, mode = self.ctx.batch, self.mode
+        (the swap the recurrence must carry from there to T), every row at once: ONE run in which each row is
+        patched at its own position (Patch.rows; rows are independent, so this is each row's own swap run),
+        whether or not the sweep's last-P window reaches it."""
+        from .core import Patch
+
+        b, mode, ctx = self.ctx.batch, self.mode, self.ctx
         pos, has = first_line_after_positions(b, fline)
-        fused = set(self.ctx.fused_positions(mode))
-        parts = []
+        fused = set(ctx.fused_positions(mode))
+        patches, select = [], np.zeros(b.size, dtype=bool)
         for p in sorted({int(v) for v in pos[has]} & fused):
             rows = has & (pos == p) & self._real(p, fused=True)
             if rows.any():
-                a = done.get(p)
-                if a is None:
-                    a = self.arrays(self.ctx.swap_state(b.pair, mode, p), mode)
-                parts.append((a, rows))
-        if not parts:
+                patches.append(Patch("state", ctx.state(mode, p)[b.pair], pos=p, rows=torch.as_tensor(rows)))
+                select |= rows
+        if not patches:
             return None
+        a = self.arrays(ctx.run(mode, patches).logits, mode)
+        parts = [(a, select)]
         pooled = {k: np.concatenate([a[k][r] for a, r in parts]) for k in parts[0][0]}
         line = np.concatenate([fline[r] for _, r in parts])  # [rows] the pair's differing line
         # Where the answer follows the swap, split two ways: by how deep in the prompt the pair differs (early
@@ -413,7 +417,7 @@ class Suite:
                 by_line.append({"lines": [lo, hi - 1], **self.summary(pooled, sel)})
         by_answers = [{"own": int(y), "donor": int(r), **self.summary(pooled, (pooled["y"] == y) & (pooled["r"] == r))}
                       for y, r in sorted({(int(y), int(r)) for y, r in zip(pooled["y"], pooled["r"])})]
-        return {"n_positions": len(parts), **self.summary(pooled), "by_diff_line": by_line, "by_answers": by_answers}
+        return {"n_positions": len(patches), **self.summary(pooled), "by_diff_line": by_line, "by_answers": by_answers}
 
     def resid_mean_ablation(self) -> dict:
         """The residual stream at (depth, T) replaced by its mean over the batch, one run per depth (every mode,
@@ -471,7 +475,8 @@ def evenly(values, k: int | None) -> list:
 def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int = 0, dose_grid=DOSE_GRID,
               layers: bool = True, probe_config: ProbeConfig | None = None, progress=None,
               max_positions: int | None = None, sweep: bool = True, leace: bool = True, erase_depths=None,
-              erase_positions=(), layer_depths=None, sweep_depth: int | None = None, ablation: bool = True) -> dict:
+              erase_positions=(), layer_depths=None, sweep_depth: int | None = None, ablation: bool = True,
+              leace_all: bool = True) -> dict:
     """Every intervention of the report on one context; returns the JSON-ready result dict.
 
     Under standard prefill, or on a model without feedback (any HF causal LM), the fed-state analyses are
@@ -489,8 +494,10 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
                   ("dose", lambda: s.dose(dose_grid), len(grid))]
     if leace:
         n_depths = L + 1 if erase_depths is None else len(erase_depths)
-        n_leace = n_depths + ((2 + len(grid) + len([p for p in erase_positions if p != -1])) if fed else 0)
-        steps.append(("leace", lambda: s.leace(probe_config, erase_depths, erase_positions, dose_grid), n_leace))
+        n_leace = n_depths + ((1 + int(leace_all) + len(grid) + len([p for p in erase_positions if p != -1]))
+                              if fed else 0)
+        steps.append(("leace", lambda: s.leace(probe_config, erase_depths, erase_positions, dose_grid, leace_all),
+                      n_leace))
     if ablation:
         steps.append(("resid_mean_ablation", s.resid_mean_ablation, L + 1))
     if sweep:

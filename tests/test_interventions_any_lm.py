@@ -181,3 +181,27 @@ def test_progress_bar_on_a_terminal_and_silence_when_disabled():
     q = Progress(enabled=False, stream=quiet)
     q.plan(2), q.stage("x", 2), q.step(), q.say("hello"), q.close()
     assert quiet.getvalue() == ""
+
+
+def test_per_row_positions_in_one_run_equal_one_run_per_position():
+    """first_line_after patches every row at its own position in ONE run (Patch.rows); rows of a recurrent run
+    are independent, so each row's logits must equal, bit for bit, those of a run patched at its position only."""
+    import numpy as np
+
+    from interventions.suite import Suite, first_line_after_positions
+
+    ctx = _small_ctx()
+    b, mode = ctx.batch, "recurrent-full"
+    suite = Suite(ctx)
+    pos, has = first_line_after_positions(b, suite._first_diff_lines())
+    ps = sorted({int(v) for v in pos[has]})
+    assert len(ps) > 1  # the rows really sit at different positions
+    patches = [Patch("state", ctx.state(mode, p)[b.pair], pos=p, rows=torch.as_tensor(has & (pos == p)))
+               for p in ps]
+    one = ctx.run(mode, patches).logits
+    for p in ps:
+        rows = np.where(has & (pos == p))[0]
+        alone = ctx.swap_state(b.pair, mode, p)
+        assert torch.equal(one[rows], alone[rows]), p
+    untouched = np.where(~has)[0]
+    assert torch.equal(one[untouched], ctx.clean[mode].logits[untouched])

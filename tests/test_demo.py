@@ -1,0 +1,54 @@
+"""analysis.demo: the verdict rule on hand-made numbers (both verdicts, and the runs that meet neither), and the
+whole path (two probes.run, two interventions.run, one page) on small studies of the shipped models."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+
+def _k(probe_fb=(1.0, 1.0), probe_std=(0.5, 0.5), acc=(1.0, 1.0), ne=(0.0, 0.0), bypass_all=(1.0, 1.0), chance=0.5):
+    x = lambda ci: {"value": (ci[0] + ci[1]) / 2, "ci": list(ci), "n": 100}
+    return {"probe_depth0_feedback": x(probe_fb), "probe_depth0_standard": x(probe_std), "accuracy_feedback": x(acc),
+            "swap_normalized_effect": x(ne), "bypass_all_accuracy": x(bypass_all), "chance": chance}
+
+
+def test_judge_reads_each_verdict_from_its_numbers():
+    from analysis.demo import judge
+
+    assert judge(_k())[0] == "decodable, not used"
+    assert judge(_k(ne=(0.97, 1.0), bypass_all=(0.45, 0.6)))[0] == "necessary and used"
+    # a swap that moves the answer halfway is neither "used" nor "not used"
+    assert judge(_k(ne=(0.2, 0.4)))[0] == "neither rule holds"
+    # used, but the model answers without its fed inputs: not "necessary"
+    assert judge(_k(ne=(0.97, 1.0), bypass_all=(0.9, 1.0)))[0] == "neither rule holds"
+    # not decodable: the standard probe already reads it (leakage), so "decodable" says nothing
+    assert judge(_k(probe_std=(0.8, 0.9)))[0] == "neither rule holds"
+    assert judge(_k(acc=(0.4, 0.6)))[0].startswith("neither: the model does not solve the task")
+    # a 3-way label: chance 1/3
+    assert judge(_k(ne=(0.9, 1.0), bypass_all=(0.3, 0.45), chance=1 / 3))[0] == "necessary and used"
+
+
+def test_demo_end_to_end_on_small_studies(tmp_path, monkeypatch):
+    import analysis.demo as demo
+
+    small = tuple(demo.Study(s.key, s.title, s.model, s.task, s.mode, n, 12, 10, s.claim)
+                  for s, n in zip(demo.STUDIES, (8, 8)))
+    monkeypatch.setattr(demo, "STUDIES", small)
+    out = tmp_path / "demo"
+    assert demo.main(["--out", str(out), "--no-progress"]) == 0
+    page = (out / "index.html").read_text()
+    for st in small:
+        rep = json.loads((out / st.key / "causal_report.json").read_text())
+        assert rep["config"]["budget"] == "quick" and rep["dataset"]["n_pairs"] == 10
+        assert f"<code>{st.model}</code> on {st.task}" in page
+        assert f"python -m interventions.run --task {st.task} --model {st.model}" in page  # the commands
+    # both verdicts, from the numbers of these runs
+    assert "Verdict from the numbers: <b>decodable, not used</b>" in page
+    assert "Verdict from the numbers: <b>necessary and used</b>" in page
+    assert re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", page) == ["plotly.min.js"] and (out / "plotly.min.js").is_file()
+    # an earlier demo is never replaced silently
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--out", str(out), "--no-progress"])
+    assert e.value.code == 2
