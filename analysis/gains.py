@@ -16,6 +16,8 @@ import time
 from common.cli import Parser, int_in, int_list, output_dir
 from common.errors import UserError, cli_entry
 from common.io import atomic_write, json_text, fresh_output
+from common.paths import figures_dir
+from probes.depth_curves import PLOTLY_CHOICES, include_plotlyjs, write_plotly_js
 from analysis.evaluate import MAX_DISTRACTORS, MAX_PAIRS, evaluate, parse_tasks
 from training.presets import load_model
 from tasks import ALL_TASKS, TASKS
@@ -59,7 +61,10 @@ def main(argv=None):
                    help=f"comma-separated N, each in 0..{MAX_DISTRACTORS} (default 0,8,32,128)")
     p.add_argument("--n-pairs", type=int_in(1, MAX_PAIRS), default=50,
                    help=f"pairs per task and N, 1..{MAX_PAIRS} (default 50)")
-    p.add_argument("--out", default="figures/gains", help="output dir (default figures/gains)")
+    p.add_argument("--out", default=None, help="output dir (default ./figures/gains under the current directory)")
+    p.add_argument("--plotly", default="directory", choices=PLOTLY_CHOICES,
+                   help="plotly.js: plotly.min.js written once beside the page (directory, default; offline), "
+                        "embedded in the page (inline, 4.8 MB) or loaded from cdn.plot.ly (cdn, needs a network)")
     p.add_argument("--overwrite", action="store_true", help="replace existing results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
@@ -69,7 +74,7 @@ def main(argv=None):
             raise UserError(f"--{flag} is empty")
     ns = int_list(a.distractors, "--distractors", 0, MAX_DISTRACTORS)
     tasks = parse_tasks(a.tasks, ns)
-    out = output_dir(a.out)
+    out = output_dir(a.out if a.out is not None else figures_dir("gains"))
 
     with fresh_output(out, OUTPUTS, a.overwrite, "analysis.gains run",
                       f"{out} already holds gains results; pass --overwrite or another --out"):
@@ -93,7 +98,8 @@ def main(argv=None):
                "results": rows}
         text = json_text(doc)
         fig = figure(rows)
-        atomic_write(out / "gains.html", lambda tmp: fig.write_html(tmp, include_plotlyjs=True))
+        write_plotly_js(out, a.plotly)  # before the page: it never references a missing plotly.min.js
+        atomic_write(out / "gains.html", fig.to_html(include_plotlyjs=include_plotlyjs(a.plotly), full_html=True))
         atomic_write(out / "gains.json", text)
     print(f"{'task':15s} {'N':>4s} " + " ".join(f"{arm:>20s}" for arm, *_ in ARMS))
     for t in tasks:

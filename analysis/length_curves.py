@@ -4,10 +4,14 @@ Input: eval.json documents written by ``python -m analysis.evaluate`` (rows: tas
 n_samples, optional ci_low / ci_high). One panel per task, x = N (log2 axis), y = label accuracy, one line per
 (model, mode) with its 95% CI as a band where the rows carry one, and the chance line at 1/K.
 
-The HTML embeds plotly.js (works offline) and uses a fixed div id, so the same inputs always give the same page;
-``--png`` renders it with headless Chromium (probes.depth_curves.html_to_png).
+The page uses a fixed div id, so the same inputs always give the same page. plotly.js (``--plotly``): by default
+``plotly.min.js`` is written once beside the page (replaced only when it differs from the installed plotly's) and
+the page loads it from there (offline); ``inline`` embeds it (4.8 MB), ``cdn`` loads it from cdn.plot.ly.
+``--png`` renders the figure with headless Chromium (probes.depth_curves.html_to_png) from a temporary
+self-contained page. Default output: ./figures/length_curves.html under the current directory.
 
     python -m analysis.length_curves checkpoints/tiny-fbt-track/eval.json checkpoints/tiny-std-track/eval.json \\
+        --modes std,fused-30,recurrent-full --model-modes tiny-std-track:std \\
         --out docs/length_curves.html --png docs/length_curves.png
 """
 from __future__ import annotations
@@ -17,8 +21,9 @@ from pathlib import Path
 from common.cli import Parser, output_file
 from common.errors import UserError, cli_entry
 from common.io import atomic_write
+from common.paths import figures_dir
 
-from probes.depth_curves import PALETTE, rgba, load_results_doc
+from probes.depth_curves import PALETTE, PLOTLY_CHOICES, include_plotlyjs, load_results_doc, rgba, write_plotly_js
 
 DIV_ID = "length-curves"
 DASH = ("solid", "dash", "dot", "dashdot")
@@ -85,9 +90,11 @@ def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, task
     return fig
 
 
-def render_html(evals, modes=DEFAULT_MODES, model_modes=None) -> str:
-    return length_figure(evals, modes, model_modes=model_modes).to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID,
-                                                config={"displayModeBar": False})
+def render_html(evals, modes=DEFAULT_MODES, model_modes=None, plotly: str = "directory") -> str:
+    """The page; plotly.js as `plotly` says (probes.depth_curves.PLOTLY_CHOICES; directory: plotly.min.js beside
+    the page, written by `write_plotly_js`)."""
+    return length_figure(evals, modes, model_modes=model_modes).to_html(
+        include_plotlyjs=include_plotlyjs(plotly), full_html=True, div_id=DIV_ID, config={"displayModeBar": False})
 
 
 @cli_entry
@@ -98,11 +105,14 @@ def main(argv=None):
     p.add_argument("--model-modes", action="append", default=[], metavar="MODEL:MODES",
                    help="modes drawn for one model instead of --modes, e.g. tiny-std-track:std (repeatable; MODEL "
                         "is the model name in its eval.json)")
-    p.add_argument("--out", default="figures/length_curves.html", help="HTML output file")
+    p.add_argument("--out", default=None, help="HTML output file (default ./figures/length_curves.html)")
     p.add_argument("--png", help="also write a PNG here (needs headless Chromium)")
+    p.add_argument("--plotly", default="directory", choices=PLOTLY_CHOICES,
+                   help="plotly.js: plotly.min.js written once beside the page (directory, default; offline), "
+                        "embedded in the page (inline, 4.8 MB) or loaded from cdn.plot.ly (cdn, needs a network)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
     a = p.parse_args(argv)
-    out = output_file(a.out)
+    out = output_file(a.out if a.out is not None else figures_dir("length_curves.html"))
     png = output_file(a.png, "--png") if a.png else None
     for f in [out] + ([png] if png else []):
         if f.exists() and not a.overwrite:
@@ -119,16 +129,29 @@ def main(argv=None):
         if name not in names:
             raise UserError(f"--model-modes {spec!r}: no model {name!r} among the inputs ({', '.join(names)})")
         model_modes[name] = wanted
-    html = render_html(evals, modes, model_modes)
+    html = render_html(evals, modes, model_modes, a.plotly)
+    write_plotly_js(out.parent, a.plotly)  # first: the page never references a missing plotly.min.js
     atomic_write(out, html)
     print(f"wrote {out}")
     if png:
-        from probes.depth_curves import html_to_png
-
-        n_tasks = len({r["task"] for _, rs in evals for r in rs})
-        html_to_png(out, png, width=560 * n_tasks + 240, height=460)
+        write_png(evals, png, modes, model_modes)
         print(f"wrote {png}")
     return 0
+
+
+def write_png(evals, png, modes=DEFAULT_MODES, model_modes=None) -> Path:
+    """The figure as a PNG (headless Chromium), drawn from a temporary self-contained page, so it needs neither a
+    network nor plotly.min.js beside the HTML."""
+    import tempfile
+
+    from probes.depth_curves import html_to_png
+
+    fig = length_figure(evals, modes, model_modes=model_modes)
+    with tempfile.TemporaryDirectory() as d:
+        page = Path(d) / "page.html"
+        page.write_text(fig.to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID,
+                                    config={"displayModeBar": False, "staticPlot": True}), encoding="utf-8")
+        return html_to_png(page, png, width=int(fig.layout.width), height=int(fig.layout.height))
 
 
 if __name__ == "__main__":

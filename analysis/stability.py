@@ -21,6 +21,8 @@ from tqdm import tqdm
 from common.cli import Parser, int_in, output_dir
 from common.errors import UserError, cli_entry
 from common.io import atomic_write, json_text, fresh_output
+from common.paths import figures_dir
+from probes.depth_curves import PLOTLY_CHOICES, include_plotlyjs, write_plotly_js
 from analysis.evaluate import EVAL_SEED, MAX_DISTRACTORS, parse_tasks
 from engine.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
 from training.presets import load_model
@@ -102,7 +104,10 @@ def main(argv=None):
     p.add_argument("--long", action="store_true", help="also run to k = 100 and 1000")
     p.add_argument("--n-pairs", type=int_in(1, MAX_PAIRS), default=16,
                    help=f"held-out pairs per task, 1..{MAX_PAIRS} (default 16)")
-    p.add_argument("--out", default="figures/stability", help="output dir (default figures/stability)")
+    p.add_argument("--out", default=None, help="output dir (default ./figures/stability under the current directory)")
+    p.add_argument("--plotly", default="directory", choices=PLOTLY_CHOICES,
+                   help="plotly.js: plotly.min.js written once beside the page (directory, default; offline), "
+                        "embedded in the page (inline, 4.8 MB) or loaded from cdn.plot.ly (cdn, needs a network)")
     p.add_argument("--overwrite", action="store_true", help="replace existing results in --out")
     a = p.parse_args(argv)
     # --- everything that can be refused is checked before any model loads
@@ -110,7 +115,7 @@ def main(argv=None):
     models = list(dict.fromkeys(m.strip() for m in a.models.split(",") if m.strip()))
     if not models:
         raise UserError("--models is empty")
-    out = output_dir(a.out)
+    out = output_dir(a.out if a.out is not None else figures_dir("stability"))
 
     passes = 1000 if a.long else a.passes
     keep = set(range(0, a.passes + 1)) | ({100, 1000} if a.long else set())
@@ -129,7 +134,8 @@ def main(argv=None):
                "results": results, "gate": gates}
         text = json_text(doc)
         fig = figure(results)
-        atomic_write(out / "stability.html", lambda tmp: fig.write_html(tmp, include_plotlyjs=True))
+        write_plotly_js(out, a.plotly)  # before the page: it never references a missing plotly.min.js
+        atomic_write(out / "stability.html", fig.to_html(include_plotlyjs=include_plotlyjs(a.plotly), full_html=True))
         atomic_write(out / "stability.json", text)
     for name, rows in results.items():
         for t in tasks:

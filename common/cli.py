@@ -153,8 +153,35 @@ def _check_creatable(path: Path, flag: str) -> None:
         raise UserError(f"{flag} {path}: {anc} is not on a file system that can hold results")
 
 
-def output_dir(value: str | Path | None, flag: str = "--out") -> Path:
-    """A results directory given on the command line: refused when empty, an existing file, or not creatable."""
+# A model directory: its config.json beside weights (full-bandwidth checkpoints and plain HF models alike).
+MODEL_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                 "pytorch_model.bin.index.json")
+
+
+def _is_model_dir(p: Path) -> bool:
+    return (p / "config.json").is_file() and any((p / w).is_file() for w in MODEL_WEIGHTS)
+
+
+def _refuse_model_dir(path: Path, flag: str, allow_self: bool = False) -> None:
+    """Results never go into a model's folder (`--out CKPT/config.json` once overwrote the checkpoint's own config):
+    refuse a path that is, or lies inside, a model directory (symlinks resolved). `allow_self`: the path may be
+    a model directory itself (training writes its checkpoint there), never lie inside one."""
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: judged by the path as written
+        real = Path(os.path.abspath(path))
+    for p in [real, *real.parents]:
+        if p == real and allow_self:
+            continue
+        if _is_model_dir(p):
+            where = "is" if p == real else f"is inside {p}, which is"
+            raise UserError(f"{flag} {path} {where} a model directory (config.json and weights); results are "
+                            "never written into a model's folder: choose another path")
+
+
+def output_dir(value: str | Path | None, flag: str = "--out", model_dir: bool = False) -> Path:
+    """A results directory given on the command line: refused when empty, an existing file, not creatable, or in a
+    model's folder (`model_dir=True`: it may be a model folder itself, for training's checkpoints)."""
     if value is None:
         raise UserError(f"{flag} is required")
     if str(value).strip() == "":
@@ -164,12 +191,14 @@ def output_dir(value: str | Path | None, flag: str = "--out") -> Path:
         raise UserError(f"{flag} {path} exists and is not a directory")
     if path.exists() and not os.access(path, os.W_OK | os.X_OK):
         raise UserError(f"{flag} {path} is not writable")
+    _refuse_model_dir(path, flag, allow_self=model_dir)
     _check_creatable(path, flag)
     return path
 
 
 def output_file(value: str | Path | None, flag: str = "--out") -> Path:
-    """A results file given on the command line: refused when empty, a directory, or not creatable."""
+    """A results file given on the command line: refused when empty, a directory, not creatable, or in a model's
+    folder."""
     if value is None:
         raise UserError(f"{flag} is required")
     if str(value).strip() == "":
@@ -177,6 +206,7 @@ def output_file(value: str | Path | None, flag: str = "--out") -> Path:
     path = Path(value)
     if path.is_dir():
         raise UserError(f"{flag} {path} is a directory, not a file")
+    _refuse_model_dir(path, flag)  # a model's own files (config.json, weights) above all
     if path.exists() and not os.access(path, os.W_OK):
         raise UserError(f"{flag} {path} is not writable")
     if not path.exists():

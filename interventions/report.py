@@ -1,4 +1,5 @@
-"""causal_report.{json,md,html}: the verdict sentence, tables, and Plotly figures (self-contained HTML).
+"""causal_report.{json,md,html}: the verdict sentence, tables, and Plotly figures (the page loads plotly.min.js
+from its folder by default: interventions.run --plotly).
 
 JSON schema {"name": "causal-report", "version": 6}. Version 6 names the two readings of a "flip" apart:
 <metrics>.flip_rate is now follows_donor_rate (the prediction is the donor's label, over the n_donor_rows rows

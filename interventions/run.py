@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "probes.run's probes.json)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier run's causal_report.* in the output directory (never done silently)")
+    p.add_argument("--plotly", choices=("directory", "inline", "cdn"), default="directory",
+                   help="plotly.js for the page: directory (default: one plotly.min.js beside it, offline), inline "
+                        "(embedded, 4.8 MB per page) or cdn (loaded from the web)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (by default a bar over every patched run on a terminal, one line "
                         "per stage otherwise)")
@@ -351,7 +354,7 @@ def main(argv=None) -> int:
         label, sentence = verdict(report)
         report["verdict"] = {"label": label, "sentence": sentence}
         report["timings_s"] = {"suite": t_suite, "total": time.perf_counter() - t0}
-        paths = write_report(report, out, args.overwrite)
+        paths = write_report(report, out, args.overwrite, args.plotly)
         print(sentence)
         for p in paths:
             print(f"wrote {p}")

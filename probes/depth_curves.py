@@ -1,11 +1,11 @@
-"""Depth curves of probe accuracy (the paper's Fig. 7): self-contained interactive Plotly HTML, and a PNG.
+"""Depth curves of probe accuracy: interactive Plotly HTML, and a PNG.
 
 Input: a probes.json document (``{"meta": ..., "results": [...]}``, written by ``python -m probes.run``).
 
-* completion / memory (Fig. 7a): one panel per prefill mode (standard, recurrent-1, ...), x = depth,
+* completion / memory: one panel per prefill mode (standard, recurrent-1, ...), x = depth,
   y = held-out accuracy, one line per distractor count N with its 95% CI as a band, the chance line at 0.5,
   hover showing accuracy, CI, fold spread, control accuracy and n (samples / groups).
-* multi_register (Fig. 7b): one panel per mode (standard, recurrent-1/2/4, recurrent-full), one line per
+* multi_register: one panel per mode (standard, recurrent-1/2/4, recurrent-full), one line per
   writes-per-register (2, 4, 8; and per N when several N were run).
 * any other task (parity, shell_game, custom tasks): as completion; the chance line is at 1/K for K label
   classes (``meta.labels.chance``; without it the built-in task's label words, else 0.5).
@@ -14,13 +14,18 @@ Input: a probes.json document (``{"meta": ..., "results": [...]}``, written by `
   difference per depth, same x axis; the fed state h_{T-1} at x = -1 in feedback modes) and a third with the MDL
   compression; ``probes.run --erase D`` adds, dashed, the accuracy after LEACE erasure at depth D.
 
-The HTML embeds plotly.js (no network needed) and uses a fixed div id, so the same document always gives the
-same page. ``write_png`` renders the page with headless Chromium (kaleido is not required).
+plotly.js (``--plotly``): ``directory`` (default) makes the page load ``plotly.min.js`` from its own folder,
+written there once (atomically; replaced only when it differs from the installed plotly's bundle), so a folder
+of pages holds one 4.8 MB copy and opens offline; ``inline`` embeds it in the page (self-contained, offline);
+``cdn`` loads it from cdn.plot.ly (small, needs a network). The page uses a fixed div id, so the same document
+always gives the same page. ``write_png`` renders the page with headless Chromium (kaleido is not required).
 
-CLI: ``python -m probes.depth_curves figures/tiny-fbt/completion/probes.json [--png out.png]``.
+CLI: ``python -m probes.depth_curves figures/tiny-fbt/completion/probes.json [--png out.png]
+[--plotly directory|inline|cdn]``.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -34,6 +39,8 @@ from common.errors import UserError, cli_entry
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 MODE_ORDER = ("standard", "recurrent-1", "recurrent-2", "recurrent-4", "recurrent-8", "recurrent-full")
 DIV_ID = "depth-curves"
+PLOTLY_JS = "plotly.min.js"  # the one copy of plotly.js beside the pages of a folder (--plotly directory)
+PLOTLY_CHOICES = ("directory", "inline", "cdn")
 
 
 def _mode_key(m: str):
@@ -195,10 +202,6 @@ def depth_curve_figure(doc_or_path, title: str | None = None):
             fig.update_yaxes(title_text=name, row=panels.index(panel) + 1, col=1, range=[lo - pad, hi + pad])
     fig.add_annotation(text="chance" if chance == 0.5 else f"chance 1/{round(1 / chance)}", x=max_depth, y=chance,
                        xref="x", yref="y", showarrow=False, yshift=-10, font=dict(size=10, color="#555"))
-    from tasks import TASKS
-
-    sub = "Fig. 7b" if task == "multi_register" else "Fig. 7a"
-    note = f"cf. paper {sub}; " if task in TASKS else ""
     more = []
     if erased:
         more.append(f"dashed lines: accuracy after LEACE erasure of the label at depth {doc['erased'][0]['erased_at']}")
@@ -209,7 +212,7 @@ def depth_curve_figure(doc_or_path, title: str | None = None):
     more = "".join(f"<br><sup>{m}</sup>" for m in more)
     fig.update_layout(
         title=title or (f"{task} on {model}: linear-probe accuracy by depth"
-                        f"<br><sup>{note}bands = 95% bootstrap CI; dashed = chance</sup>{more}"),
+                        f"<br><sup>bands = 95% bootstrap CI; dashed = chance</sup>{more}"),
         template="plotly_white", height=450 + 260 * (len(panels) - 1), width=max(700, 380 * len(modes)),
         legend=dict(title="writes per register" if task == "multi_register" else "distractors"),
         hovermode="closest", margin=dict(l=60, r=20, t=80 + 30 * more.count("<br>"), b=60),
@@ -269,18 +272,74 @@ def _method_traces(fig, go, panels, mode, label, rs, c, col, erased_rs, fed_rs):
                            " bits, uniform %{customdata[1]:.1f} bits<extra></extra>")), row=i, col=col)
 
 
-def render_html(doc_or_path, title: str | None = None) -> str:
-    """Self-contained HTML (plotly.js inline) of the depth curves."""
+# ----------------------------------------------------------------------------------------------------------
+# plotly.js: one copy per output folder (or inline, or from the CDN)
+# ----------------------------------------------------------------------------------------------------------
+def check_plotly(mode: str) -> str:
+    """`mode` if it is one of PLOTLY_CHOICES, else a one-line UserError."""
+    if mode not in PLOTLY_CHOICES:
+        raise UserError(f"--plotly {mode!r}: expected one of {', '.join(PLOTLY_CHOICES)}")
+    return mode
+
+
+def include_plotlyjs(mode: str):
+    """plotly's ``include_plotlyjs`` argument for a --plotly mode (the page references ``plotly.min.js`` beside
+    it under "directory"; write that file with `write_plotly_js` / `stage_plotly_js`)."""
+    return {"directory": "directory", "inline": True, "cdn": "cdn"}[check_plotly(mode)]
+
+
+@functools.lru_cache(maxsize=1)
+def plotly_js() -> bytes:
+    """The installed plotly's plotly.min.js bundle (what an inline page embeds)."""
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs().encode("utf-8")
+
+
+def plotly_js_missing(directory: str | Path, mode: str = "directory") -> bool:
+    """True when a "directory" page in `directory` needs plotly.min.js written: absent, or not this plotly's
+    bundle (an older version, a truncated copy)."""
+    if check_plotly(mode) != "directory":
+        return False
+    p = Path(directory) / PLOTLY_JS
+    js = plotly_js()
+    return not (p.is_file() and p.stat().st_size == len(js) and p.read_bytes() == js)
+
+
+def write_plotly_js(directory: str | Path, mode: str = "directory") -> Path | None:
+    """Write plotly.min.js into `directory` for its "directory" pages (atomically, only when missing or
+    different); None for the other modes. Write it *before* the pages, so no page references a missing file."""
+    from common.io import atomic_write
+
+    if check_plotly(mode) != "directory":
+        return None
+    if plotly_js_missing(directory, mode):
+        atomic_write(Path(directory) / PLOTLY_JS, plotly_js())
+    return Path(directory) / PLOTLY_JS
+
+
+def stage_plotly_js(st, mode: str = "directory") -> None:
+    """The same inside a common.staged.Staged block: plotly.min.js is staged (renamed into place with the
+    run's other files, before them) when the folder needs it. Stage it before the pages."""
+    if plotly_js_missing(st.root, mode):
+        st.file(PLOTLY_JS, plotly_js())
+
+
+def render_html(doc_or_path, title: str | None = None, plotly: str = "directory") -> str:
+    """HTML of the depth curves; plotly.js as `plotly` says (directory: plotly.min.js beside the page)."""
     fig = depth_curve_figure(doc_or_path, title)
-    return fig.to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID,
+    return fig.to_html(include_plotlyjs=include_plotlyjs(plotly), full_html=True, div_id=DIV_ID,
                        config={"displaylogo": False, "responsive": False})
 
 
-def write_depth_curves(doc_or_path, path: str | Path, title: str | None = None) -> Path:
-    """Write the HTML atomically (common.io.atomic_write: the temporary is removed on every exit path)."""
+def write_depth_curves(doc_or_path, path: str | Path, title: str | None = None, plotly: str = "directory") -> Path:
+    """Write the HTML atomically (common.io.atomic_write: the temporary is removed on every exit path), and under
+    "directory" plotly.min.js beside it first (only when missing or different)."""
     from common.io import atomic_write
 
-    return atomic_write(path, render_html(doc_or_path, title))
+    html = render_html(doc_or_path, title, plotly)
+    write_plotly_js(Path(path).parent, plotly)
+    return atomic_write(path, html)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -332,20 +391,24 @@ def write_png(doc_or_path, png_path: str | Path, title: str | None = None) -> Pa
 
 @cli_entry
 def main(argv=None):
-    import argparse
+    from common.cli import Parser, output_file
 
-    p = argparse.ArgumentParser(prog="python -m probes.depth_curves", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m probes.depth_curves", description=__doc__)
     p.add_argument("probes_json")
     p.add_argument("--html", help="output HTML (default: depth_curves.html beside the JSON)")
     p.add_argument("--png", help="also write a PNG (needs headless Chromium)")
+    p.add_argument("--plotly", default="directory", choices=PLOTLY_CHOICES,
+                   help="plotly.js: plotly.min.js written once beside the page (directory, default; offline), "
+                        "embedded in the page (inline, 4.8 MB) or loaded from cdn.plot.ly (cdn, needs a network)")
     args = p.parse_args(argv)
     src = Path(args.probes_json)
-    html = Path(args.html) if args.html else src.parent / "depth_curves.html"
-    write_depth_curves(src, html)
+    html = output_file(args.html, "--html") if args.html else src.parent / "depth_curves.html"
+    png = output_file(args.png, "--png") if args.png else None
+    doc = load_results_doc(src, "probes.json")  # read once: a missing or bad file is one line, nothing written
+    write_depth_curves(doc, html, plotly=args.plotly)
     print(f"wrote {html}")
-    if args.png:
-        print(f"wrote {write_png(src, args.png)}")
+    if png:
+        print(f"wrote {write_png(doc, png)}")
     return 0
 
 

@@ -51,7 +51,8 @@ def test_stability_records_every_pass_and_the_gate(ckpt, tmp_path, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1 and "already holds stability results" in err \
         and "--overwrite" in err, err
     assert {f: (tmp_path / "s" / f).read_bytes() for f in before} == before
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["stability.html", "stability.json"]
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["plotly.min.js", "stability.html",
+                                                                  "stability.json"]
 
 
 def test_gate_statistics_of_a_token_blind_gate():

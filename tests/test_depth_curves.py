@@ -41,12 +41,20 @@ def test_figure_panels_and_lines():
 
 
 def test_html_is_self_contained_and_deterministic(tmp_path):
-    html = render_html(fake_doc())
+    html = render_html(fake_doc(), plotly="inline")
     assert not re.search(r"<script[^>]*\bsrc=", html) and not re.search(r"<link[^>]*\bhref=", html)
     assert "Plotly.newPlot" in html and len(html) > 1_000_000  # plotly.js inline
-    assert html == render_html(fake_doc())
-    p = write_depth_curves(fake_doc(), tmp_path / "d.html")
+    assert html == render_html(fake_doc(), plotly="inline")
+    p = write_depth_curves(fake_doc(), tmp_path / "d.html", plotly="inline")
     assert p.read_text() == html
+
+
+def test_html_loads_the_plotly_js_beside_it_by_default(tmp_path):
+    html = render_html(fake_doc())
+    assert re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", html) == ["plotly.min.js"]  # no network needed
+    assert html == render_html(fake_doc()) and len(html) < 1_000_000
+    p = write_depth_curves(fake_doc(), tmp_path / "d.html")
+    assert p.read_text() == html and (tmp_path / "plotly.min.js").stat().st_size > 1_000_000
 
 
 CHROMIUM = find_chromium()

@@ -14,7 +14,7 @@ CHECKPOINT = ROOT / "checkpoints" / "tiny-fbt-track"
 
 ACC = re.compile(r"^\s*(standard|recurrent-full): accuracy ([0-9.]+) \(full vocabulary\), ([0-9.]+) \(label words\)$",
                  re.M)
-SWAP = re.compile(r"^state swap at T \(recurrent-full\): flip rate ([0-9.]+) \[([0-9.]+), ([0-9.]+)\], "
+SWAP = re.compile(r"^state swap at T \(recurrent-full\): follows donor ([0-9.]+) \[([0-9.]+), ([0-9.]+)\], "
                   r"normalized effect (-?[0-9.]+)$", re.M)
 
 
@@ -45,7 +45,7 @@ def test_headline_example_runs_and_shows_the_causal_yes():
     assert acc["recurrent-full"][0] >= 0.9 and acc["recurrent-full"][1] >= 0.9, out
     m = SWAP.search(out)
     assert m, out
-    flip, lo, hi, effect = map(float, m.groups())
-    # README: the state swap at T flips 100% [100%, 100%] of the answers, normalized effect 1.00 [1.00, 1.00] (100 samples).
-    assert 0.0 <= lo <= flip <= hi <= 1.0, out
-    assert flip >= 0.9 and effect >= 0.9, out
+    follow, lo, hi, effect = map(float, m.groups())
+    # README: after the state swap at T 100% [100%, 100%] of the answers follow the donor, normalized effect 1.00 [1.00, 1.00] (100 samples).
+    assert 0.0 <= lo <= follow <= hi <= 1.0, out
+    assert follow >= 0.9 and effect >= 0.9, out

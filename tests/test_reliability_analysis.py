@@ -203,13 +203,17 @@ def test_evaluate_failed_write_leaves_no_temporary(tiny_ckpt, tmp_path, monkeypa
     assert list(tmp_path.rglob("*")) == []  # no temporary, and no folder the failed run made
 
 
-def test_evaluate_default_out_from_safe_name(tiny_ckpt, tmp_path, monkeypatch):
+def test_evaluate_default_out_from_safe_name(tiny_ckpt, tmp_path, monkeypatch, capsys):
     m = tmp_path / "mymodel"
     shutil.copytree(tiny_ckpt, m)
-    monkeypatch.chdir(m)
-    evaluate_main()(["--model", ".", "--tasks", "memory", "--distractors", "0", "--modes", "std", "--n-pairs", "2",
-                     "--no-progress"])
-    assert (m / "figures" / "mymodel" / "eval.json").is_file()
+    (m / "sub").mkdir()
+    args = ["--tasks", "memory", "--distractors", "0", "--modes", "std", "--n-pairs", "2", "--no-progress"]
+    monkeypatch.chdir(m)  # the default ./figures/ would lie inside the model's folder: refused (common.cli)
+    one_line_error(capsys, evaluate_main(), ["--model", ".", *args], "model directory")
+    assert not (m / "figures").exists()
+    monkeypatch.chdir(tmp_path)  # a path ending in '..' is named after the folder it resolves to
+    evaluate_main()(["--model", "mymodel/sub/..", *args])
+    assert (tmp_path / "figures" / "mymodel" / "eval.json").is_file()
 
 
 # ----- 8. never silently overwrite; the lock -------------------------------------------------------------------
@@ -259,6 +263,6 @@ def test_recirculation_writes_strict_json_atomically_and_drops_stale_files(tmp_p
     res = json.loads((out / "results.json").read_text())  # strict JSON parses
     assert res["best"]["alpha"] == 0.5
     assert sorted(p.name for p in out.iterdir()) == ["basis.html", "cost.html", "dose.html", "heatmap.html",
-                                                     "results.json", "temperature.html"]
+                                                     "plotly.min.js", "results.json", "temperature.html"]
     with pytest.raises(UserError, match="NaN"):
         _results_text({"x": float("nan")})

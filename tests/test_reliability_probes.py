@@ -128,10 +128,8 @@ def test_help_documents_every_size_range(capsys):
 
 # ----- 3. output paths -----------------------------------------------------------------------------------------
 def test_model_path_ending_in_dotdot_names_the_model(tiny_ckpt, tmp_path, monkeypatch):
-    import probes.run
-
     (tiny_ckpt / "sub").mkdir(exist_ok=True)
-    monkeypatch.setattr(probes.run, "ROOT", tmp_path)  # the default output lands under tmp_path/figures
+    monkeypatch.chdir(tmp_path)  # the default output lands under ./figures of the current directory
     assert _probes(["--task", "completion", "--model", tiny_ckpt / "sub" / "..", "--no-cache", *FAST]) == 0
     out = tmp_path / "figures" / "tiny" / "completion"
     doc = json.loads((out / "probes.json").read_text())
@@ -139,20 +137,19 @@ def test_model_path_ending_in_dotdot_names_the_model(tiny_ckpt, tmp_path, monkey
     assert sorted(p.name for p in tmp_path.iterdir()) == ["figures"]
 
 
-def test_interventions_default_out_is_the_project_roots(tiny_ckpt, tmp_path, monkeypatch, capsys):
-    import interventions.run
-
-    root, elsewhere = tmp_path / "root", tmp_path / "cwd"
-    target = root / "figures" / "tiny" / "completion"
+def test_interventions_default_out_is_under_the_current_directory(tiny_ckpt, tmp_path, monkeypatch, capsys):
+    cwd = tmp_path / "cwd"
+    target = cwd / "figures" / "tiny" / "completion"  # common.paths.default_output, as for probes.run
     target.mkdir(parents=True)
-    elsewhere.mkdir()
     (target / "causal_report.json").write_text("{}")
     (tiny_ckpt / "sub").mkdir(exist_ok=True)
-    monkeypatch.setattr(interventions.run, "ROOT", root)
-    monkeypatch.chdir(elsewhere)
+    monkeypatch.chdir(cwd)
     err = _interventions_refused(["--model", tiny_ckpt / "sub" / "..", "--control-model", "none"], capsys)
-    assert str(target) in err and "--overwrite" in err  # it looked beside probes.json, not in the cwd
-    assert list(elsewhere.iterdir()) == []
+    assert str(target) in err and "--overwrite" in err  # it looked beside probes.json, under the cwd
+    assert [p.name for p in target.iterdir()] == ["causal_report.json"]
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "cwd", "cwd/figures", "cwd/figures/tiny", "cwd/figures/tiny/completion",
+        "cwd/figures/tiny/completion/causal_report.json"]
 
 
 # ----- 4. --overwrite replaces exactly the old probes run; refused runs touch nothing --------------------------
@@ -169,7 +166,8 @@ def test_overwrite_removes_old_activations_but_keeps_causal_report(tiny_ckpt, tm
     _probes_refused(base + ["--seed", "1", "--overwrite", "--modes", "fused-99999"], capsys)
     assert _snapshot(out) == before
     assert _probes(base + ["--seed", "1", "--overwrite"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["causal_report.json", "depth_curves.html", "probes.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["causal_report.json", "depth_curves.html", "plotly.min.js",
+                                                     "probes.json"]
     assert json.loads((out / "probes.json").read_text())["meta"]["seed"] == 1
     assert (out / "causal_report.json").read_text() == '{"keep": 1}'
 
@@ -191,7 +189,7 @@ def test_failed_write_keeps_the_old_run_and_leaves_no_tmp(tiny_ckpt, tmp_path, m
     assert e.value.code == 130
     assert _snapshot(out) == before  # old probes.json, depth_curves.html and activations/ intact
     assert _no_tmp(out) == [] and sorted(p.name for p in out.iterdir()) == ["activations", "depth_curves.html",
-                                                                             "probes.json"]
+                                                                             "plotly.min.js", "probes.json"]
 
 
 def test_write_depth_curves_leaves_no_tmp_on_interrupt(tmp_path, monkeypatch):

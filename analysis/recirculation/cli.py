@@ -21,10 +21,10 @@ from analysis.recirculation.text import builtin_documents, file_documents, make_
 from common.cli import Parser, float_in, float_list, int_in, int_list, output_dir, safe_name
 from common.errors import UserError, cli_entry
 from common.io import atomic_write, json_text, remove_owned, fresh_output
+from common.paths import default_output
 from common.placement import DTYPES, Placement
 from engine.recirculation import RecircSpec, parse_recirculate
 
-ROOT = Path(__file__).resolve().parents[2]
 _PACKAGE_DOC = sys.modules["analysis.recirculation"].__doc__
 
 
@@ -70,7 +70,11 @@ def parse_args(argv=None):
     p.add_argument("--text", nargs="+", metavar="FILE",
                    help="English text files to use instead of the built-in CPython pydoc topics (one document "
                         "per file; with one file its first half tunes and the second half is held out)")
-    p.add_argument("--out", help="output folder (default figures/<model>/recirculation)")
+    p.add_argument("--out", help="output folder (default ./figures/<model>/recirculation under the current "
+                                 "directory)")
+    p.add_argument("--plotly", default="directory", choices=("directory", "inline", "cdn"),
+                   help="plotly.js: plotly.min.js written once beside the pages (directory; offline), embedded "
+                        "in each page (inline, 4.8 MB each) or loaded from cdn.plot.ly (cdn, needs a network)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing results folder")
     p.add_argument("--seq-len", type=int_in(2, MAX_SEQ_LEN), default=64,
                    help=f"tokens per chunk (one chunk = one sequence), 2..{MAX_SEQ_LEN}")
@@ -157,7 +161,7 @@ def main(argv=None):
     placement = _placement(a.dtype)
     docs = file_documents(a.text) if a.text else None
     sub = f"mediation-{a.mediation_task}" if a.mediation_only else "recirculation"
-    out = output_dir(a.out if a.out is not None else ROOT / "figures" / safe_name(a.model) / sub)
+    out = output_dir(a.out if a.out is not None else default_output(safe_name(a.model), sub))
 
     with fresh_output(out, OUTPUTS, a.overwrite, "analysis.recirculation run",
                       f"{out} already holds results: pass --overwrite to replace them"):
@@ -194,7 +198,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
                                       a.mediation_distractors, a.batch, a.seed)}
         res["seconds_total"] = time.perf_counter() - t_start
         res["command"] = command
-        _write_results(res, out, lambda: [mediation_figure(res["mediation"], out) or "mediation.html"])
+        _write_results(res, out, lambda: [mediation_figure(res["mediation"], out, a.plotly) or "mediation.html"])
         print(f"wrote {out}/results.json and mediation.html ({res['seconds_total']:.0f}s)")
         return res
     docs = docs or builtin_documents()
@@ -221,6 +225,6 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
                                      a.mediation_distractors, a.batch, a.seed)
     res["seconds_total"] = time.perf_counter() - t_start
     res["command"] = command
-    _write_results(res, out, lambda: write_figures(res, out))
+    _write_results(res, out, lambda: write_figures(res, out, a.plotly))
     print(f"wrote {out}/results.json and {len(list(out.glob('*.html')))} HTML figures ({res['seconds_total']:.0f}s)")
     return res

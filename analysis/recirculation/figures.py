@@ -1,19 +1,19 @@
-"""The study's figures (offline plotly HTML, written atomically)."""
+"""The study's figures (plotly HTML, written atomically; plotly.js as --plotly says: by default one
+plotly.min.js beside them, offline)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from common.io import atomic_write
+from probes.depth_curves import include_plotlyjs, write_plotly_js
 
 
-def html(fig, path: Path):
-    atomic_write(path, lambda tmp: fig.write_html(str(tmp), full_html=True,
-                                                  include_plotlyjs="cdn" if os.environ.get("FBPROBE_PLOTLY_CDN")
-                                                  else True))
+def html(fig, path: Path, plotly: str = "directory"):
+    write_plotly_js(path.parent, plotly)  # before the page: it never references a missing plotly.min.js
+    atomic_write(path, fig.to_html(full_html=True, include_plotlyjs=include_plotlyjs(plotly)))
 
 
-def mediation_figure(med: dict, out: Path) -> None:
+def mediation_figure(med: dict, out: Path, plotly: str = "directory") -> None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -25,10 +25,10 @@ def mediation_figure(med: dict, out: Path) -> None:
     fig.add_trace(go.Bar(x=list(c), y=[v["accuracy"] for v in c.values()], showlegend=False), row=1, col=2)
     fig.update_layout(title=f"Mediation on {med['task']} ({med['config']}; rank-{med['rank']} probe subspace "
                             f"at depth {med['probe_depth']})")
-    html(fig, out / "mediation.html")
+    html(fig, out / "mediation.html", plotly)
 
 
-def write_figures(res: dict, out: Path) -> None:
+def write_figures(res: dict, out: Path, plotly: str = "directory") -> None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -50,7 +50,7 @@ def write_figures(res: dict, out: Path) -> None:
     fig.update_layout(title=f"{res['model']}: perplexity change at alpha = {res['heatmap']['alpha']} "
                             f"(tuning split; chosen {res['best']['name']}, held-out "
                             f"{res['best']['test_ppl_change_pct']:+.2f}%)")
-    html(fig, out / "heatmap.html")
+    html(fig, out / "heatmap.html", plotly)
 
     pts = res["dose"]["points"]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
@@ -67,7 +67,7 @@ def write_figures(res: dict, out: Path) -> None:
     fig.update_layout(title=f"Dose-response, {res['dose']['mode']} s={res['dose']['pair'][0]} "
                             f"d={res['dose']['pair'][1]}; failure (> +{res['dose']['fail_threshold_pct']}%) at "
                             f"alpha = {fa if fa is not None else 'not reached'}")
-    html(fig, out / "dose.html")
+    html(fig, out / "dose.html", plotly)
 
     t = res["temperature"]
     labels = [f"temperature only (T={t['t_temperature_only']})", "recirculation only",
@@ -76,7 +76,7 @@ def write_figures(res: dict, out: Path) -> None:
     fig = go.Figure(go.Bar(x=labels, y=vals, text=[f"{v:+.3f}%" for v in vals], textposition="outside"))
     fig.update_layout(title="Temperature additivity (held-out ppl change vs base at T = 1)",
                       yaxis_title="ppl change %")
-    html(fig, out / "temperature.html")
+    html(fig, out / "temperature.html", plotly)
 
     bz = res["basis"]["ppl_change_pct"]
     fig = go.Figure(go.Bar(x=list(bz), y=list(bz.values()), text=[f"{v:+.3f}%" for v in bz.values()],
@@ -84,11 +84,11 @@ def write_figures(res: dict, out: Path) -> None:
     fig.update_layout(title=f"Basis test at {res['best']['name']} (held-out): z_s as is vs small rotation "
                             f"(mean cos {res['basis']['small_rotation_mean_cos']:.3f}) vs random orthogonal",
                       yaxis_title="ppl change %")
-    html(fig, out / "basis.html")
+    html(fig, out / "basis.html", plotly)
 
     med = res.get("mediation")
     if isinstance(med, dict):
-        mediation_figure(med, out)
+        mediation_figure(med, out, plotly)
 
     rows = res["cost"]["rows"]
     fig = make_subplots(rows=1, cols=3, subplot_titles=("tokens/s", "peak RSS increase (MB)",
@@ -97,7 +97,7 @@ def write_figures(res: dict, out: Path) -> None:
         fig.add_trace(go.Bar(x=[r["method"] for r in rows], y=[r[key] for r in rows], showlegend=False),
                       row=1, col=i + 1)
     fig.update_layout(title=f"Cost of recirculated prefill ({res['cost']['config']}, block {res['cost']['block']})")
-    html(fig, out / "cost.html")
+    html(fig, out / "cost.html", plotly)
     return ["heatmap.html", "dose.html", "temperature.html", "basis.html", "cost.html"] + \
         (["mediation.html"] if isinstance(med, dict) else [])
 

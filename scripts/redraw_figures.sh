@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Redraw every committed figure in docs/ from committed inputs (docs/usage.md, "Redrawing the committed figures").
+#
+#   scripts/redraw_figures.sh                     # all of them (~16 min on 2 shared CPU cores; SmolLM2 needs `make smollm2`)
+#   scripts/redraw_figures.sh length_curves depth_curves_memory      # only these
+#
+# length_curves.{html,png} come from the shipped eval.json files (checkpoints/tiny-fbt-track, tiny-std-track);
+# each depth_curves_*.png from the probes.json of a `python -m probes.run` run, made here first (into
+# $FIGURES/<model>/<task>/, default figures/ of the repository: probes.run's own default folder, so a folder
+# holding a different run is refused, not replaced). The PNGs need headless Chromium (`make chromium`).
+# tests/test_figures.py checks, without a browser, that every committed figure is named here and that the
+# committed accuracy-vs-N page holds what its eval.json files give.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+FIGURES=${FIGURES:-figures}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+ALL=(length_curves depth_curves_completion depth_curves_memory depth_curves_multi_register
+     depth_curves_smollm2_completion)
+
+"$PY" -c "import sys; from probes.depth_curves import find_chromium; sys.exit(find_chromium() is None)" || {
+  echo "error: headless Chromium not found: the PNGs need it (make chromium)" >&2; exit 2; }
+
+# depth NAME MODEL TASK [probes.run flags...]: probes.run, then the depth-curve PNG of its probes.json.
+depth() {
+  local name=$1 model=$2 task=$3; shift 3
+  local out="$FIGURES/$model/$task"
+  "$PY" -m probes.run --task "$task" --model "$model" "$@" --out "$out" --no-progress
+  "$PY" -m probes.depth_curves "$out/probes.json" --png "docs/$name.png"
+}
+
+draw() {
+  case $1 in
+    length_curves)
+      "$PY" -m analysis.length_curves checkpoints/tiny-fbt-track/eval.json checkpoints/tiny-std-track/eval.json \
+        --modes std,fused-30,recurrent-full --model-modes tiny-std-track:std \
+        --out docs/length_curves.html --png docs/length_curves.png --overwrite ;;
+    depth_curves_completion) depth depth_curves_completion tiny-fbt completion ;;
+    depth_curves_memory) depth depth_curves_memory tiny-fbt memory ;;
+    depth_curves_multi_register) depth depth_curves_multi_register tiny-fbt multi_register ;;
+    depth_curves_smollm2_completion)
+      depth depth_curves_smollm2_completion smollm2-135m completion --recirculate 20:2:0.1 --distractors 0 \
+        --n-pairs 48 ;;
+  esac
+}
+
+[ $# -gt 0 ] || set -- "${ALL[@]}"
+for f in "$@"; do  # every name checked before anything runs
+  [[ " ${ALL[*]} " == *" $f "* ]] || { echo "error: unknown figure '$f' (known: ${ALL[*]})" >&2; exit 2; }
+done
+for f in "$@"; do
+  echo "== $f"
+  draw "$f"
+done
