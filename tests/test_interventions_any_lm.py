@@ -205,3 +205,45 @@ def test_per_row_positions_in_one_run_equal_one_run_per_position():
         assert torch.equal(one[rows], alone[rows]), p
     untouched = np.where(~has)[0]
     assert torch.equal(one[untouched], ctx.clean[mode].logits[untouched])
+
+
+def test_a_task_file_gives_its_n_and_first_k_pairs(tiny_ckpt, tmp_path):
+    """--n-pairs means the same for a file as in probes.run (its first k pairs of the N), the file's N is the
+    default, and the report says how many pairs and samples it used."""
+    from pathlib import Path
+
+    from interventions.run import main
+
+    data = Path(__file__).resolve().parent / "data" / "last_write.jsonl"  # N = 1 and N = 2, 15 pairs each
+    for extra, pairs in (([], 15), (["--n-pairs", "10"], 10)):
+        out = tmp_path / f"o{pairs}"
+        assert main(["--model", str(tiny_ckpt), "--task", str(data), "--out", str(out), "--no-progress",
+                     "--control-model", "none", "--mode", "recurrent-1", *extra]) == 0
+        rep = json.loads((out / "causal_report.json").read_text())
+        assert rep["config"]["distractors"] == 1  # the file's first N, not the built-in default 8
+        assert rep["config"]["n_pairs"] == rep["dataset"]["n_pairs"] == pairs
+        assert rep["dataset"]["n_samples"] == 2 * pairs
+        assert f"{pairs} pairs ({2 * pairs} samples" in (out / "causal_report.md").read_text()
+
+
+def test_changed_and_follows_donor_are_two_rates():
+    """On a model that is often wrong, a no-op patch 'follows the donor' wherever the clean answer already was the
+    donor's label, but changes nothing: the two rates differ, and each is what its name says (binary and K-way)."""
+    import numpy as np
+
+    from interventions.metrics import changed, summarize
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 50)
+    r = 1 - y
+    ld = rng.normal(0, 1, 50)  # about half the rows wrong
+    acc = float((ld > 0).mean())
+    m = summarize(ld, ld, -ld, y, r, np.arange(50), n_boot=50)  # the patch changes nothing
+    assert m["changed_rate"] == 0.0 and m["changed"] == 0.0
+    assert m["follows_donor_rate"] == pytest.approx(1 - acc) and 0.3 < 1 - acc < 0.7
+    flipped = summarize(-ld, ld, -ld, y, r, np.arange(50), n_boot=50)  # every decision reversed
+    assert flipped["changed_rate"] == 1.0 and flipped["follows_donor_rate"] == pytest.approx(acc)
+    # K = 3, by hand: argmax sets {0} vs {0}: same; {1} vs {0}: changed; {0, 1} tie vs {0}: changed with p 1/2
+    clean = torch.tensor([[3.0, 1, 0], [3.0, 1, 0], [3.0, 1, 0]])
+    patched = torch.tensor([[2.0, 1, 0], [0.0, 2, 1], [2.0, 2, 0]])
+    assert changed(patched, clean, (0, 1, 2)).tolist() == [0.0, 1.0, 0.5]
