@@ -2,14 +2,17 @@
 (standard, untraced) forward of the same batch.
 
     python benchmarks/interventions.py [--model tiny-fbt] [--task completion] [--n-pairs 200] [--distractors 8]
-                                      [--mode recurrent-full] [--max-positions 64]
+                                      [--mode recurrent-full] [--max-positions 64] [--budget full]
 
 Runs `interventions.run` into a temporary directory (nothing under figures/ is touched), reads the per-stage
 timings the suite records, and times a plain forward and one clean recurrent-full prefill (the engine's,
 engine.prefill.prefill) on the identical batch (median of 5). `sweep_per_position_vs_recurrent_full` = the
 position sweep's time per patched position / one recurrent-full run: the budget is about 1 (a patch at t
-reruns T - t cached steps from the shared clean prefix, about half a run on average). The last line of stdout
-is one JSON object.
+reruns T - t cached steps from the shared clean prefix, about half a run on average).
+`standard_patch_full_vs_suffix`: a residual patch under standard prefill at each of the last 8 positions (and
+all depths), timed two ways side by side, interleaved: a whole patched forward (the routine before the cached
+suffix) / the suffix from the clean cache (interventions.core._Standard). The last line of stdout is one JSON
+object.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ def main(argv=None) -> int:
     p.add_argument("--control-model", default=None)
     p.add_argument("--mode", default="recurrent-full")
     p.add_argument("--max-positions", default="64")
+    p.add_argument("--budget", default="full", choices=("quick", "full"))
     args = p.parse_args(argv)
 
     import torch
@@ -44,7 +48,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cli = ["--model", args.model, "--task", args.task, "--n-pairs", args.n_pairs, "--distractors",
                args.distractors, "--out", tmp, "--no-progress", "--mode", args.mode, "--max-positions",
-               args.max_positions]
+               args.max_positions, "--budget", args.budget]
         if args.control_model:
             cli += ["--control-model", args.control_model]
         t = time.perf_counter()
@@ -71,6 +75,28 @@ def main(argv=None) -> int:
         prefill(model, batch.input_ids, batch.attention_mask, "recurrent-full", collect=False)
         rtimes.append(time.perf_counter() - t)
     rfull = statistics.median(rtimes)
+    # standard-prefill residual patches: a whole patched forward vs the cached suffix, interleaved
+    from interventions.core import CausalContext, Patch, _hooks
+
+    ctx = CausalContext(model, batch, modes=("standard",), check_engine=False)
+    r = ctx.runners["standard"]
+    T = batch.input_ids.shape[1]
+    full_t, suffix_t = [], []
+    with torch.no_grad():
+        for pos in range(-8, 0):
+            for d in range(model.n_layers + 1):
+                value = ctx.resid("standard")[:, T + pos, d][batch.pair]
+                t = time.perf_counter()
+                with _hooks(model, [Patch("resid", value, d, pos)], r.col):
+                    model(batch.input_ids, batch.attention_mask)
+                full_t.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                ctx.run("standard", [Patch("resid", value, d, pos)])
+                suffix_t.append(time.perf_counter() - t)
+    std_ratio = statistics.median(full_t) / statistics.median(suffix_t)
+    print(f"standard residual patch, last 8 positions x {model.n_layers + 1} depths: whole forward "
+          f"{1e3 * statistics.median(full_t):.2f} ms / cached suffix {1e3 * statistics.median(suffix_t):.2f} ms "
+          f"= {std_ratio:.1f}x")
     stages = report["results"]["timings_s"]
     mode = report["config"]["mode"]
     per = {k: v for k, v in stages.items() if not k.endswith(("dose", "layer_patching/standard",
@@ -92,6 +118,7 @@ def main(argv=None) -> int:
                       "recurrent_full_prefill_s": round(rfull, 5), "sweep_positions": n_sweep,
                       "sweep_s": stages.get("position_sweep"),
                       "sweep_per_position_vs_recurrent_full": None if ratio is None else round(ratio, 3),
+                      "budget": args.budget, "standard_patch_full_vs_suffix": round(std_ratio, 2),
                       "cost_vs_plain_forward": {k: round(v, 2) for k, v in rel.items()}}))
     return 0
 
