@@ -6,7 +6,7 @@ JSON schema {"name": "causal-report", "version": 6}. Version 6 names the two rea
 whose donor label differs from their own; formerly n_flip_rows; follows_donor, formerly flips, the count), and
 changed_rate / changed are new (the prediction differs from the clean run's, over every row: an identity patch
 gives 0). It adds config.budget (quick | full), config.n_pairs (the pairs actually used) beside
-config.n_pairs_requested, config.layer_depths, config.sweep_depth, config.device / dtype, dataset.n_pairs,
+config.n_pairs_requested, config.layer_depths, config.sweep_depth, config.leace_all (leace_state_all run), config.device / dtype, dataset.n_pairs,
 model.feedback (has a fusion module), results.fed_state (only where the fed-state analyses do not apply: "not
 applicable (no feedback): <why>"), results.resid_mean_ablation {mode, site "resid", rows [{name mean_resid_d<l>,
 depth, position -1, reference "paired sample", <metrics>}]}, and results.position_sweep.site "resid" with its

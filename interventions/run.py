@@ -33,7 +33,6 @@ MAX_DISTRACTORS = 1024
 MAX_SEED = 2**31 - 1  # the suite also seeds with seed + 1000
 MAX_RANK = 64
 MAX_BOOT = 100_000
-DEFAULT_MAX_POSITIONS = 64
 MAX_POSITIONS = 100_000
 MAX_ERASE_DEPTH = 10_000  # checked against the model's depth once it is loaded
 DEFAULT_DISTRACTORS = 8
@@ -66,13 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
                            "sweep too), with bootstrap CIs and a negative-control model. Works on any HF causal LM "
                            "in standard mode (the fed-state analyses then read 'not applicable (no feedback)'). "
                            "Writes causal_report.{json,md,html}.")
-    p.add_argument("--task", default="completion", help=f"probing task: {', '.join(TASKS)} (default completion)")
+    p.add_argument("--task", default="completion",
+                   help=f"a built-in task ({', '.join(TASKS)}), a .jsonl samples file or package.module:function "
+                        "(docs/tasks.md; default completion)")
     p.add_argument("--model", default="tiny-fbt",
-                   help="shipped preset name (e.g. tiny-fbt) or a checkpoint directory (default tiny-fbt)")
+                   help="shipped preset name (e.g. tiny-fbt), smollm2-135m, a full-bandwidth checkpoint directory "
+                        "or any HF causal LM directory with its tokenizer (default tiny-fbt)")
     p.add_argument("--mode", default="recurrent-1",
                    help="prefill mode intervened on: standard, recurrent-K, recurrent-full or fused-N (default "
-                        "recurrent-1; fused-N patches its last pass; a model without a fusion module, e.g. any HF "
-                        "causal LM: standard). Layer patching also runs standard.")
+                        "recurrent-1; fused-N patches its last pass). A model without a fusion module (any HF "
+                        "causal LM) has only standard: give --mode standard. Layer patching also runs standard.")
     p.add_argument("--budget", choices=tuple(BUDGETS), default="quick",
                    help="how much of the battery runs: quick (default: the analyses a first look needs, "
                         f"{_budget_text('quick')}) or full (every analysis at full size: {_budget_text('full')}); "
