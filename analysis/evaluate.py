@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import re
 import time
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -26,6 +25,7 @@ from tqdm import tqdm
 from common.cli import Parser, int_in, int_list, output_dir, output_file, safe_name
 from common.errors import UserError, cli_entry
 from common.io import DirLock, atomic_write, json_text
+from common.paths import figures_dir
 from engine.modes import DECODINGS, MAX_FUSED_PASSES, parse_mode
 from engine.prefill import fused_trajectory, pad_left, prefill_many
 from common.placement import Placement, add_placement_flags
@@ -44,6 +44,7 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 MAX_PAIRS = 5000  # --n-pairs: 2 samples per pair
 MAX_DISTRACTORS = 1024  # --distractors: lines per prompt
 MAX_BATCH = 4096  # --batch-size
+MAX_SEED = 2**32 - 1  # --seed (numpy / sklearn accept 0..2**32-1)
 _SWEEP_RE = re.compile(r"^fused-1\.\.(\d+)$")
 
 
@@ -112,8 +113,10 @@ def parse_tasks(spec: str, ns=()) -> list[str]:
     return list(dict.fromkeys(tasks))
 
 
-def resolve_tasks(spec: str) -> list[TaskSource]:
-    """'completion,parity,my.jsonl,pkg.mod:f' -> TaskSources (tasks.custom.resolve_task; UserError if bad)."""
+def resolve_tasks(spec: str, load: bool = True) -> list[TaskSource]:
+    """'completion,parity,my.jsonl,pkg.mod:f' -> TaskSources (tasks.custom.resolve_task; UserError if bad).
+
+    ``load=False``: a module:function task's code is not imported yet; ``load_tasks`` does it, and checks names."""
     items = list(dict.fromkeys(t.strip() for t in str(spec).split(",") if t.strip()))
     if not items:
         raise UserError("no tasks given")
@@ -126,11 +129,18 @@ def resolve_tasks(spec: str) -> list[TaskSource]:
                 raise
             raise UserError(f"unknown task {t!r} (known: {', '.join(ALL_TASKS)}, a .jsonl samples file or "
                             "package.module:function)") from None
-    names = [s.name for s in out]
+    return load_tasks(out) if load else out
+
+
+def load_tasks(sources: list[TaskSource]) -> list[TaskSource]:
+    """Load every task (a module:function task's code runs here) and refuse two of the same name."""
+    for s in sources:
+        s.load()
+    names = [s.name for s in sources]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise UserError(f"two --tasks have the same name {dup[0]!r}")
-    return out
+    return sources
 
 
 def default_distractors(source: TaskSource) -> list[int]:
@@ -166,18 +176,18 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     return (0.0 if k == 0 else lo), (1.0 if k == n else hi)  # exact ends (no 0.9999999999999999)
 
 
-def make_jobs(sources, ns, n_pairs, tok=None) -> list[tuple]:
+def make_jobs(sources, ns, n_pairs, tok=None, seed: int = EVAL_SEED) -> list[tuple]:
     """Every (task, N) dataset, made (and with ``tok`` tokenized, label words checked) before any forward.
 
     -> [(source, n, samples)] or, with ``tok``, [(source, n, token ids, samples, label token ids)].
     ``ns``: one list for every task or {task name: list}; ``n_pairs`` None = a JSONL file whole (generated
-    tasks: DEFAULT_N_PAIRS).
+    tasks: DEFAULT_N_PAIRS); ``seed``: the datasets' seed (default the fixed evaluation seed).
     """
     jobs = []
     for src in sources:
         for n in (ns[src.name] if isinstance(ns, dict) else ns):
             k = n_pairs if n_pairs is not None or src.fixed else DEFAULT_N_PAIRS
-            samples = src.make(k, n, EVAL_SEED)
+            samples = src.make(k, n, seed)
             if tok is None:
                 jobs.append((src, n, samples))
                 continue
@@ -188,10 +198,12 @@ def make_jobs(sources, ns, n_pairs, tok=None) -> list[tuple]:
 
 
 @torch.no_grad()
-def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progress=True) -> list[dict]:
+def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progress=True,
+             seed: int = EVAL_SEED) -> list[dict]:
     """Rows per task x N x mode; aliases of one mode are computed once, under the first spelling's name.
 
-    ``tasks``: names or tasks.custom.TaskSource; ``ns``: N values for every task or {task name: N values}.
+    ``tasks``: names or tasks.custom.TaskSource; ``ns``: N values for every task or {task name: N values};
+    ``seed``: the datasets' seed (default the fixed evaluation seed EVAL_SEED).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -199,7 +211,7 @@ def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progre
     modes = list(plan.values())
     rows = []
     sources = [t if isinstance(t, TaskSource) else resolve_task(t) for t in tasks]
-    jobs = make_jobs(sources, ns, n_pairs, tok)  # every dataset validated before the first forward
+    jobs = make_jobs(sources, ns, n_pairs, tok, seed)  # every dataset validated before the first forward
     for src, n, seqs, samples, words in tqdm(jobs, disable=not progress, desc="evaluate"):
         task = src.name
         labels = torch.tensor([words[s.label] for s in samples])
@@ -266,7 +278,16 @@ def main(argv=None):
                         "samples; a JSONL file: all its pairs unless given)")
     p.add_argument("--batch-size", type=int_in(1, MAX_BATCH), default=64,
                    help=f"samples per forward batch, 1..{MAX_BATCH} (default 64)")
-    p.add_argument("--out", help="JSON output path (default figures/<model name>/eval.json; the shipped cards "
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=EVAL_SEED,
+                   help=f"seed of the evaluation datasets, 0..{MAX_SEED} (default {EVAL_SEED}, the fixed evaluation "
+                        "seed of the model cards): another seed checks any number on fresh samples; recorded in "
+                        "meta.seed, each dataset's fingerprint in meta.datasets")
+    p.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
+                   help="tokenize the prompts with this tokenizer: a folder holding tokenizer.json (or "
+                        "tokenizer_config.json with its vocabulary files) or a preset name (tiny-fbt, "
+                        "smollm2-135m, ...); default the model's own, and a model folder without one is refused")
+    p.add_argument("--out", help="JSON output path (default ./figures/<model name>/eval.json under the current "
+                                 "directory; the shipped cards "
                                  "keep a copy beside the checkpoint)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -276,29 +297,43 @@ def main(argv=None):
     if not a.model.strip():
         raise UserError("--model is empty")
     placement = Placement.from_args(a)
-    tasks = resolve_tasks(a.tasks)
-    ns = distractors_for(tasks, a.distractors)
-    make_jobs(tasks, ns, a.n_pairs)  # every dataset can be made (the tokenizer checks need the model's)
+    from models.tokenizers import resolve_tokenizer, tokenizer_source
+
+    if a.tokenizer is not None:  # the name now (a folder or a preset); its files once the model is loaded
+        tokenizer_source(a.tokenizer)
+    tasks = resolve_tasks(a.tasks, load=False)  # a module:function task's code is imported below, after the checks
+    if a.distractors is not None:  # the syntax now; each task's own bounds once it is loaded
+        int_list(a.distractors, "--distractors", 0, MAX_DISTRACTORS)
     parse_modes(a.modes)  # syntax and bounds; the fusion check needs the model
-    out = output_file(a.out if a.out is not None else Path("figures") / safe_name(a.model) / "eval.json")
+    out = output_file(a.out if a.out is not None else figures_dir(safe_name(a.model), "eval.json"))
     if not out.exists():
         # output_file checks only the parent, which passes for a file directly under /proc: the creatable
         # check of the path itself (output_dir's) refuses it.
         output_dir(out)
     if out.exists() and not a.overwrite:
         raise UserError(f"{out} exists; pass --overwrite to replace it or --out elsewhere")
+    load_tasks(tasks)  # every other argument checked: a module:function task's code may run now
+    ns = distractors_for(tasks, a.distractors)
+    from tasks import dataset_fingerprint
+
+    # every dataset can be made (the tokenizer checks need the model's); their fingerprints go into meta.datasets
+    datasets = [{"task": src.name, "n_distractors": n, "n_samples": len(samples),
+                 "fingerprint": dataset_fingerprint(samples)}
+                for src, n, samples in make_jobs(tasks, ns, a.n_pairs, seed=a.seed)]
     model, tok, name = load_model(a.model, placement)
-    if tok is None:
-        raise UserError(f"model {a.model} has no tokenizer beside it")
+    tok = resolve_tokenizer(model, tok, a.model, a.tokenizer)  # its own or --tokenizer's; none: refused
     modes, sweep = parse_modes(a.modes, model.has_fusion)
     t0 = time.time()
-    rows = evaluate(model, tok, tasks, ns, modes, sweep, a.n_pairs, a.batch_size, not a.no_progress)
+    rows = evaluate(model, tok, tasks, ns, modes, sweep, a.n_pairs, a.batch_size, not a.no_progress, seed=a.seed)
     wall = time.time() - t0
     print(table(rows, sweep))
     meta = {"model": a.model, "n_pairs": a.n_pairs if a.n_pairs is not None else DEFAULT_N_PAIRS,
-            "seed": EVAL_SEED, "modes": a.modes, "wall_s": round(wall, 1), "device": str(placement.torch_device),
+            "seed": a.seed, "modes": a.modes, "wall_s": round(wall, 1), "device": str(placement.torch_device),
             "dtype": placement.dtype,
             "ci": "ci_low/ci_high: 95% Wilson score interval of accuracy over the cell's n_samples"}
+    meta["datasets"] = datasets
+    if a.tokenizer is not None:
+        meta["tokenizer"] = a.tokenizer
     custom = [s.describe() for s in tasks if not s.builtin]
     if custom:
         meta["custom_tasks"] = custom

@@ -87,10 +87,19 @@ def main(argv=None):
                                                           "(multi_register, grouped CV)")
     ap.add_argument("--n", type=int_in(0, MAX_DISTRACTORS), default=8,
                     help=f"distractor lines N, 0..{MAX_DISTRACTORS} (default 8)")
+    ap.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
+                    help="tokenize the prompts with this tokenizer: a folder holding tokenizer.json (or "
+                         "tokenizer_config.json with its vocabulary files) or a preset name; default the model's "
+                         "own, and a model folder without one is refused")
     a = ap.parse_args(argv)
+    from models.tokenizers import resolve_tokenizer, tokenizer_source
+
+    if a.tokenizer is not None:
+        tokenizer_source(a.tokenizer)
     model, tok, _ = load_model(a.model)
     if not model.has_fusion:
         raise UserError(f"{a.model} has no fusion module: it has no fixed point to diagnose")
+    tok = resolve_tokenizer(model, tok, a.model, a.tokenizer)  # its own or --tokenizer's; none: refused
     model.eval()
     errors(model, tok, a.n)
     if a.probe:

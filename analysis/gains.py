@@ -67,7 +67,15 @@ def main(argv=None):
                         "embedded in the page (inline, 4.8 MB) or loaded from cdn.plot.ly (cdn, needs a network)")
     p.add_argument("--overwrite", action="store_true", help="replace existing results")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
+                   help="tokenize the prompts of both models with this tokenizer: a folder holding tokenizer.json "
+                        "(or tokenizer_config.json with its vocabulary files) or a preset name; default each "
+                        "model's own, and a model folder without one is refused")
     a = p.parse_args(argv)
+    from models.tokenizers import resolve_tokenizer, tokenizer_source
+
+    if a.tokenizer is not None:
+        tokenizer_source(a.tokenizer)
     # --- everything that can be refused is checked before any model loads
     for flag in ("fbt", "std"):
         if not getattr(a, flag).strip():
@@ -83,9 +91,8 @@ def main(argv=None):
         if not fbt.has_fusion:
             raise UserError(f"--fbt {a.fbt} has no fusion module")
         std, std_tok, _ = load_model(a.std)
-        for flag, tok in (("--fbt", fbt_tok), ("--std", std_tok)):
-            if tok is None:
-                raise UserError(f"{flag} {getattr(a, flag[2:])} has no tokenizer beside it")
+        fbt_tok = resolve_tokenizer(fbt, fbt_tok, a.fbt, a.tokenizer)  # its own or --tokenizer's; none: refused
+        std_tok = resolve_tokenizer(std, std_tok, a.std, a.tokenizer)
         ev_fbt = evaluate(fbt, fbt_tok, tasks, ns, ["std", "soft", "fused"], 0, a.n_pairs,
                           progress=not a.no_progress)
         ev_std = evaluate(std, std_tok, tasks, ns, ["std"], 0, a.n_pairs, progress=not a.no_progress)

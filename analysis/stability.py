@@ -102,6 +102,10 @@ def main(argv=None):
     p.add_argument("--passes", type=int_in(1, MAX_FUSED_PASSES), default=30,
                    help=f"max fused passes k, 1..{MAX_FUSED_PASSES} (default 30)")
     p.add_argument("--long", action="store_true", help="also run to k = 100 and 1000")
+    p.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
+                   help="tokenize the prompts of every model with this tokenizer: a folder holding tokenizer.json "
+                        "(or tokenizer_config.json with its vocabulary files) or a preset name; default each "
+                        "model's own, and a model folder without one is refused")
     p.add_argument("--n-pairs", type=int_in(1, MAX_PAIRS), default=16,
                    help=f"held-out pairs per task, 1..{MAX_PAIRS} (default 16)")
     p.add_argument("--out", default=None, help="output dir (default ./figures/stability under the current directory)")
@@ -112,6 +116,10 @@ def main(argv=None):
     a = p.parse_args(argv)
     # --- everything that can be refused is checked before any model loads
     tasks = parse_tasks(a.tasks, [a.distractors])
+    from models.tokenizers import resolve_tokenizer, tokenizer_source
+
+    if a.tokenizer is not None:
+        tokenizer_source(a.tokenizer)
     models = list(dict.fromkeys(m.strip() for m in a.models.split(",") if m.strip()))
     if not models:
         raise UserError("--models is empty")
@@ -124,6 +132,7 @@ def main(argv=None):
         results, gates, t0 = {}, {}, time.time()
         for name in tqdm(models, desc="models"):
             model, tok, _ = load_model(name)
+            tok = resolve_tokenizer(model, tok, name, a.tokenizer)  # its own or --tokenizer's; none: refused
             if not model.has_fusion:
                 raise UserError(f"{name} has no fusion module; stability of feedback is undefined for it")
             results[name] = [r for t in tasks

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         report = json.loads((Path(tmp) / "causal_report.json").read_text())
     if rc:
         return rc
-    model, tok, _ = _load(args.model, "the")
+    model, tok, _ = _load(args.model)
     batch = Batch.from_samples(make_dataset(args.task, int(args.n_pairs), int(args.distractors), 0), tok, args.task)
     times = []
     with torch.no_grad():

@@ -120,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control-model", default=None,
                    help="negative-control model for the same swap (default: tiny-std when its checkpoint exists "
                         "and shares the model's tokenizer; 'none' to skip)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
+                   help="tokenize the prompts with this tokenizer: a folder holding tokenizer.json (or "
+                        "tokenizer_config.json with its vocabulary files) or a preset name (tiny-fbt, "
+                        "smollm2-135m, ...); default the model's own, and a model folder without one is refused")
     add_placement_flags(p)
     p.add_argument("--out", default=None,
                    help="output directory (default ./figures/<model>/<task>/ of the current directory, beside "
@@ -150,12 +154,12 @@ def _model_path(name_or_path: str) -> Path:
     return checkpoint_dir(name_or_path) if not p.exists() and name_or_path in PRESETS else p
 
 
-def _load(name_or_path: str, role: str, placement=None):
+def _load(name_or_path: str, placement=None, tokenizer=None):
+    from models.tokenizers import resolve_tokenizer
     from training.presets import load_model
 
     model, tok, name = load_model(name_or_path, placement)  # refuses NaN/inf weights (load_weights)
-    if tok is None:
-        raise UserError(f"{role} model {name_or_path!r} has no tokenizer.json next to its weights")
+    tok = resolve_tokenizer(model, tok, name_or_path, tokenizer)  # its own or --tokenizer's; none: one line
     return model.eval(), tok, name
 
 
@@ -249,6 +253,10 @@ def main(argv=None) -> int:
     control_arg, control_skip = _resolve_control(args.control_model, main_path)
     erase_depths = _parse_erase_depths(pick(args.erase_depths, "erase_depths"))
     erase_positions = _parse_erase_positions(args.erase_positions)
+    if args.tokenizer is not None:
+        from models.tokenizers import tokenizer_source
+
+        tokenizer_source(args.tokenizer)  # a name that names nothing: refused before any model loads
     source.load()  # a module:function task's code runs from here on, every other argument checked
     if n_dis is None:
         own = source.default_distractors or ()
@@ -267,7 +275,7 @@ def main(argv=None) -> int:
     check_groups([s.label for s in samples], [s.group_id for s in samples], probe_cfg.n_splits)
 
     say(f"loading {args.model}")
-    model, tok, _ = _load(args.model, "the", placement)
+    model, tok, _ = _load(args.model, placement, args.tokenizer)
     if rank is None:  # K - 1 directions separate K class means; one would leave a 3-way label partly unswapped
         rank = min(max(1, source.n_classes - 1), MAX_RANK, model.d_model)
     if rank > model.d_model:
@@ -286,7 +294,7 @@ def main(argv=None) -> int:
     if control_arg is not None and not feedback:
         control_arg, control_skip = None, "a control model tests a fed state; standard prefill has none"
     if control_arg is not None:  # loaded (and checked) before any work, used after the main suite
-        cmodel, ctok, _ = _load(control_arg, "control", placement)
+        cmodel, ctok, _ = _load(control_arg, placement)
         if ctok.get_vocab() != tok.get_vocab():
             if args.control_model is None:  # the default control only applies to the task tokenizer's models
                 cmodel, control_arg, control_skip = None, None, "tiny-std uses another tokenizer than the model"

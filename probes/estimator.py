@@ -111,27 +111,51 @@ class RowSpaceLogisticRegression(ClassifierMixin, BaseEstimator):
             raise ValueError(f"row_space must be 'auto', True or False (got {self.row_space!r})")
 
     def fit(self, X, y):
-        self._check_params()
-        X, y = validate_data(self, X, y, dtype=np.float64)
-        check_classification_targets(y)
-        self.classes_ = np.unique(y)
-        k = len(self.classes_)
+        return self._fit_path(X, y, [self])[0]
+
+    def fit_path(self, X, y, Cs, _validated: bool = False) -> list["RowSpaceLogisticRegression"]:
+        """One fitted copy of this estimator per C in ``Cs``, sharing the input checks and the row-space SVD:
+        each equals ``clone(self).set_params(C=C).fit(X, y)`` exactly (the C search of probes.linear and
+        probes.mdl fits every candidate C on the same standardized fold). ``_validated`` (internal): X is a finite
+        float64 [n, d] array and y a 1-D label array already (probes.linear checked them): scikit-learn's checks,
+        which cost more than a small fit, are skipped."""
+        return self._fit_path(X, y, [RowSpaceLogisticRegression(C, self.max_iter, self.tol, self.row_space)
+                                     for C in Cs], _validated)
+
+    @staticmethod
+    def _fit_path(X, y, estimators, validated=False):
+        """Fit every estimator (same max_iter, tol, row_space; its own C) on X, y; the first one validates."""
+        for est in estimators:
+            est._check_params()
+        first = estimators[0]
+        if validated:
+            first.n_features_in_ = X.shape[1]
+        else:
+            X, y = validate_data(first, X, y, dtype=np.float64)
+            check_classification_targets(y)
+        classes = np.unique(y)
+        k = len(classes)
         if k < 2:
             raise ValueError(f"logistic regression needs samples of at least 2 classes; got {k} class")
         n, d = X.shape
         Vt = None
-        if self.row_space is True or (self.row_space == "auto" and d > n):
+        if first.row_space is True or (first.row_space == "auto" and d > n):
             X, Vt = _row_space(X)
-        if k == 2:
-            t = np.where(y == self.classes_[1], 1.0, -1.0)
-            beta, it = _newton_binary(X, t, float(self.C), int(self.max_iter), float(self.tol))
-            coef, intercept = beta[None, :-1].copy(), beta[-1:].copy()
-        else:
-            coef, intercept, it = self._fit_multinomial(X, y, Vt is not None and Vt.shape[0] == 0)
-        self.coef_ = coef @ Vt if Vt is not None else coef
-        self.intercept_ = intercept
-        self.n_iter_ = np.array([it])
-        return self
+        t = np.where(y == classes[1], 1.0, -1.0) if k == 2 else None
+        for est in estimators:
+            est.classes_ = classes
+            est.n_features_in_ = first.n_features_in_
+            if hasattr(first, "feature_names_in_"):
+                est.feature_names_in_ = first.feature_names_in_
+            if k == 2:
+                beta, it = _newton_binary(X, t, float(est.C), int(est.max_iter), float(est.tol))
+                coef, intercept = beta[None, :-1].copy(), beta[-1:].copy()
+            else:
+                coef, intercept, it = est._fit_multinomial(X, y, Vt is not None and Vt.shape[0] == 0)
+            est.coef_ = coef @ Vt if Vt is not None else coef
+            est.intercept_ = intercept
+            est.n_iter_ = np.array([it])
+        return estimators
 
     def _fit_multinomial(self, X, y, rank0):
         from sklearn.exceptions import ConvergenceWarning
@@ -151,16 +175,22 @@ class RowSpaceLogisticRegression(ClassifierMixin, BaseEstimator):
     def decision_function(self, X):
         """Logits: [n] (binary, positive = ``classes_[1]``) or [n, K]."""
         check_is_fitted(self)
-        X = validate_data(self, X, dtype=np.float64, reset=False)
+        return self._decision(validate_data(self, X, dtype=np.float64, reset=False))
+
+    def _decision(self, X):
+        """decision_function of an already validated float64 array (probes.linear.fold_fits' inner folds)."""
         if len(self.classes_) == 2:
             return X @ self.coef_[0] + self.intercept_[0]
         return X @ self.coef_.T + self.intercept_
 
-    def predict(self, X):
-        dec = self.decision_function(X)
+    def _predict_from(self, dec):
+        """predict's labels from decision_function's values."""
         if dec.ndim == 1:
             return np.where(dec > 0, self.classes_[1], self.classes_[0])
         return self.classes_[np.argmax(dec, axis=1)]
+
+    def predict(self, X):
+        return self._predict_from(self.decision_function(X))
 
     def predict_proba(self, X):
         """Class probabilities [n, K] of the fitted model (binary: sigmoid; K > 2: softmax of the logits)."""

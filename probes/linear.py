@@ -7,7 +7,8 @@ Protocol of :func:`grouped_cv_score`
     * outer ``StratifiedGroupKFold(n_splits, shuffle=True, random_state)``: whole groups are held out;
     * inside every outer training fold a :class:`LinearProbe` (``Pipeline``: ``StandardScaler`` ->
       :class:`probes.estimator.RowSpaceLogisticRegression`) picks its inverse regularization ``C`` from
-      ``config.Cs`` by ``GridSearchCV`` over an inner grouped CV on that training fold only;
+      ``config.Cs`` by an inner grouped CV on that training fold only (the choice ``GridSearchCV`` with the
+      :func:`_n_correct` scorer makes, computed directly: :func:`fold_fits`);
     * ``accuracy`` = accuracy of all held-out predictions pooled (every sample is predicted exactly once);
       ``accuracy_std`` = standard deviation of the per-fold accuracies (``fold_accuracies``);
     * 95% CI: percentile bootstrap over **groups** (cluster bootstrap): groups are resampled with
@@ -29,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from sklearn import config_context
 from sklearn.exceptions import NotFittedError
-from sklearn.model_selection import GridSearchCV, StratifiedGroupKFold, StratifiedKFold
+from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -117,10 +118,27 @@ class _NotFitted(UserError, NotFittedError):
     """A UserError for this project's CLIs, a NotFittedError for scikit-learn."""
 
 
+def fold_fits(X, y, splits, Cs, max_iter: int):
+    """For each (train, test) split: (test rows, [(RowSpaceLogisticRegression, its decision_function on X[test])
+    per C]), every C fitted on the training rows standardized once (StandardScaler) with one shared SVD: each
+    classifier is the one ``Pipeline([StandardScaler(), RowSpaceLogisticRegression(C)]).fit(X[train], y[train])``
+    holds, and its decision values are that pipeline's ``decision_function(X[test])``, exactly."""
+    X, y, _ = _as_xy(X, y)
+    for tr, te in splits:
+        with config_context(assume_finite=True, skip_parameter_validation=True):  # X was checked above
+            scaler = StandardScaler().fit(X[tr])
+        # StandardScaler.transform, written out: the same two elementwise operations (so the same numbers)
+        # without its input checks, which cost as much as the arithmetic here
+        Xtr, Xte = (X[tr] - scaler.mean_) / scaler.scale_, (X[te] - scaler.mean_) / scaler.scale_
+        clfs = RowSpaceLogisticRegression(max_iter=max_iter).fit_path(Xtr, y[tr], Cs, _validated=True)
+        yield te, [(clf, clf._decision(Xte)) for clf in clfs]
+
+
 class LinearProbe:
     """``Pipeline([StandardScaler(), RowSpaceLogisticRegression()])`` (binary, or balanced multinomial for K > 2
-    classes) whose ``C`` is chosen from ``config.Cs`` by ``GridSearchCV`` over an inner grouped CV on the
-    training data only.
+    classes) whose ``C`` is chosen from ``config.Cs`` by an inner grouped CV on the training data only: the C that
+    ``GridSearchCV`` over those folds with the :func:`_n_correct` scorer picks, computed without its per-fit
+    machinery (every C of a fold fitted on one standardization and one SVD, :func:`fold_fits`).
 
     With ``groups`` the inner CV is a ``StratifiedGroupKFold`` (fewer folds if there are fewer groups than
     ``inner_splits``); without, a ``StratifiedKFold``. Inner folds whose training part has a single class are
@@ -155,10 +173,14 @@ class LinearProbe:
             else:
                 usable = [(tr, te) for tr, te in splits if len(np.unique(y[tr])) >= 2]
                 if usable:
-                    # Candidates in ascending order: GridSearchCV keeps the first best, i.e. the smallest tied C.
-                    search = GridSearchCV(self._pipeline(Cs[0]), {"logreg__C": sorted(Cs)}, scoring=_n_correct,
-                                          cv=usable, error_score="raise").fit(X, y)
-                    C, pipe = search.best_params_["logreg__C"], search.best_estimator_
+                    # What GridSearchCV(self._pipeline, {"logreg__C": sorted(Cs)}, scoring=_n_correct, cv=usable)
+                    # chooses (tests/test_probe_estimator.py), without its per-fit machinery: every C fitted on
+                    # the fold's one standardization and SVD (fold_fits); the first best, i.e. the smallest tied C.
+                    order = sorted(Cs)
+                    correct = np.zeros(len(order))
+                    for te, fits in fold_fits(X, y, usable, order, self.config.max_iter):
+                        correct += [np.sum(clf._predict_from(dec) == y[te]) for clf, dec in fits]
+                    C, pipe = order[int(np.argmax(correct))], None
                 else:  # no inner fold can be scored: every C ties, the smallest wins
                     C, pipe = min(Cs), None
             if pipe is None:

@@ -26,7 +26,6 @@ memorizes (Voita & Titov, section 2). probes.json rows carry `mdl_online_bits`, 
 """
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ import numpy as np
 from sklearn.model_selection import StratifiedGroupKFold
 
 from common.errors import UserError
-from probes.linear import LinearProbe, ProbeConfig
+from probes.linear import ProbeConfig, fold_fits
 
 DEFAULT_CHUNKS = 64  # at most; fewer when a class occurs in fewer groups
 MDL_FIELDS = ("mdl_online_bits", "mdl_uniform_bits", "mdl_compression")
@@ -46,6 +45,10 @@ class BlockPlan:
     order: np.ndarray  # row indices, chunk by chunk
     ends: tuple  # block ends in rows of `order`: block i is order[ends[i-1]:ends[i]] (ends[-1] = n)
     n_chunks: int
+    # per encoded block i+1: the inner grouped-CV splits choosing C on the rows order[:ends[i]] (indices into
+    # them; None: no search, the middle C). They depend only on labels, groups and the config, so every depth
+    # shares them (_c_splits).
+    inner: tuple = ()
 
 
 def block_plan(y, groups, config: ProbeConfig = ProbeConfig(), n_chunks: int = DEFAULT_CHUNKS) -> BlockPlan:
@@ -75,7 +78,21 @@ def block_plan(y, groups, config: ProbeConfig = ProbeConfig(), n_chunks: int = D
         ends.append(int(sizes[c - 1]))
         c *= 2
     ends.append(int(sizes[-1]))
-    return BlockPlan(order, tuple(ends), k)
+    inner = tuple(_c_splits(y[order[:a]], groups[order[:a]], config) for a in ends[:-1])
+    return BlockPlan(order, tuple(ends), k, inner)
+
+
+_PLANS: dict = {}  # depth_mdl's plans, by (labels, groups, config): the modes of one N share them
+
+
+def _cached_plan(y, groups, config: ProbeConfig) -> BlockPlan:
+    y, groups = np.asarray(y), np.asarray(groups)
+    key = (y.dtype.str, y.tobytes(), groups.dtype.str, groups.tobytes(), config)
+    if key not in _PLANS:
+        if len(_PLANS) >= 8:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = block_plan(y, groups, config)
+    return _PLANS[key]
 
 
 def _neg_log2_prob(scores: np.ndarray, classes: np.ndarray, y: np.ndarray, missing_ok: bool = False) -> np.ndarray:
@@ -117,33 +134,43 @@ class MDLScore:
                 "mdl_compression": self.compression}
 
 
-def _fit_probe(X, y, groups, config: ProbeConfig) -> LinearProbe:
-    """LinearProbe on (X, y) with C from config.Cs minimizing inner grouped-CV log loss (ties: smallest C)."""
-    Cs = sorted(config.Cs)
+def _c_splits(y, groups, config: ProbeConfig) -> list | None:
+    """The inner grouped-CV splits on which _best_c chooses C (None: no choice to make, the middle C)."""
     # no more inner folds than groups holding the rarest class (StratifiedGroupKFold's requirement)
     k = min([config.inner_splits] + [len(np.unique(groups[y == c])) for c in np.unique(y)])
-    best = Cs[len(Cs) // 2]
-    if len(Cs) > 1 and k >= 2:
-        cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=config.random_state)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "least populated class" on the smallest blocks
-            splits = [(tr, te) for tr, te in cv.split(np.zeros(len(y)), y, groups) if len(np.unique(y[tr])) > 1]
-        if splits:
-            loss = []
-            for C in Cs:
-                cfg = dataclasses.replace(config, Cs=(C,))
-                tot = 0.0
-                for tr, te in splits:
-                    p = LinearProbe(cfg).fit(X[tr], y[tr], groups[tr])
-                    tot += float(_neg_log2_prob(np.asarray(p.decision_function(X[te])), np.unique(y[tr]), y[te],
-                                                missing_ok=True).sum())
-                loss.append(tot)
-            best = Cs[int(np.argmin(loss))]  # argmin keeps the first (smallest C) of equal losses
-    return LinearProbe(dataclasses.replace(config, Cs=(best,))).fit(X, y, groups)
+    if len(config.Cs) < 2 or k < 2:
+        return None
+    cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=config.random_state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "least populated class" on the smallest blocks
+        splits = [(tr, te) for tr, te in cv.split(np.zeros(len(y)), y, groups) if len(np.unique(y[tr])) > 1]
+    return splits or None
+
+
+_SPLITS = object()  # _best_c: compute the C splits here
+
+
+def _best_c(X, y, groups, config: ProbeConfig, splits=_SPLITS) -> float:
+    """The C of config.Cs minimizing inner grouped-CV log loss on (X, y) (ties: smallest C; no search possible:
+    the middle C); `splits`: _c_splits(y, groups, config), when the caller has them (a BlockPlan holds them)."""
+    Cs = sorted(config.Cs)
+    if splits is _SPLITS:
+        splits = _c_splits(y, groups, config)
+    if not splits:
+        return Cs[len(Cs) // 2]
+    # Each C's summed held-out log loss over the splits (in split order); every C of a split is fitted on its one
+    # standardization and SVD (probes.linear.fold_fits): the probe LinearProbe with Cs=(C,) would fit.
+    loss = [0.0] * len(Cs)
+    for (tr, _), (te, fits) in zip(splits, fold_fits(X, y, splits, Cs, config.max_iter)):
+        classes = np.unique(y[tr])
+        for i, (_, dec) in enumerate(fits):
+            loss[i] += float(_neg_log2_prob(dec, classes, y[te], missing_ok=True).sum())
+    return Cs[int(np.argmin(loss))]  # argmin keeps the first (smallest C) of equal losses
 
 
 def online_code(X, y, groups, config: ProbeConfig = ProbeConfig(), plan: BlockPlan | None = None) -> MDLScore:
-    """Online code length of labels y given X [n, d] (module doc); `plan` shared across depths."""
+    """Online code length of labels y given X [n, d] (module doc); `plan`: block_plan(y, groups, config) of the
+    same labels, groups and config, shared across depths."""
     X = np.asarray(X, dtype=np.float64)
     y, groups = np.asarray(y), np.asarray(groups)
     if X.ndim != 2 or len(X) != len(y) or len(y) != len(groups):
@@ -153,13 +180,15 @@ def online_code(X, y, groups, config: ProbeConfig = ProbeConfig(), plan: BlockPl
     order, ends = plan.order, plan.ends
     first = ends[0]
     bits = [first * np.log2(K)]  # the first block is sent with the uniform code
-    for a, b in zip(ends[:-1], ends[1:]):
+    for i, (a, b) in enumerate(zip(ends[:-1], ends[1:])):
         tr, te = order[:a], order[a:b]
-        probe = _fit_probe(X[tr], y[tr], groups[tr], config)
         classes = np.unique(y[tr])  # decision_function columns follow the sorted training classes
         if len(classes) != K:
             raise UserError("an MDL block was trained without every class")  # excluded by block_plan
-        bits.append(float(_neg_log2_prob(np.asarray(probe.decision_function(X[te])), classes, y[te]).sum()))
+        C = _best_c(X[tr], y[tr], groups[tr], config, plan.inner[i] if plan.inner else _SPLITS)
+        # LinearProbe(Cs=(C,)) fitted on the rows tr, its decision_function on te (fold_fits: the same numbers)
+        (_, [(_, dec)]), = fold_fits(X, y, [(tr, te)], [C], config.max_iter)
+        bits.append(float(_neg_log2_prob(dec, classes, y[te]).sum()))
     return MDLScore(float(sum(bits)), float(len(y) * np.log2(K)), [float(b) for b in bits], list(ends))
 
 
@@ -173,6 +202,7 @@ def mdl_meta(enabled: bool = True) -> dict:
 
 
 def depth_mdl(acts, y, groups, config: ProbeConfig = ProbeConfig()) -> list[MDLScore]:
-    """online_code per depth of activations [n, L+1, d], with one block plan for all depths."""
-    plan = block_plan(y, groups, config)
+    """online_code per depth of activations [n, L+1, d], with one block plan for all depths (and for every call
+    with the same labels, groups and config: the modes of one N)."""
+    plan = _cached_plan(y, groups, config)
     return [online_code(acts[:, d], y, groups, config, plan) for d in range(acts.shape[1])]

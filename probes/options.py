@@ -42,6 +42,10 @@ def parse_args(argv):
                         "or a generator package.module:function (docs/tasks.md)")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="preset name, full-bandwidth checkpoint dir or HF model dir (default tiny-fbt)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
+                   help="tokenize the task prompts with this tokenizer: a folder holding tokenizer.json (or "
+                        "tokenizer_config.json with its vocabulary files) or a preset name (tiny-fbt, "
+                        "smollm2-135m, ...); default the model's own, and a model folder without one is refused")
     p.add_argument("--modes", help="comma-separated prefill modes (standard, recurrent-K, recurrent-full, "
                                    "fused-N); default: the paper's for the task")
     p.add_argument("--recirculate", action="append", default=[], metavar="S:D:ALPHA[:convex|residual]",
@@ -56,7 +60,7 @@ def parse_args(argv):
                         "pairs, or its first --n-pairs pairs per N)")
     p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
                    help=f"dataset and probe seed, 0..{MAX_SEED} (default 0)")
-    p.add_argument("--out", help="output dir (default <project root>/figures/<model>/<task>/)")
+    p.add_argument("--out", help="output dir (default ./figures/<model>/<task>/ of the current directory)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace results of a different run in --out (its probes.json, depth_curves.html and "
                         "activations/; never another tool's files)")
@@ -76,6 +80,10 @@ def parse_args(argv):
     p.add_argument("--no-mdl", action="store_true",
                    help="skip the online-code description length per depth (mdl_* fields null; saves its probe "
                         "fits)")
+    p.add_argument("--fed-lens", action="store_true",
+                   help="also the logit lens of the state h_{T-1} fed into T under each feedback mode "
+                        "(fed_state_lens rows; off by default: it runs the model once more per feedback mode, "
+                        "about the cost of collecting that mode again)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_placement_flags(p)
     return p.parse_args(argv)

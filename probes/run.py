@@ -8,10 +8,11 @@ is 1/K.
 For each distractor count N the task's dataset is generated (seeded), tokenized, the residual stream at the
 final token is collected through nnsight for every depth and mode (probes.collect, cached on disk), and a
 linear probe is scored per depth with group-held-out CV (probes.linear). Writes to --out
-(default <project root>/figures/<model>/<task>/, beside interventions.run's causal_report.*):
+(default ./figures/<model>/<task>/ under the current directory, beside interventions.run's causal_report.*):
 
     probes.json         {"meta": {...}, "results": [...]}  (schema below)
-    depth_curves.html   self-contained interactive depth curves (probes.depth_curves)
+    depth_curves.html   interactive depth curves (probes.depth_curves), loading plotly.min.js beside it
+    plotly.min.js       plotly.js, once per folder (replaced only when it differs; causal_report.html uses it too)
     activations/        only with --save-activations: N<N>_<mode>.npz + .json (layout in probes.collect)
 
 Modes are canonicalised and de-duplicated once (fused-0 and recurrent-0 are standard; recirc modes by their
@@ -35,9 +36,9 @@ probes.json
              the logit lens (probes.lens: logit_lens_ld, logit_lens_ld_ci, logit_lens_accuracy, logit_lens_rank)
              and the online code (probes.mdl: mdl_online_bits, mdl_uniform_bits, mdl_compression; null with
              --no-mdl) to every row
-    fed_state_lens  (schema 2) one row per (feedback mode, N): the logit lens of the state h_{T-1} fed into T
-             (task, model, mode, n_distractors, writes null, state "h_{T-1}", the four logit_lens_* fields,
-             n_samples)
+    fed_state_lens  (schema 2) only with --fed-lens (else []): one row per (feedback mode, N), the logit lens of
+             the state h_{T-1} fed into T (task, model, mode, n_distractors, writes null, state "h_{T-1}", the
+             four logit_lens_* fields, n_samples); meta.lens.fed_state_enabled says which
     erased   (schema 2, only with --erase DEPTH) one row per (mode, N, depth >= DEPTH): the probe and the lens
              after the label was erased by LEACE from the residual at (DEPTH, T) and the model run on
              (interventions.erasure): task, model, mode, n_distractors, writes null, erased_at, depth, accuracy,
@@ -56,13 +57,14 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import output_dir, safe_name
+from common.cli import int_list, output_dir, safe_name
 from common.errors import UserError, cli_entry
+from common.paths import default_output
 from common.placement import Placement
 from probes.methods import MethodFields
 
-from probes.options import (DEFAULT_N_PAIRS, OUTPUTS, ROOT, SCHEMA, _default_modes, _parse_distractors, _parse_modes,
-                            parse_args)
+from probes.options import (DEFAULT_N_PAIRS, MAX_DISTRACTORS, OUTPUTS, ROOT, SCHEMA, _default_modes,
+                            _parse_distractors, _parse_modes, parse_args)
 
 
 def _versions() -> dict:
@@ -103,17 +105,6 @@ def _check_out_dir(out: Path, run_sig: dict, overwrite: bool) -> None:
                         f"use --overwrite to replace them or choose another --out")
 
 
-def _tokenizer_for(model, tok):
-    from tasks import build_tokenizer
-
-    if tok is None:
-        tok = build_tokenizer()
-    vocab = model.lm.get_input_embeddings().weight.shape[0]
-    if len(tok) > vocab:
-        raise UserError(f"the tokenizer has {len(tok)} tokens but the model's embedding only {vocab}")
-    return tok
-
-
 def _result_rows(task, model_name, mode, n, scores, writes=None):
     rows = []
     for depth, sc in enumerate(scores):
@@ -146,8 +137,9 @@ def main(argv=None):
     t0 = time.perf_counter()
     from tasks.custom import resolve_task
 
-    source = resolve_task(args.task)  # built-in name, .jsonl file or module:function; UserError if bad
-    task = source.name
+    # built-in name, .jsonl file or module:function (its code is imported by source.load(), after every other
+    # check); UserError if bad
+    source = resolve_task(args.task)
     # A JSONL file is used whole unless --n-pairs is given; generated tasks default to DEFAULT_N_PAIRS.
     n_pairs = args.n_pairs if args.n_pairs is not None else (None if source.fixed else DEFAULT_N_PAIRS)
     requested = _parse_modes(args.modes)  # canonical once, here; the default depends on the model
@@ -155,7 +147,8 @@ def main(argv=None):
 
     # syntax and alpha checked before any loading; depths once the model is known
     recirc = canonical_modes([RECIRC_PREFIX + r for r in args.recirculate]) if args.recirculate else []
-    distractors = _parse_distractors(args.distractors, source)
+    if args.distractors is not None:  # the syntax now; the task's own bounds once it is loaded
+        int_list(args.distractors, "--distractors", 0, MAX_DISTRACTORS)
     # Output locations are checked before any work (an explicit --out now; the default once the model is named).
     out_arg = output_dir(args.out, "--out") if args.out is not None else None
     if args.cache_dir is not None and str(args.cache_dir).strip() == "":
@@ -168,6 +161,13 @@ def main(argv=None):
 
     config = ProbeConfig(n_boot=args.n_boot, random_state=args.seed)
     placement = Placement.from_args(args)
+    from models.tokenizers import resolve_tokenizer, tokenizer_source
+
+    if args.tokenizer is not None:  # the name now (a folder or a preset); its files once the model is loaded
+        tokenizer_source(args.tokenizer)
+    source.load()  # a module:function task's code runs from here on, every other argument checked
+    task = source.name
+    distractors = _parse_distractors(args.distractors, source)
 
     # Everything cheap is validated before the model is loaded or anything is written.
     datasets = {}
@@ -199,7 +199,8 @@ def main(argv=None):
             raise UserError(f"model {model_name!r} has no fusion module: only the standard mode is available "
                             f"(got {', '.join(bad)})")
     modes = canonical_modes(modes + recirc, model.n_layers)  # the canonical names every row is keyed by
-    tok = _tokenizer_for(model, tok)
+    # the model's own tokenizer or --tokenizer's; a model without one is refused (models.tokenizers)
+    tok = resolve_tokenizer(model, tok, args.model, args.tokenizer)
     # Tokenize every dataset now (shared final token, known words) and, for a custom task, check its label
     # words are single tokens of this tokenizer, before anything is collected or written.
     tokenized = {n: source.tokenize(datasets[n], tok) for n in distractors}
@@ -213,7 +214,7 @@ def main(argv=None):
     if args.erase is not None and args.erase > model.n_layers:
         raise UserError(f"--erase {args.erase}: the model's depths are 0..{model.n_layers}")
     w_hash = weights_hash(model)
-    out = out_arg if out_arg is not None else output_dir(ROOT / "figures" / model_name / task, "--out")
+    out = out_arg if out_arg is not None else output_dir(default_output(model_name, task), "--out")
     run_sig = {"task": task, "model": model_name, "weights": w_hash, "modes": modes, "distractors": distractors,
                "n_pairs": n_pairs, "seed": args.seed, "probe": config.to_dict(),
                "tokenizer": tokenizer_hash(tok)}
@@ -223,6 +224,8 @@ def main(argv=None):
         run_sig["erase"] = args.erase
     if args.no_mdl:
         run_sig["mdl"] = False
+    if args.fed_lens:  # only when used: a plain run keeps the signature of earlier plain runs
+        run_sig["fed_lens"] = True
     if placement.dtype != "float32":  # only when used: a float32 run keeps the signature of earlier runs
         run_sig["dtype"] = placement.dtype
     from common.distributed import Processes
@@ -285,8 +288,9 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
                 a = acts[mode]
                 scores = _score_depths(a, y, groups, config, f"{task} N={n} {mode}")
                 results += extra.add(_result_rows(task, model_name, mode, n, scores), a, y, groups)
-                fed_lens += extra.fed_state(task, model_name, mode, n, ids, y, groups, tok.pad_token_id or 0,
-                                            args.batch_size)
+                if args.fed_lens:  # one more prefill of this mode: opt-in
+                    fed_lens += extra.fed_state(task, model_name, mode, n, ids, y, groups, tok.pad_token_id or 0,
+                                                args.batch_size)
                 if args.erase is not None:
                     erased += extra.erased(task, model_name, mode, n, ids, samples, a, args.erase,
                                            args.batch_size, tok.pad_token_id or 0)
@@ -330,6 +334,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
             meta["labels"] = {"words": list(source.label_words), "n_classes": source.n_classes,
                               "chance": source.chance}
         meta.update(extra.meta(args.erase))
+        meta["lens"] = {**meta["lens"], "fed_state_enabled": bool(args.fed_lens and no_lens is None)}  # a copy
         doc = {"meta": meta, "results": results, "fed_state_lens": fed_lens}
         if args.erase is not None:
             doc["erased"] = erased
@@ -338,7 +343,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
         if procs.world > 1:
             meta["processes"] = procs.world  # the results are those of one process (the same batches)
 
-        from probes.depth_curves import render_html
+        from probes.depth_curves import render_html, stage_plotly_js
 
         # Every new file goes to a temporary first; the old run's files are replaced (and an old activations/ of a
         # run without --save-activations removed) only once all new ones are complete. probes.json goes last.
@@ -347,6 +352,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
                 adir = st.dir("activations")
                 for stem, a, samples, m in exports:
                     save_activations(adir, stem, a, samples, m)
+            stage_plotly_js(st)  # one plotly.min.js per folder (shared with causal_report.html), before the page
             st.file("depth_curves.html", render_html(doc))
             meta["wall_time_s"] = round(time.perf_counter() - t0, 3)
             st.file("probes.json", _json_dumps(doc))

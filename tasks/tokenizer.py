@@ -63,6 +63,10 @@ def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]
 
     Raises ``UserError`` unless every prompt ends with the same final token id: the layer-0 chance
     guarantee of docs/design.md (Tasks) rests on it, and some tokenizers merge ":" with the preceding word.
+    Also unless every prompt comes back from its tokens (decode(encode(text)) equals the text up to whitespace),
+    whatever the tokenizer's unk token: a config may name none while its model still maps an unknown word to
+    one, and a prompt with words the tokenizer does not know would be scored on inputs the model never read
+    (byte-level BPE tokenizers, SmolLM2's or GPT-2's, know every string and pass).
     """
     samples = list(samples)
     if not samples:
@@ -81,6 +85,12 @@ def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]
                 raise UserError(f"tokenizer {name!r} does not know every word of the {s.task} task (unknown "
                                 f"token at position {j} of pair {s.pair_id}'s prompt): this model was not built "
                                 "for this task")
+    back = tokenizer.batch_decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    for s, text in zip(samples, back):
+        if _squeeze(text) != _squeeze(s.text):
+            raise UserError(f"tokenizer {name!r} does not know every word of the {s.task} task: "
+                            f"{_first_lost(tokenizer, s.text, text)} in pair {s.pair_id}'s prompt: this model was "
+                            "not built for this task (or give the tokenizer it was trained with)")
     # The expected ending is the most common final id (ties -> first seen), so the one sample reported
     # is the odd one out rather than whichever happened to come first.
     counts = collections.Counter(row[-1] for row in ids)
@@ -96,6 +106,25 @@ def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]
             )
     out = [dataclasses.replace(s, n_tokens=len(row)) for s, row in zip(samples, ids)]
     return ids, out
+
+
+def _squeeze(text: str) -> str:
+    """The text without whitespace: decoders may respace words (a word-level decoder, sentencepiece's leading
+    space), never change one."""
+    return "".join(text.split())
+
+
+def _first_lost(tokenizer, text: str, back: str) -> str:
+    """The first word of `text` its tokens do not give back (what the round-trip error names), as one line."""
+    for word in text.split():
+        ids = tokenizer(word, add_special_tokens=False)["input_ids"]
+        got = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if _squeeze(got) != word:
+            return f"the word {word!r} comes back from its tokens as {got.strip()!r}"
+    a, b = _squeeze(text), _squeeze(back)
+    i = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+    return f"the prompt comes back from its tokens as ...{b[max(0, i - 10):i + 20]!r}... where it reads " \
+           f"...{a[max(0, i - 10):i + 20]!r}..."
 
 
 def label_token_ids(tokenizer, task: str) -> list[int]:

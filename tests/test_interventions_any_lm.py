@@ -247,3 +247,23 @@ def test_changed_and_follows_donor_are_two_rates():
     clean = torch.tensor([[3.0, 1, 0], [3.0, 1, 0], [3.0, 1, 0]])
     patched = torch.tensor([[2.0, 1, 0], [0.0, 2, 1], [2.0, 2, 0]])
     assert changed(patched, clean, (0, 1, 2)).tolist() == [0.0, 1.0, 0.5]
+
+
+def test_a_model_folder_without_a_tokenizer_is_refused(tmp_path, capsys):
+    """interventions.run never runs a folder with the suite's own task tokenizer unasked: one line, naming the
+    files looked for and the flag; with --tokenizer it runs."""
+    from interventions.run import main
+    from tasks import build_tokenizer
+
+    model_dir = tmp_path / "bare"
+    _plain_lm("llama", len(build_tokenizer().get_vocab())).save_pretrained(str(model_dir))
+    out = tmp_path / "o"
+    base = ["--model", str(model_dir), "--mode", "standard", "--task", "parity", "--n-pairs", "10",
+            "--distractors", "3", "--out", str(out), "--no-progress"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(base)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.count("\n") == 0 and "tokenizer.json" in err and "--tokenizer" in err
+    assert not out.exists()
+    assert main(base + ["--tokenizer", "tiny-fbt-track"]) == 0 and (out / "causal_report.json").is_file()

@@ -84,9 +84,10 @@ def test_probes_json_carries_lens_and_mdl(tiny_ckpt, tmp_path):
 
     out = tmp_path / "p"
     assert main(["--task", "completion", "--model", str(tiny_ckpt), "--out", str(out), "--n-pairs", "20",
-                 "--distractors", "8", "--n-boot", "100", "--no-progress", "--no-cache"]) == 0
+                 "--distractors", "8", "--n-boot", "100", "--no-progress", "--no-cache", "--fed-lens"]) == 0
     doc = json.loads((out / "probes.json").read_text())
     assert doc["meta"]["schema"] == "fbprobe.probes/2" and "lens" in doc["meta"] and doc["meta"]["mdl"]["enabled"]
+    assert doc["meta"]["lens"]["fed_state_enabled"] and doc["meta"]["run"]["fed_lens"] is True
     for r in doc["results"]:
         assert r["logit_lens_rank"] >= 1 and r["logit_lens_ld_ci"][0] <= r["logit_lens_ld"] <= r["logit_lens_ld_ci"][1]
         assert r["mdl_compression"] == pytest.approx(r["mdl_uniform_bits"] / r["mdl_online_bits"])
@@ -118,3 +119,17 @@ def test_probes_run_without_label_token_ids_has_no_lens(tiny_ckpt, tmp_path, mon
     doc = json.loads((out / "probes.json").read_text())
     assert doc["meta"]["lens"]["enabled"] is False and "different first tokens" in doc["meta"]["lens"]["reason"]
     assert all(r["logit_lens_ld"] is None for r in doc["results"]) and doc["fed_state_lens"] == []
+
+
+def test_fed_state_lens_is_opt_in(tiny_ckpt, tmp_path):
+    """The fed-state lens runs the model once more per feedback mode: only with --fed-lens. Without it the rows
+    are an empty list, meta.lens says so and the run's signature is the one of earlier plain runs."""
+    from probes.run import main
+
+    out = tmp_path / "p"
+    assert main(["--task", "completion", "--model", str(tiny_ckpt), "--out", str(out), "--n-pairs", "20",
+                 "--distractors", "8", "--n-boot", "20", "--no-progress", "--no-cache", "--no-mdl"]) == 0
+    doc = json.loads((out / "probes.json").read_text())
+    assert doc["fed_state_lens"] == [] and doc["meta"]["lens"]["fed_state_enabled"] is False
+    assert "fed_lens" not in doc["meta"]["run"]
+    assert all(r["logit_lens_ld"] is not None for r in doc["results"])  # the depth lens is computed

@@ -54,7 +54,9 @@ def test_end_to_end_deterministic(tiny_ckpt, tmp_path):
             assert r["ci_low"] <= 0.5 <= r["ci_high"]
     assert da["meta"]["warnings"] == [] and da["meta"]["seed"] == 0
     assert {"torch", "transformers", "nnsight"} <= set(da["meta"]["versions"])
-    assert (a / "depth_curves.html").stat().st_size > 1_000_000
+    # the page loads the one plotly.min.js of its folder (written in the same staged commit)
+    assert (a / "depth_curves.html").stat().st_size < 1_000_000 and (a / "plotly.min.js").stat().st_size > 1_000_000
+    assert 'src="plotly.min.js"' in (a / "depth_curves.html").read_text()
     assert sorted(p.name for p in (b / "activations").iterdir()) == sorted(
         f"N{n}_{m}.{ext}" for n in (0, 8) for m in ("standard", "recurrent-1") for ext in ("npz", "json"))
     # same run again into the same dir: allowed (same settings), cache hit

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--task", "completion", "--distractors", "0,8", "--n-pairs", "24", "--modes", "standard,recurrent-1",
-        "--n-boot", "50", "--batch-size", "5", "--no-mdl", "--no-progress"]
+        "--n-boot", "50", "--batch-size", "5", "--no-mdl", "--fed-lens", "--no-progress"]
 
 
 def _run(cmd, tmp):
@@ -35,7 +35,7 @@ def test_two_processes_give_the_one_process_results(tiny_ckpt, tmp_path):
     a = json.loads((one / "probes.json").read_text())
     b = json.loads((two / "probes.json").read_text())
     assert b["meta"]["processes"] == 2 and "processes" not in a["meta"]
-    assert a["results"] == b["results"] and a["fed_state_lens"] == b["fed_state_lens"]
+    assert a["results"] == b["results"] and a["fed_state_lens"] == b["fed_state_lens"] and len(a["fed_state_lens"]) == 2
     assert a["meta"]["datasets"] == b["meta"]["datasets"] and a["meta"]["run"] == b["meta"]["run"]
     assert r.stdout.count("wrote ") == 1  # rank 0 alone writes (and reports)
     # the cache rank 0 wrote holds the same activations as the one-process run's, entry for entry

@@ -73,6 +73,14 @@ def get_preset(name: str) -> TrainConfig:
 
 
 def checkpoint_dir(name: str) -> Path:
+    """The folder of the named checkpoint: the first ``<root>/<name>`` that exists along the search path
+    (common.paths.checkpoint_roots: each folder of $FBPROBE_CHECKPOINTS, then ./checkpoints, then the package's
+    own checkpoints/), else the package's ``checkpoints/<name>`` (where training.train writes by default)."""
+    from common.paths import checkpoint_roots
+
+    for root in checkpoint_roots():
+        if (root / name).is_dir():
+            return root / name
     return CHECKPOINTS / name
 
 
@@ -129,17 +137,32 @@ def _hf_kw(placement) -> dict:
 
 
 def _load_hf_lm(p: Path, **from_pretrained_kw):
-    """A plain HF causal LM from `p`; UserError if it cannot be read, has missing/mis-shaped weights or NaN/inf."""
-    from transformers import AutoModelForCausalLM
+    """A plain HF causal LM from `p`; UserError if it cannot be read, has a config that makes a NaN or blind model
+    (models.configs.check_config), non-floating, missing/mis-shaped or NaN/inf weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from models.full_bandwidth import check_finite_weights, one_line
+    from common.jsonio import read_user_json
+    from models.configs import check_config
+    from models.full_bandwidth import check_finite_weights, non_float_weights, one_line
 
     hf_logging.disable_progress_bar()  # a per-shard bar is noise for the small models loaded here
+    read_user_json(p / "config.json", "corrupt model config")  # huge ints, deep nesting, NaN: one line, not HF's
     try:
-        lm, info = AutoModelForCausalLM.from_pretrained(str(p), output_loading_info=True, **from_pretrained_kw)
-    except Exception as e:  # OSError/ValueError, HF config validation errors, safetensors errors on corrupt files
+        config = AutoConfig.from_pretrained(str(p))
+    except Exception as e:  # OSError/ValueError, HF config validation errors
         raise UserError(f"cannot load a model from {p}: {one_line(e)}") from None
+    check_config(config, p / "config.json")
+    try:
+        ints = non_float_weights(p)  # HF would cast them silently into the float parameters
+        if not ints:
+            lm, info = AutoModelForCausalLM.from_pretrained(str(p), config=config, output_loading_info=True,
+                                                            **from_pretrained_kw)
+    except Exception as e:  # OSError/ValueError, safetensors errors on corrupt files
+        raise UserError(f"cannot load a model from {p}: {one_line(e)}") from None
+    if ints:
+        raise UserError(f"corrupt model weights in {p}: {len(ints)} stored in a non-floating type, first "
+                        f"{ints[0][0]} ({ints[0][1]}); weights must be floating point")
     # HF fills missing or mis-shaped weights with fresh random init and only warns: refuse them here.
     missing = sorted(set(info.get("missing_keys") or ()))
     mismatched = list(info.get("mismatched_keys") or ())
@@ -152,21 +175,11 @@ def _load_hf_lm(p: Path, **from_pretrained_kw):
 
 
 def _load_tokenizer(p: Path, model):
-    """The tokenizer saved beside the model (None if there is no tokenizer.json); UserError if it is unreadable or
-    holds token ids the model's embedding does not have."""
-    if not (p / "tokenizer.json").is_file():
-        return None
-    from transformers import PreTrainedTokenizerFast
+    """The tokenizer saved beside the model (None if it has none: models.tokenizers.LOOKED_FOR); UserError if it is
+    unreadable or holds token ids the model's embedding does not have."""
+    from models.tokenizers import check_fits, load_tokenizer_dir
 
-    from models.full_bandwidth import one_line
-
-    try:
-        tok = PreTrainedTokenizerFast.from_pretrained(str(p))
-        ids = list(tok.get_vocab().values())
-    except Exception as e:  # JSONDecodeError, KeyError, TypeError, tokenizers' own Exception for wrong structure
-        raise UserError(f"corrupt tokenizer in {p}: {one_line(e, 200)}") from None
-    vocab = model.lm.get_input_embeddings().weight.shape[0]
-    if not ids or max(ids) >= vocab:
-        raise UserError(f"tokenizer in {p} does not fit its model: token ids up to {max(ids, default=None)}, "
-                        f"the model's embedding has {vocab} rows")
+    tok = load_tokenizer_dir(p)
+    if tok is not None:
+        check_fits(tok, model, f"tokenizer in {p}")
     return tok
