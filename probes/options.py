@@ -66,7 +66,8 @@ def parse_args(argv):
                         "activations/; never another tool's files)")
     p.add_argument("--save-activations", action="store_true", help="export activations to <out>/activations/")
     p.add_argument("--cache-dir", default=None,
-                   help="activation cache dir (default <project root>/.cache/activations)")
+                   help="activation cache dir (default $FBPROBE_CACHE/activations, else ./.cache/activations of the "
+                        "current directory)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the activation cache")
     p.add_argument("--batch-size", type=int_in(1, MAX_BATCH), default=32,
                    help=f"rows per nnsight trace, 1..{MAX_BATCH} (default 32)")

@@ -49,6 +49,7 @@ probes.json
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -63,7 +64,7 @@ from common.paths import default_output
 from common.placement import Placement
 from probes.methods import MethodFields
 
-from probes.options import (DEFAULT_N_PAIRS, MAX_DISTRACTORS, OUTPUTS, ROOT, SCHEMA, _default_modes,
+from probes.options import (DEFAULT_N_PAIRS, MAX_DISTRACTORS, OUTPUTS, SCHEMA, _default_modes,
                             _parse_distractors, _parse_modes, parse_args)
 
 
@@ -153,7 +154,9 @@ def main(argv=None):
     out_arg = output_dir(args.out, "--out") if args.out is not None else None
     if args.cache_dir is not None and str(args.cache_dir).strip() == "":
         raise UserError("--cache-dir is empty: give a directory")
-    cache_dir = ROOT / ".cache" / "activations" if args.cache_dir is None else Path(args.cache_dir)
+    # like every output, under the current directory (or $FBPROBE_CACHE), never inside the installed package
+    default_cache = Path(os.environ.get("FBPROBE_CACHE", Path.cwd() / ".cache")) / "activations"
+    cache_dir = default_cache if args.cache_dir is None else Path(args.cache_dir)
     if not args.no_cache:
         output_dir(cache_dir, "--cache-dir")
 
