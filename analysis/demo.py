@@ -1,4 +1,4 @@
-"""python -m analysis.demo: both verdicts of the suite side by side, in about three minutes on 2 CPU cores.
+"""python -m analysis.demo: both verdicts of the suite side by side, in well under a minute on 2 idle CPU cores.
 
 `make demo` runs it. Two studies, each a probes.run and an interventions.run (the quick budget) on the shipped
 checkpoints, then one page, figures/demo/index.html, with the two verdicts, their depth curves, their key
