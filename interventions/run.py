@@ -239,8 +239,14 @@ def main(argv=None) -> int:
     progress = Progress(enabled=not args.no_progress)
     say = progress.say
 
+    erase_depths = _parse_erase_depths(pick(args.erase_depths, "erase_depths"))
+    erase_positions = _parse_erase_positions(args.erase_positions)
+    if args.tokenizer is not None:
+        from models.tokenizers import tokenizer_source
+
+        tokenizer_source(args.tokenizer)  # a name that names nothing: refused before any model loads
     main_path = _model_path(args.model)
-    if not main_path.exists():
+    if not main_path.exists() and args.model != "smollm2-135m":
         from training.presets import load_model
         load_model(args.model)  # raises the loader's UserError (unknown name / untrained preset)
     model_name = safe_name(main_path)  # a path ending in '..' names the folder it resolves to
@@ -251,12 +257,6 @@ def main(argv=None) -> int:
     if out_arg is not None:
         check_no_results(out_arg, args.overwrite)
     control_arg, control_skip = _resolve_control(args.control_model, main_path)
-    erase_depths = _parse_erase_depths(pick(args.erase_depths, "erase_depths"))
-    erase_positions = _parse_erase_positions(args.erase_positions)
-    if args.tokenizer is not None:
-        from models.tokenizers import tokenizer_source
-
-        tokenizer_source(args.tokenizer)  # a name that names nothing: refused before any model loads
     source.load()  # a module:function task's code runs from here on, every other argument checked
     if n_dis is None:
         own = source.default_distractors or ()

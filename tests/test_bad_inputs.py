@@ -395,6 +395,7 @@ Path(__file__).with_suffix(".imported").write_text("yes")
 
 def test_task_code_is_imported_only_after_every_other_check(user_module, tmp_path, capsys):
     from analysis.evaluate import main as evaluate
+    from interventions.run import main as interventions
     from probes.run import main as probes
     from tasks import resolve_task
 
@@ -410,9 +411,16 @@ def test_task_code_is_imported_only_after_every_other_check(user_module, tmp_pat
             (probes, ["--task", f"{mod}:gen", "--distractors", "x"], "--distractors"),
             (evaluate, ["--tasks", f"{mod}:gen", "--out", str(not_a_dir)], "file"),
             (evaluate, ["--tasks", f"completion,{mod}:gen", "--modes", "nonsense"], "nonsense"),
-            (evaluate, ["--tasks", f"{mod}:gen", "--distractors", "-1"], "--distractors")):
+            (evaluate, ["--tasks", f"{mod}:gen", "--distractors", "-1"], "--distractors"),
+            (interventions, ["--task", f"{mod}:gen", "--out", str(not_a_dir)], "exists and is not a directory"),
+            (interventions, ["--task", f"{mod}:gen", "--mode", "nonsense"], "nonsense"),
+            (interventions, ["--task", f"{mod}:gen", "--erase-depths", "x"], "--erase-depths")):
         _cli_refused(main, [*argv, "--model", "no-such-model", "--no-progress"], capsys, needle)
         assert not marker.exists(), argv
+    # interventions.run: a good model and arguments, a bad --tokenizer: still refused before the import
+    _cli_refused(interventions, ["--task", f"{mod}:gen", "--model", "tiny-fbt", "--tokenizer", str(tmp_path / "nope"),
+                                 "--no-progress"], capsys, "nope")
+    assert not marker.exists()
     # with every other argument good, the task is loaded (and its code run) before the model
     _cli_refused(probes, ["--task", f"{mod}:gen", "--model", "no-such-model", "--out", str(tmp_path / "o"),
                           "--distractors", "0", "--no-progress"], capsys, "unknown model")
