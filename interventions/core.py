@@ -135,7 +135,10 @@ class _Standard(_Runner):
         # equals its own) then gives the clean logits exactly; any other, the full patched forward up to float
         # rounding (tests/test_interventions.py holds both).
         c0 = min(self.col(p) for p in patches)
-        if c0 == 0:
+        # A shift equals a replacement only where no other patch of the run changed the site first: patches at
+        # one depth cannot reach each other (a residual at depth d reads depths < d only), patches at two can.
+        one_depth = len({p.depth for p in patches}) == 1 and len({self.col(p) for p in patches}) == len(patches)
+        if c0 == 0 or not one_depth:
             with _hooks(self.model, patches, self.col):
                 return self.model(self.ids, self.mask).logits[:, -1]
         if self._base is None or self._base[0] != c0:  # one unpatched suffix per start column (sweeps go in order)

@@ -13,7 +13,7 @@ For row i with true label y_i, reference (donor) label r_i and label-word logits
                 On a model that is often wrong this is not "the answer moved": a row the clean run already
                 answers with the donor's label "follows" with no intervention at all.
     changed_i   "changed", over every row: the prediction differs from the clean run's prediction (argmax over
-                the K label words; ties: 1 - P(two uniform picks from the tied sets agree)). An identity patch
+                the K label words; ties: 1 - P(two uniform picks from the tied sets agree), 0 for the same tied set). An identity patch
                 gives exactly 0; this is what most readers mean by a "flip".
     normalized effect = (mean LD_patched - mean LD_clean) / (mean LD_ref - mean LD_clean)
                   a ratio of means (stable where single rows have LD_ref ~ LD_clean); LD_ref is the reference
@@ -66,6 +66,7 @@ def changed(logits: torch.Tensor, clean_logits: torch.Tensor, label_ids) -> np.n
     ta = (a == a.max(1, keepdim=True).values).double()  # [B, K] tied argmax sets
     tb = (b == b.max(1, keepdim=True).values).double()
     agree = (ta * tb).sum(1) / (ta.sum(1) * tb.sum(1))
+    agree = torch.where((ta == tb).all(1), torch.ones_like(agree), agree)  # the same tie is no change
     return (1.0 - agree).cpu().numpy()
 
 
@@ -98,7 +99,7 @@ def summarize(ld_patched, ld_clean, ld_ref, labels, ref_labels, groups, n_boot: 
     flip = ((1.0 - acc) if follow is None else np.asarray(follow, dtype=np.float64)) * fmask
     if changed is None:  # binary: the decision is the sign of LD (a tie is a coin flip on either side)
         acc_c = correctness(ld_c)
-        changed = acc * (1 - acc_c) + (1 - acc) * acc_c
+        changed = np.where(np.sign(ld_p) == np.sign(ld_c), 0.0, acc * (1 - acc_c) + (1 - acc) * acc_c)
     chg = np.asarray(changed, dtype=np.float64)
     dp, dr = ld_p - ld_c, ld_r - ld_c
 

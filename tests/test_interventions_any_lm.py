@@ -267,3 +267,31 @@ def test_a_model_folder_without_a_tokenizer_is_refused(tmp_path, capsys):
     assert e.value.code == 2 and err.count("\n") == 0 and "tokenizer.json" in err and "--tokenizer" in err
     assert not out.exists()
     assert main(base + ["--tokenizer", "tiny-fbt-track"]) == 0 and (out / "causal_report.json").is_file()
+
+
+def test_patches_at_two_depths_in_one_standard_run_equal_a_full_forward(plain_dir):
+    """Two resid patches at different depths in one standard run (the cached-suffix shift would compound): the
+    result is the full patched forward's."""
+    from tasks import make_dataset
+    from training.presets import load_model
+
+    model, tok, _ = load_model(str(plain_dir))
+    b = Batch.from_samples(make_dataset("parity", n_pairs=6, n_distractors=3, seed=1), tok, "parity")
+    ctx = CausalContext(model, b, modes=("standard",))
+    T, R = b.input_ids.shape[1], ctx.resid("standard")
+    patches = [Patch("resid", R[:, T - 3, 1][b.pair], 1, -3), Patch("resid", R[:, T - 1, 2][b.pair], 2, -1)]
+    with torch.no_grad(), _hooks(model, patches, ctx.runners["standard"].col):
+        full = model(b.input_ids, b.attention_mask).logits[:, -1]
+    assert torch.allclose(ctx.run("standard", patches).logits, full, atol=1e-5)
+
+
+def test_an_exact_tie_left_as_it_was_is_no_change():
+    import numpy as np
+
+    from interventions.metrics import changed, summarize
+
+    z = torch.tensor([[1.0, 1.0, 0.0], [2.0, 0.0, 0.0]])
+    assert changed(z, z, (0, 1, 2)).tolist() == [0.0, 0.0]
+    ld = np.array([0.0, 1.0, -1.0, 0.0])
+    m = summarize(ld, ld, -ld, np.array([0, 1, 0, 1]), np.array([1, 0, 1, 0]), np.arange(4), n_boot=10)
+    assert m["changed_rate"] == 0.0
