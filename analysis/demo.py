@@ -213,9 +213,9 @@ def page(studies, results, demo_cmd: str) -> str:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from common.paths import figures_dir
+    from common.plotlyjs import stage_plotly_js
     from common.staged import Staged
     from interventions.run import main as battery
-    from probes.depth_curves import stage_plotly_js
     from probes.run import main as probe
 
     out = output_dir(args.out if args.out is not None else figures_dir("demo"), "--out")

@@ -26,14 +26,14 @@ from common.cli import Parser, int_in, int_list, output_dir, output_file, safe_n
 from common.errors import UserError, cli_entry
 from common.io import DirLock, atomic_write, json_text
 from common.paths import figures_dir
-from engine.modes import DECODINGS, MAX_FUSED_PASSES, parse_mode
+from engine.modes import DECODINGS, EVAL_MODES, MAX_FUSED_PASSES, parse_mode
 from engine.prefill import fused_trajectory, pad_left, prefill_many
 from common.placement import Placement, add_placement_flags
-from training.presets import load_model
+from models.loading import load_model
 from tasks import ALL_TASKS, DISTRACTOR_COUNTS, TASKS, TRACKING_TASKS
 from tasks.custom import TaskSource, resolve_task
 
-DEFAULT_MODES = "std,soft,fused,recurrent-full,fused-1..30"
+DEFAULT_MODES = EVAL_MODES
 EVAL_SEED = 424242  # disjoint from the training seeds' streams
 TRACKING_DISTRACTORS = (4, 8, 16, 32, 64, 128, 256)  # default N of parity / shell_game (N = 0 is invalid)
 DEFAULT_N_PAIRS = 50

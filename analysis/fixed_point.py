@@ -3,7 +3,7 @@ items 10-11): `python -m analysis.fixed_point MODEL [--probe]`.
 
 Relative error = ||h - h_std||^2 / ||h_std||^2 of the top state, for fused-k from the standard states (k = 1..8)
 and for the exact fixed point (= recurrent-full), averaged over real positions and shown per position for the
-last tokens of one prompt. --probe: the project's grouped-CV probe (probes.linear.grouped_cv_score) on
+last tokens of one prompt. --probe: the project's grouped-CV probe (stats.linear.grouped_cv_score) on
 multi_register at the queried name's position (8 classes) and the last position (the answer), at every depth,
 for the standard pass and for one fused pass from the fixed point. Output: printed only (a diagnostic).
 """
@@ -16,7 +16,7 @@ from common.cli import Parser, int_in
 from common.errors import UserError, cli_entry
 from engine.prefill import fixed_point_top, jacobi_pass, pad_left, shift_state
 from tasks import make_dataset
-from training.presets import load_model
+from models.loading import load_model
 
 MAX_DISTRACTORS = 1024
 
@@ -58,7 +58,7 @@ def errors(m, tok, n=8):
 
 
 def probe(m, tok, n=8):
-    from probes.linear import ProbeConfig, grouped_cv_score
+    from stats.linear import ProbeConfig, grouped_cv_score
 
     s, ids, mask = _batch(tok, "multi_register", 150, n, 321)
     names = np.array([x.text.split("get ")[-1].split("\n")[0] for x in s])

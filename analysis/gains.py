@@ -17,9 +17,9 @@ from common.cli import Parser, int_in, int_list, output_dir
 from common.errors import UserError, cli_entry
 from common.io import atomic_write, json_text, fresh_output
 from common.paths import figures_dir
-from probes.depth_curves import PLOTLY_CHOICES, include_plotlyjs, write_plotly_js
+from common.plotlyjs import PLOTLY_CHOICES, include_plotlyjs, write_plotly_js
 from analysis.evaluate import MAX_DISTRACTORS, MAX_PAIRS, evaluate, parse_tasks
-from training.presets import load_model
+from models.loading import load_model
 from tasks import ALL_TASKS, TASKS
 
 ARMS = (("baseline", "std_model", "std"), ("fbt/std", "fbt_model", "std"), ("fbt/soft", "fbt_model", "soft"),

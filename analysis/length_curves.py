@@ -23,7 +23,8 @@ from common.errors import UserError, cli_entry
 from common.io import atomic_write
 from common.paths import figures_dir
 
-from probes.depth_curves import PALETTE, PLOTLY_CHOICES, include_plotlyjs, load_results_doc, rgba, write_plotly_js
+from common.plotlyjs import PLOTLY_CHOICES, include_plotlyjs, write_plotly_js
+from probes.depth_curves import PALETTE, load_results_doc, rgba
 
 DIV_ID = "length-curves"
 DASH = ("solid", "dash", "dot", "dashdot")
@@ -91,7 +92,7 @@ def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, task
 
 
 def render_html(evals, modes=DEFAULT_MODES, model_modes=None, plotly: str = "directory") -> str:
-    """The page; plotly.js as `plotly` says (probes.depth_curves.PLOTLY_CHOICES; directory: plotly.min.js beside
+    """The page; plotly.js as `plotly` says (common.plotlyjs.PLOTLY_CHOICES; directory: plotly.min.js beside
     the page, written by `write_plotly_js`)."""
     return length_figure(evals, modes, model_modes=model_modes).to_html(
         include_plotlyjs=include_plotlyjs(plotly), full_html=True, div_id=DIV_ID, config={"displayModeBar": False})

@@ -22,10 +22,10 @@ from common.cli import Parser, int_in, output_dir
 from common.errors import UserError, cli_entry
 from common.io import atomic_write, json_text, fresh_output
 from common.paths import figures_dir
-from probes.depth_curves import PLOTLY_CHOICES, include_plotlyjs, write_plotly_js
+from common.plotlyjs import PLOTLY_CHOICES, include_plotlyjs, write_plotly_js
 from analysis.evaluate import EVAL_SEED, MAX_DISTRACTORS, parse_tasks
 from engine.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
-from training.presets import load_model
+from models.loading import load_model
 from tasks import ALL_TASKS, TASKS, make_dataset, tokenize_samples
 
 

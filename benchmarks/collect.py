@@ -66,7 +66,7 @@ def main(argv=None):
     from tasks import build_tokenizer, make_dataset, tokenize_samples
 
     if a.model:
-        from training.presets import load_model
+        from models.loading import load_model
 
         model, tok, name = load_model(a.model)
         tok = tok or build_tokenizer()

@@ -48,7 +48,7 @@ def worker(a) -> None:
     from common.distributed import Processes
     from probes.collect import Collector
     from tasks import make_dataset, tokenize_samples
-    from training.presets import load_model
+    from models.loading import load_model
 
     torch.set_num_threads(a.threads)
     procs = Processes.start()

@@ -121,7 +121,7 @@ def load(name: str, a) -> tuple[FullBandwidthLM, str]:
     if name == SMOL:
         label = f"smol ({a.smol_arch}, {a.smol_layers} layers)"
         return build_smol(a), label
-    from training.presets import load_model
+    from models.loading import load_model
 
     model, _, label = load_model(name)
     if not model.has_fusion:

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from common.cpus import available_cpus  # noqa: E402
 from engine.prefill import fixed_point_top, shift_state  # noqa: E402
-from training.presets import PRESETS, load_model  # noqa: E402
+from models.loading import load_model  # noqa: E402
+from training.presets import PRESETS  # noqa: E402
 from training.data import make_batches  # noqa: E402
 
 

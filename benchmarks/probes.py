@@ -66,8 +66,8 @@ def main(argv=None) -> int:
     from sklearn.preprocessing import StandardScaler
     from threadpoolctl import threadpool_limits  # a scikit-learn dependency
 
-    import probes.linear as lin
-    from probes.estimator import RowSpaceLogisticRegression
+    import stats.linear as lin
+    from stats.estimator import RowSpaceLogisticRegression
 
     threadpool_limits(a.threads)
     rng = np.random.default_rng(0)

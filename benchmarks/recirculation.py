@@ -52,7 +52,7 @@ def _load(name):
         from models.full_bandwidth import FullBandwidthLM
 
         return FullBandwidthLM.from_config(qwen3_config(64, n_layers=4, d_model=128), fusion=False, seed=0).eval()
-    from training.presets import load_model
+    from models.loading import load_model
 
     return load_model(name)[0]
 

@@ -68,7 +68,7 @@ def worker(a: argparse.Namespace) -> None:
         cfg = get_preset(a.preset)
         tok = build_tokenizer()
         if cfg.base:
-            from training.presets import load_model
+            from models.loading import load_model
             tok = load_model(cfg.base)[1] or tok
         model = build_model(cfg, len(tok), cfg.base).train()
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))

@@ -12,7 +12,7 @@ installed package, so a command run outside the clone writes beside the user, no
 Checkpoints: `checkpoint_roots()` is the search path of a preset's checkpoint folder (docs/usage.md, "Where
 outputs go and where checkpoints are found"): each folder of ``$FBPROBE_CHECKPOINTS`` (colon-separated, empty
 entries ignored, relative ones taken from the current directory), then ``./checkpoints``, then the package's
-own ``checkpoints/``. ``training.presets.checkpoint_dir(name)`` returns the first ``<root>/<name>`` that exists.
+own ``checkpoints/``. ``models.checkpoints.checkpoint_dir(name)`` returns the first ``<root>/<name>`` that exists.
 """
 from __future__ import annotations
 

@@ -41,6 +41,44 @@ def on_depth(layers: nn.ModuleList, depth: int, fn):
     return layers[depth - 1].register_forward_hook(post)
 
 
+BLOCK_SITES = ("attn_out", "mlp_out", "head")  # inside block `layer` (0-based), as TransformerLens'
+#   blocks.{layer}.hook_attn_out / hook_mlp_out / attn.hook_z (one head's output, before the output projection)
+
+
+def on_block(lm, layer: int, site: str, fn, head: int | None = None):
+    """Register fn(x) -> x' | None inside decoder block `layer` of an HF causal LM: on the attention output
+    (`attn_out`, [batch, cols, d_model]), the MLP output (`mlp_out`) or one head's output (`head`: the slice
+    [batch, cols, head_dim] of head `head` in the output projection's input). Modules come from the model's
+    family adapter (models.families)."""
+    from models.families import family_of
+
+    fam = family_of(lm)
+    block = decoder_layers(lm)[layer]
+    if site == "head":
+        dh = fam.head_dim(lm.config)
+
+        def pre(mod, args):
+            x = args[0]
+            sl = slice(head * dh, (head + 1) * dh)
+            y = fn(x[..., sl])
+            if y is None:
+                return None
+            x = x.clone()
+            x[..., sl] = y.to(x.dtype)
+            return (x,) + tuple(args[1:])
+
+        return fam.attn_out(block).register_forward_pre_hook(pre)
+    mod = fam.attention(block) if site == "attn_out" else fam.mlp(block)
+
+    def post(mod, args, out):
+        y = fn(out[0] if isinstance(out, tuple) else out)
+        if y is None:
+            return None
+        return (y,) + tuple(out[1:]) if isinstance(out, tuple) else y
+
+    return mod.register_forward_hook(post)
+
+
 def on_output(module: nn.Module, fn):
     """Register fn(out) -> out' | None on a module's output (the fusion site)."""
     return module.register_forward_hook(lambda mod, args, out: fn(out))
@@ -111,15 +149,18 @@ def put_columns(h: torch.Tensor, items) -> torch.Tensor:
 
 
 @contextmanager
-def patched(model: FullBandwidthLM, fused=(), resid=None):
-    """Substitute columns of the fusion output (`fused`: [(col, value)]) and of the residual stream
-    (`resid`: {depth: [(col, value)]}) in every model call inside the block."""
+def patched(model: FullBandwidthLM, fused=(), resid=None, blocks=None):
+    """Substitute columns of the fusion output (`fused`: [(col, value)]), of the residual stream
+    (`resid`: {depth: [(col, value)]}) and of sites inside blocks (`blocks`: {(site, layer, head): [(col,
+    value)]}, engine.hooks.on_block) in every model call inside the block."""
     layers = decoder_layers(model.lm)
     with Hooks() as hooks:
         if fused:
             hooks.add(on_output(model.fusion, lambda out: put_columns(out, fused)))
         for depth, items in (resid or {}).items():
             hooks.add(on_depth(layers, depth, lambda h, items=items: put_columns(h, items)))
+        for (site, layer, head), items in (blocks or {}).items():
+            hooks.add(on_block(model.lm, layer, site, lambda x, items=items: put_columns(x, items), head))
         yield
 
 

@@ -27,6 +27,8 @@ MAX_FUSED_PASSES = 1000
 MAX_RECURRENT_K = 100_000
 _MODE_RE = re.compile(r"^(standard|recurrent-(\d+|full)|fused-(\d+))$")
 HELP = "standard, recurrent-K, recurrent-full, fused-N or recirc-S:D:ALPHA[:convex|residual]"
+# analysis.evaluate's default --modes (here, below both, so that training.card can tell a default run apart)
+EVAL_MODES = "std,soft,fused,recurrent-full,fused-1..30"
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +51,21 @@ class Mode:
     def has_feedback(self) -> bool:
         """Needs the model's fusion module (recirculation runs on models without one)."""
         return self.kind in ("recurrent", "fused")
+
+    @property
+    def feeds_state(self) -> bool:
+        """Carries a state from earlier positions into later ones beside the tokens (the fused h_{t-1}, or
+        recirculation's z_{t-1,s}): what the causal battery's fed-state analyses patch."""
+        return self.kind != "standard"
+
+    def fed_positions(self, T: int) -> list[int]:
+        """Negative offsets (-1 = T) of the positions that take a fed state in prompts of T columns."""
+        if self.kind == "standard":
+            return []
+        if self.kind == "recurrent":
+            k = T - 1 if self.n is None else min(self.n, T - 1)
+            return list(range(-k, 0))
+        return list(range(1 - T, 0))  # fused-n and recirculation: every position after the first
 
     def __eq__(self, other):
         return isinstance(other, Mode) and other.name == self.name

@@ -26,24 +26,17 @@ from transformers import DynamicCache
 from common.cpus import sequential_threads
 from common.errors import UserError
 from engine.cache import cache_prefix, new_cache
+from engine.decode import check_generation, greedy, greedy_steps
 from engine.hooks import maybe_record
-from engine.inputs import check_inputs, context_length, pad_left, to_model
+from engine.inputs import check_inputs, pad_left, to_model
 from engine.modes import DECODINGS, MAX_FUSED_PASSES, Mode, parse_mode
+from engine.result import PrefillResult
 from models.full_bandwidth import FullBandwidthLM, LMOutput, positions_from_mask
 
 __all__ = ["PrefillResult", "prefill", "prefill_many", "generate", "call_schedule", "pad_left", "shift_state",
            "jacobi_pass", "iter_fused", "fused_trajectory", "fixed_point_top", "recurrent_logits", "recurrent_run",
            "recurrent_start", "recurrent_fuse", "recurrent_step", "cache_prefix", "DECODINGS", "MAX_FUSED_PASSES",
            "Mode", "parse_mode"]
-
-
-@dataclass
-class PrefillResult:
-    mode: str
-    positions: tuple[int, ...]  # negative offsets from the end
-    logits: torch.Tensor  # [batch, n_pos, vocab]
-    top: torch.Tensor  # [batch, n_pos, d_model] post-final-norm state (fed back at the next position)
-    resid: torch.Tensor | None = None  # [batch, n_pos, L+1, d_model] residual stream at every depth
 
 
 def shift_state(top: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -414,36 +407,15 @@ def generate(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: to
         raise UserError(f"unknown decoding {decoding!r} (use one of {', '.join(DECODINGS)} or recirc-S:D:A)")
     if decoding != "std" and not model.has_fusion:
         raise UserError(f"decoding {decoding!r} needs a model with a fusion module")
-    if max_new_tokens < 0:
-        raise UserError(f"max_new_tokens must be >= 0, got {max_new_tokens!r}")
-    check_inputs(model, input_ids, attention_mask, (-1,))
-    input_ids, attention_mask = to_model(model, input_ids, attention_mask)
-    ctx = context_length(model.config)
-    longest = int(attention_mask.sum(-1).max())
-    if ctx is not None and longest + max_new_tokens - 1 > ctx:  # the last new token is never fed back in
-        raise UserError(f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the model's context ({ctx})")
+    if decoding == "std":  # the base model's cached greedy decoding (engine.decode)
+        return greedy(model, input_ids, attention_mask, max_new_tokens)
+    input_ids, attention_mask = check_generation(model, input_ids, attention_mask, max_new_tokens)
     T = input_ids.shape[1]
     cols = torch.tensor([T - 1])
-    if decoding == "std":
-        out = _standard(model, input_ids, attention_mask, cols, None, use_cache=True)
-        cache = out.cache
-    elif decoding == "fused":
+    if decoding == "fused":
         out = _fused(model, input_ids, attention_mask, 1, cols, None, use_cache=True)
         cache = out.cache
     else:  # soft: recurrent-1 (of one token: the standard prefill)
         run = recurrent_run(model, input_ids, attention_mask, 1, cols)
         out, cache = LMOutput(logits=run.logits, top=run.top), run.cache
-    prev, logits = out.top[:, -1], out.logits[:, -1]
-    mask = attention_mask
-    new = []
-    with sequential_threads():  # one-token decoding steps: 1 thread (common.cpus)
-        for step in range(max_new_tokens):
-            tok = logits.argmax(-1)  # [batch]
-            new.append(tok)
-            if step == max_new_tokens - 1:
-                break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            state = None if decoding == "std" else prev[:, None]
-            out = model(tok[:, None], mask, state=state, cache=cache, use_cache=True)
-            prev, logits = out.top[:, -1], out.logits[:, -1]
-    return torch.stack(new, dim=1) if new else input_ids.new_zeros((input_ids.shape[0], 0))
+    return greedy_steps(model, out, cache, input_ids, attention_mask, max_new_tokens, fed=True)

@@ -62,13 +62,19 @@ class RecircOutput:
     resid: torch.Tensor | None = None  # [batch, n_cols, L+1, d_model] normal-branch residual stream
     cache: object | None = None  # sequential only: holds r_{<T-1} and n_{T-1}
     last_zs: torch.Tensor | None = None  # sequential only: z_{T-1,s} [batch, d_model], to continue generating
+    steps: "StepRecord | None" = None  # sequential with record=True: z_s, z_d, z' of every column
 
 
 class _Injector(Hooks):
     """Mixing at depth d (chosen columns of the residual entering block d+1 replaced by z') and a record of
-    z_s at depth s, both on the engine's one hook helper (engine.hooks.on_depth)."""
+    z_s at depth s, both on the engine's one hook helper (engine.hooks.on_depth).
 
-    def __init__(self, layers: nn.ModuleList, spec: RecircSpec):
+    `edit(depth, h) -> h | None` (optional, a patched run's residual edits) runs first at every depth in
+    `edit_depths`, so the mixing at d reads an edited z_d and the record at s an edited z_s. `zs_edit(zs) -> zs`
+    and `mixed_edit(z') -> z'` rewrite the fed z_s and the mixed vector of the current step (interventions on
+    the recirculated state); `keep_mixed` keeps z_d and z' of the injected columns (the clean run's record)."""
+
+    def __init__(self, layers: nn.ModuleList, spec: RecircSpec, edit=None, edit_depths=()):
         super().__init__()
         self.spec = spec
         self.inject_cols: torch.Tensor | None = None  # columns of the current call to replace
@@ -76,14 +82,35 @@ class _Injector(Hooks):
         self.inject_alpha: torch.Tensor | None = None  # [batch, n_inject]
         self.record_cols: torch.Tensor | None = None  # columns whose z_s to keep
         self.zs: torch.Tensor | None = None
-        self.add(on_depth(layers, spec.target, self._inject))
-        self.add(on_depth(layers, spec.source, self._record))
+        self.edit = edit
+        self.zs_edit = None
+        self.mixed_edit = None
+        self.keep_mixed = False
+        self.zd = self.mixed = None  # with keep_mixed: z_d and z' of the injected columns
+        for depth in sorted({spec.target, spec.source, *edit_depths}):
+            self.add(on_depth(layers, depth, lambda h, depth=depth: self._at(depth, h)))
+
+    def _at(self, depth, h):
+        out = None
+        if self.edit is not None:
+            out = self.edit(depth, h)
+            h = h if out is None else out
+        if depth == self.spec.target:
+            out = self._inject(h) if self.inject_cols is not None else out
+        if depth == self.spec.source:
+            self._record(h if out is None else out)
+        return out
 
     def _inject(self, h):
-        if self.inject_cols is None:
-            return None
+        zs = self.inject_zs if self.zs_edit is None else self.zs_edit(self.inject_zs)
+        zd = h[:, self.inject_cols]
+        mixed = mix(zd, zs, self.spec, self.inject_alpha)
+        if self.mixed_edit is not None:
+            mixed = self.mixed_edit(mixed)
+        if self.keep_mixed:
+            self.zd, self.mixed = zd.detach(), mixed.detach()
         h = h.clone()
-        h[:, self.inject_cols] = mix(h[:, self.inject_cols], self.inject_zs, self.spec, self.inject_alpha)
+        h[:, self.inject_cols] = mixed
         return h
 
     def _record(self, h):
@@ -91,11 +118,13 @@ class _Injector(Hooks):
             self.zs = h[:, self.record_cols].detach()
 
 
-def _float_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool [batch, q, k] -> additive float mask [batch, 1, q, k] (finite min: fully masked rows stay NaN-free)."""
-    m = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    m.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return m[:, None]
+@dataclass
+class StepRecord:
+    """The recirculated state of every column, kept by a sequential run with `record=True` ([batch, T, D] each;
+    column T-1 of zd / mixed is never computed: no later token reads r_{T-1}, so it is NaN)."""
+    zs: torch.Tensor  # z_{t,s}: the source-depth state of the normal branch, fed back
+    zd: torch.Tensor  # z_{t,d} of the recirculation branch before mixing
+    mixed: torch.Tensor  # z'_{t,d}: what enters the recirculation branch's block d+1
 
 
 class RecirculatedLM(nn.Module):
@@ -142,7 +171,11 @@ class RecirculatedLM(nn.Module):
         return out.last_hidden_state
 
     def _head(self, top):
-        return self.base.lm.get_output_embeddings()(top)
+        return self.base.head(top)  # the family's head (and logit soft-cap, if any)
+
+    def _mask(self, allowed, q_cols, k_cols):
+        """The additive mask of a custom attention pattern, each layer's window applied (models.families)."""
+        return self.base.family.attention_masks(self.base.config, allowed, q_cols, k_cols, self.base.lm.dtype)
 
     def _check(self, input_ids, attention_mask):
         check_inputs(self.base, input_ids, attention_mask)
@@ -150,8 +183,16 @@ class RecirculatedLM(nn.Module):
     # ----- sequential (exact) -----------------------------------------------------------------------------
     @torch.no_grad()
     def sequential(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cols: torch.Tensor | None = None,
-                   collect: bool = False, keep_cache: bool = False) -> RecircOutput:
-        """Exact recirculated prefill; outputs of the normal branch at `cols` (default: every column)."""
+                   collect: bool = False, keep_cache: bool = False, *, start: int = 0, cache=None,
+                   zs_prev: torch.Tensor | None = None, step_edit=None, edit=None, edit_depths=(),
+                   record: bool = False) -> RecircOutput:
+        """Exact recirculated prefill; outputs of the normal branch at `cols` (default: every column).
+
+        A patched run (interventions) starts at step `start` from the clean run's `cache` cropped to r_{<start-1}
+        and `zs_prev` = z_{start-1,s}; `edit(depth, h)` rewrites the residual at `edit_depths` (before mixing and
+        recording), and `step_edit(t, inj, c_r, c_n)` is called before step t (chunk column c_r = r_{t-1}, None at
+        t = 0; c_n = n_t) to set that step's edits; it may return a context manager held for the step (hooks on
+        modules inside the blocks). `record`: keep z_s, z_d and z' of every column (StepRecord)."""
         self._check(input_ids, attention_mask)
         B, T = input_ids.shape
         cols = torch.arange(T) if cols is None else cols
@@ -159,32 +200,48 @@ class RecirculatedLM(nn.Module):
         pos_all = positions_from_mask(attention_mask, T)
         valid = attention_mask.bool()
         alpha_all = self._alpha(pos_all, valid)
-        cache = new_cache()
-        inj = _Injector(self.layers, self.spec)
+        cache = new_cache() if cache is None else cache
+        inj = _Injector(self.layers, self.spec, edit, edit_depths)
+        inj.keep_mixed = record
         rec = ResidualRecorder(self.base) if collect else None
         logits = top = resid = None
-        zs_prev = None
+        steps = None
+        if record:
+            D = self.base.d_model
+            nan = lambda: torch.full((B, T, D), float("nan"), dtype=self.base.lm.dtype, device=input_ids.device)
+            steps = StepRecord(nan(), nan(), nan())
         with sequential_threads():  # one-token steps: 1 thread (common.cpus)
             try:
                 if rec is not None:
                     rec.__enter__()
-                for t in range(T):
+                for t in range(start, T):
                     if t == 0:
-                        chunk, c_n = input_ids[:, :1], 0
+                        chunk, c_r, c_n = input_ids[:, :1], None, 0
                         inj.inject_cols = None
                     else:
-                        chunk, c_n = input_ids[:, t - 1:t + 1], 1
+                        chunk, c_r, c_n = input_ids[:, t - 1:t + 1], 0, 1
                         inj.inject_cols, inj.inject_zs = torch.tensor([0]), zs_prev[:, None]
                         inj.inject_alpha = alpha_all[:, t - 1:t]
                     inj.record_cols = torch.tensor([c_n])
+                    inj.zs_edit = inj.mixed_edit = None
+                    held = step_edit(t, inj, c_r, c_n) if step_edit is not None else None
                     j = want.get(t)
                     if rec is not None:
                         rec.cols = torch.tensor([c_n]) if j is not None else None
                     k = t + 1
                     q = chunk.shape[1]
                     allowed = valid[:, None, :k] & (torch.arange(k)[None, :] <= torch.arange(k - q, k)[:, None])[None]
-                    h = self._run(chunk, _float_mask(allowed, self.base.lm.dtype), pos_all[:, t + 1 - q:t + 1], cache)
+                    fmask = self._mask(allowed, torch.arange(k - q, k), torch.arange(k))
+                    if held is not None:
+                        with held:
+                            h = self._run(chunk, fmask, pos_all[:, t + 1 - q:t + 1], cache)
+                    else:
+                        h = self._run(chunk, fmask, pos_all[:, t + 1 - q:t + 1], cache)
                     zs_prev = inj.zs[:, 0]
+                    if steps is not None:
+                        steps.zs[:, t] = zs_prev
+                        if t > 0:
+                            steps.zd[:, t - 1], steps.mixed[:, t - 1] = inj.zd[:, 0], inj.mixed[:, 0]
                     cache.crop(-1)  # drop n_t's keys/values; r_t replaces them at the next step
                     if j is not None:
                         hn = h[:, c_n]
@@ -202,7 +259,7 @@ class RecirculatedLM(nn.Module):
                 if rec is not None:
                     rec.__exit__(None, None, None)
         # The cache now holds r_{<T-1} only (n_{T-1} was cropped): `generate` feeds [r_{T-1}, n_T] next.
-        return RecircOutput(logits, top, resid, cache if keep_cache else None, zs_prev)
+        return RecircOutput(logits, top, resid, cache if keep_cache else None, zs_prev, steps)
 
     # ----- blockwise / Jacobi -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -239,7 +296,8 @@ class RecirculatedLM(nn.Module):
                 causal = torch.arange(c1)[None, :] <= torch.arange(c0, c1)[:, None]  # [b, c1]
                 # pass 0: standard forward of the block (n attends to n within the block: the first guess)
                 inj.inject_cols, inj.record_cols = None, torch.arange(b)
-                self._run(ids, _float_mask(kv[:, None] & causal[None], dtype), pos, cache)
+                self._run(ids, self._mask(kv[:, None] & causal[None], torch.arange(c0, c1), torch.arange(c1)), pos,
+                          cache)
                 zs = inj.zs
                 cache.crop(-b)
                 # [r-half | n-half] mask: keys = past r (c0 columns) + r-half (b) + n-half (b)
@@ -250,7 +308,8 @@ class RecirculatedLM(nn.Module):
                 eye = torch.eye(b, dtype=torch.bool)[None].expand(B, b, b)  # n_i -> n_i
                 none = torch.zeros(B, b, b, dtype=torch.bool)
                 allowed = torch.cat([torch.cat([past, r_self, none], -1), torch.cat([past, n_r, eye], -1)], 1)
-                fmask = _float_mask(allowed, dtype)
+                fmask = self._mask(allowed, torch.arange(c0, c1).repeat(2),
+                                   torch.cat([torch.arange(c1), torch.arange(c0, c1)]))
                 ids2 = torch.cat([ids, ids], 1)
                 pos2 = torch.cat([pos, pos], 1)
                 for k in range(passes):
@@ -315,9 +374,9 @@ class RecirculatedLM(nn.Module):
         if max_new_tokens == 0:
             return input_ids.new_zeros((B, 0))
         if self.spec.is_identity and self.bypass_identity:
-            from engine.prefill import generate
+            from engine.decode import greedy
 
-            return generate(self.base, input_ids, attention_mask, max_new_tokens, "std")
+            return greedy(self.base, input_ids, attention_mask, max_new_tokens)
         out = self.sequential(input_ids, attention_mask, cols=torch.tensor([T - 1]), keep_cache=True)
         cache, zs, logits = out.cache, out.last_zs, out.logits[:, 0]
         mask = attention_mask
@@ -368,7 +427,7 @@ def recirculated_prefill(model: FullBandwidthLM | PreTrainedModel, spec: RecircS
 
     `spec` may be the --recirculate string 's:d:alpha[:convex|residual]'. positions: negative offsets from the end.
     """
-    from engine.prefill import PrefillResult
+    from engine.result import PrefillResult
 
     base = lm_only(model)
     if isinstance(spec, str):

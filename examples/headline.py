@@ -3,8 +3,8 @@ import torch
 
 from interventions.core import Batch, CausalContext
 from interventions.suite import Suite
+from models.loading import load_model
 from tasks import make_dataset
-from training.presets import load_model
 
 model, tok, _ = load_model("tiny-fbt-track")                           # the shipped checkpoints/tiny-fbt-track
 samples = make_dataset("parity", n_pairs=8, n_distractors=64, seed=0)  # 8 pairs, each differing in one line

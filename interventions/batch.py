@@ -9,7 +9,8 @@ import torch
 
 from common.errors import UserError
 
-SITES = ("state", "fused", "resid")
+SITES = ("state", "fused", "resid", "attn_out", "mlp_out", "head")
+BLOCK_SITES = ("attn_out", "mlp_out", "head")  # inside block `layer` (engine.hooks.on_block)
 MODES = ("standard", "recurrent-1")  # the default modes of a CausalContext
 POSITIONS = (-2, -1)  # T-1, T (kept for callers of the first version)
 
@@ -122,6 +123,8 @@ class Batch:
 class Patch:
     """Replace the activation at `site` (and `depth` for resid), column `pos`, by `value` [B, D], row by row.
 
+    Block sites (`attn_out`, `mlp_out`, `head`) name block `layer` (0-based, TransformerLens' blocks.{layer});
+    `head` the head whose output (value [B, head_dim], before the output projection) is replaced.
     `pass_`: fused-n only, the Jacobi pass (None = the last); ignored by the other modes. `rows` (state patches
     only): a bool [B] mask of the rows patched, the others left as the run has them (several patches at
     different positions then patch each row at its own position in one run)."""
@@ -132,6 +135,8 @@ class Patch:
     pos: int = -1
     pass_: int | None = None
     rows: torch.Tensor | None = None
+    layer: int | None = None
+    head: int | None = None
 
     def __post_init__(self):
         if self.site not in SITES:
@@ -140,6 +145,9 @@ class Patch:
             raise UserError(f"patch position must be a negative column offset (-1 = T), got {self.pos!r}")
         if self.pass_ is not None and (not isinstance(self.pass_, int) or self.pass_ < 0):
             raise UserError(f"patch pass must be a non-negative integer, got {self.pass_!r}")
+        if (self.site in BLOCK_SITES) != (self.layer is not None) or (self.site == "head") != (self.head is not None):
+            raise UserError("attn_out / mlp_out / head patches need `layer` (head patches also `head`); other "
+                            "sites take neither")
         if self.rows is not None and (self.site != "state" or self.rows.dtype != torch.bool
                                       or tuple(self.rows.shape) != (self.value.shape[0],)):
             raise UserError("patch rows must be a bool [batch] mask, and only on state patches")

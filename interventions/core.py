@@ -52,7 +52,10 @@ from engine.prefill import (cache_prefix, iter_fused, jacobi_pass, positions_fro
                             recurrent_step, shift_state)
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
 
-from interventions.batch import MODES, Batch, Patch, RunOut, pos_name  # Batch and Patch: the routine's arguments
+from engine.recirculation import RecirculatedLM, lm_only
+from models.families import family_of
+
+from interventions.batch import BLOCK_SITES, MODES, Batch, Patch, RunOut, pos_name  # Batch and Patch: the routine's arguments
 
 
 def _host(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -62,13 +65,17 @@ def _host(x: torch.Tensor | None) -> torch.Tensor | None:
 
 # ----- the one hook helper, as the runners use it ---------------------------------------------------------
 def _hooks(model: FullBandwidthLM, patches, col_of):
-    """The engine's hook helper substituting the fused/resid `patches` at column col_of(p) of the current call."""
+    """The engine's hook helper substituting the fused/resid/block `patches` at column col_of(p) of the current
+    call."""
     fused = [(col_of(p), p.value) for p in patches if p.site == "fused"]
     resid: dict[int, list] = {}
+    blocks: dict[tuple, list] = {}
     for p in patches:
         if p.site == "resid":
             resid.setdefault(p.depth, []).append((col_of(p), p.value))
-    return patched(model, fused, resid)
+        elif p.site in BLOCK_SITES:
+            blocks.setdefault((p.site, p.layer, p.head), []).append((col_of(p), p.value))
+    return patched(model, fused, resid, blocks)
 
 
 # ----- one runner per mode ------------------------------------------------------------------------------------
@@ -91,9 +98,34 @@ class _Runner:
         self.col(p)
         if p.site == "resid" and not 0 <= p.depth <= self.L:
             raise UserError(f"patch depth {p.depth} out of range 0..{self.L}")
+        if p.site in BLOCK_SITES and not 0 <= p.layer < self.L:
+            raise UserError(f"patch layer {p.layer} out of range 0..{self.L - 1}")
+        if p.site == "head":
+            n_heads = family_of(self.model.lm).heads(self.model.config)
+            if not 0 <= p.head < n_heads:
+                raise UserError(f"patch head {p.head} out of range 0..{n_heads - 1}")
+
+    def value_width(self, p: Patch) -> int:
+        """The width a patch value must have: d_model, or head_dim for a head's output."""
+        if p.site == "head":
+            return family_of(self.model.lm).head_dim(self.model.config)
+        return self.model.d_model
 
     def fused_positions(self) -> list[int]:
         return []
+
+    # how the report names this mechanism's fed state and its bypass (interventions.suite.describe)
+    words = {"state": "h_{T-1}", "gate_bypass": "e_T fed to block 0 instead of the fused input",
+             "gate_bypass_all": "e_t fed to block 0 instead of the fused input at every position (= standard "
+                                "prefill)"}
+
+    def is_clean_pass(self, pass_) -> bool:
+        """Whether `pass_` names the pass of the clean run's record (every mode has one but fused-n)."""
+        return True
+
+    def bypass_value(self, pos: int) -> torch.Tensor:
+        """What the fused site holds at `pos` without feedback: the token embedding e_t."""
+        return self.model.embed(self.ids[:, self.T + pos])
 
 
 class _Standard(_Runner):
@@ -112,8 +144,8 @@ class _Standard(_Runner):
 
     def check(self, p):
         super().check(p)
-        if p.site != "resid":
-            raise UserError("standard prefill has no fused state: only resid patches apply")
+        if p.site in ("state", "fused"):
+            raise UserError("standard prefill has no fused state: only resid and block-site patches apply")
 
     def _suffix(self, c0: int, patches) -> torch.Tensor:
         """Logits at T of columns c0..T-1 run on the clean cache of columns 0..c0-1, each resid patch applied
@@ -137,7 +169,8 @@ class _Standard(_Runner):
         c0 = min(self.col(p) for p in patches)
         # A shift equals a replacement only where no other patch of the run changed the site first: patches at
         # one depth cannot reach each other (a residual at depth d reads depths < d only), patches at two can.
-        one_depth = len({p.depth for p in patches}) == 1 and len({self.col(p) for p in patches}) == len(patches)
+        one_depth = (all(p.site == "resid" for p in patches) and len({p.depth for p in patches}) == 1
+                     and len({self.col(p) for p in patches}) == len(patches))
         if c0 == 0 or not one_depth:
             with _hooks(self.model, patches, self.col):
                 return self.model(self.ids, self.mask).logits[:, -1]
@@ -167,7 +200,7 @@ class _Recurrent(_Runner):
 
     def check(self, p):
         super().check(p)
-        if p.site != "resid" and self.col(p) < self.r0:
+        if p.site in ("state", "fused") and self.col(p) < self.r0:
             raise UserError(f"{self.mode.name} fuses only positions {pos_name(self.r0 - self.T)}..T: no "
                             f"{p.site} site at {pos_name(p.pos)}")
 
@@ -225,6 +258,9 @@ class _Fused(_Runner):
     def fused_positions(self):
         return list(range(1 - self.T, 0))
 
+    def is_clean_pass(self, pass_) -> bool:
+        return pass_ is None or pass_ == self.n
+
     def pass_of(self, p: Patch) -> int:
         return self.n if p.pass_ is None else p.pass_
 
@@ -233,7 +269,7 @@ class _Fused(_Runner):
         k = self.pass_of(p)
         if not 0 <= k <= self.n:
             raise UserError(f"{self.mode.name} has passes 0..{self.n}, not {k}")
-        if p.site != "resid" and k == 0:
+        if p.site in ("state", "fused") and k == 0:
             raise UserError("pass 0 of fused-n is the standard pass: no fused state")
 
     def state(self, pos: int, pass_=None) -> torch.Tensor:
@@ -278,7 +314,120 @@ class _Fused(_Runner):
         return out.logits[:, -1]
 
 
-_RUNNERS = {"standard": _Standard, "recurrent": _Recurrent, "fused": _Fused}
+class _Recirc(_Runner):
+    """Recirculation (engine.recirculation, the exact sequential engine), on the model's LM (a fusion module,
+    if any, is never run).
+
+    Sites: `state` at t = z_{t-1,s}, the source-depth state of position t-1 that is fed back (mixed into t-1's
+    recirculation branch, whose keys and values t and every later token read): the analogue of the fed h_{t-1};
+    `fused` at t = z'_{t-1,d}, the mixed vector entering that branch (its bypass, alpha = 0 there, is z_{t-1,d});
+    `resid` at (depth, t) = the token's own (normal-branch) residual, in both branches at depth <= d where they
+    are one; block sites alike (both branches for blocks whose output depth is <= d).
+    Sharing: the clean run's final cache holds r_0..r_{T-2}; a patched run whose first patched step is t0
+    starts from its first t0-1 columns and z_{t0-1,s}, and runs steps t0..T-1."""
+
+    words = {"state": "z_{T-1,s} (the recirculated source-depth state of T-1)",
+             "gate_bypass": "alpha = 0 at T-1: T-1's recirculation branch gets z_{T-1,d} unmixed",
+             "gate_bypass_all": "alpha = 0 at every position (= the base model's standard pass)"}
+
+    def __init__(self, model, ids, mask, mode):
+        super().__init__(model, ids, mask, mode)
+        self.spec = mode.recirc.validate(self.L)
+        self.rlm = RecirculatedLM(lm_only(model), self.spec)
+        T, s, d = self.T, self.spec.source, self.spec.target
+        if self.spec.is_identity:  # the base model's one parallel forward, as the engine's prefill runs it
+            with ResidualRecorder(self.rlm.base) as rec:
+                rec.cols = torch.arange(T)
+                out = self.rlm.base(ids, mask)
+                resid = rec.take()
+            self.zs, self.zd = resid[:, :, s], resid[:, :, d]
+            self.mixed, self.cache = self.zd, None
+        else:
+            out = self.rlm.sequential(ids, mask, torch.arange(T), collect=True, keep_cache=True, record=True)
+            resid, self.cache = out.resid, out.cache
+            self.zs, self.zd, self.mixed = out.steps.zs, out.steps.zd, out.steps.mixed
+        self.clean = RunOut(out.logits[:, -1], out.top, resid)
+
+    def fused_positions(self):
+        return list(range(1 - self.T, 0))
+
+    def check(self, p):
+        super().check(p)
+        if p.site in ("state", "fused") and self.col(p) < 1:
+            raise UserError(f"{self.mode.name}: column 0 has no earlier position, so no recirculated state")
+
+    def state(self, pos: int, pass_=None) -> torch.Tensor:
+        c = self.T + pos
+        if not 1 <= c < self.T:
+            raise UserError(f"{self.mode.name} has no fed state at {pos_name(pos)}")
+        return self.zs[:, c - 1]
+
+    def bypass_value(self, pos: int) -> torch.Tensor:
+        return self.zd[:, self.T + pos - 1]
+
+    def resid(self, pass_=None):
+        return self.clean.resid
+
+    def _no_op(self, p) -> bool:
+        """A patch that provably changes nothing: any state patch under identity mixing (alpha = 0 weighs z_s
+        by 0), or a value equal to the clean one at a state / fused site."""
+        if p.site == "state":
+            return self.spec.is_identity or torch.equal(p.value, self.zs[:, self.col(p) - 1])
+        if p.site == "fused":
+            return torch.equal(p.value, self.mixed[:, self.col(p) - 1])
+        return False
+
+    def run(self, patches) -> torch.Tensor:
+        if all(self._no_op(p) for p in patches):  # the clean logits, bit for bit (the identity invariant)
+            return self.clean.logits
+        T, d = self.T, self.spec.target
+        cols = [self.col(p) for p in patches]
+        t0 = min(cols) if self.cache is not None else 0
+        cache = new_cache() if t0 <= 1 else cache_prefix(self.cache, t0 - 1)
+        zs_prev = self.zs[:, t0 - 1] if t0 >= 1 else None
+        resid_at: dict[int, list] = {}
+        for p, c in zip(patches, cols):
+            if p.site == "resid":
+                resid_at.setdefault(p.depth, []).append((p, c))
+        now = {"t": -1, "c_r": None, "c_n": 0}
+
+        def rowwise(p, v, old):
+            v = v.to(old.dtype)
+            return v if p.rows is None else torch.where(p.rows.to(v.device)[:, None], v, old)
+
+        def edit(depth, h):
+            items = []
+            for p, c in resid_at.get(depth, ()):
+                if c == now["t"]:
+                    items.append((now["c_n"], rowwise(p, p.value, h[:, now["c_n"]])))
+                elif c == now["t"] - 1 and now["c_r"] is not None and depth <= d:
+                    items.append((now["c_r"], rowwise(p, p.value, h[:, now["c_r"]])))
+            return put_columns(h, items) if items else None
+
+        def step_edit(t, inj, c_r, c_n):
+            now.update(t=t, c_r=c_r, c_n=c_n)
+            for p, c in zip(patches, cols):
+                if c != t:
+                    continue
+                if p.site == "state":
+                    inj.zs_edit = lambda zs, p=p: rowwise(p, p.value, zs[:, 0])[:, None]
+                elif p.site == "fused":
+                    inj.mixed_edit = lambda m, p=p: rowwise(p, p.value, m[:, 0])[:, None]
+            here = [(p, c_n) for p, c in zip(patches, cols) if p.site in BLOCK_SITES and c == t]
+            here += [(p, c_r) for p, c in zip(patches, cols)
+                     if p.site in BLOCK_SITES and c == t - 1 and c_r is not None and p.layer + 1 <= d]
+            if not here:
+                return None
+            col_of = {id(p): col for p, col in here}
+            return _hooks(self.model, [p for p, _ in here], lambda q: col_of[id(q)])
+
+        out = self.rlm.sequential(self.ids, self.mask, torch.tensor([T - 1]), start=t0, cache=cache,
+                                  zs_prev=zs_prev, step_edit=step_edit, edit=edit if resid_at else None,
+                                  edit_depths=tuple(resid_at))
+        return out.logits[:, 0]
+
+
+_RUNNERS = {"standard": _Standard, "recurrent": _Recurrent, "fused": _Fused, "recirc": _Recirc}
 
 
 class CausalContext:
@@ -302,14 +451,11 @@ class CausalContext:
             raise UserError(f"prompts of {int(mask.sum(-1).max())} tokens exceed the model's context ({ctx})")
         parsed = []
         for m in modes:
-            p = parse_mode(m)
-            if p.kind == "recirc":
-                raise UserError(f"interventions under {p.name} are not available: recirculation has no fed state "
-                                "(probe it with probes.run --recirculate)")
+            p = parse_mode(m, self.n_layers)
             if p not in parsed:
                 parsed.append(p)
-        if not model.has_fusion:
-            parsed = [p for p in parsed if p.kind == "standard"] or [Mode("standard")]
+        if not model.has_fusion:  # recurrence and fused passes need the fusion module; recirculation does not
+            parsed = [p for p in parsed if not p.has_feedback] or [Mode("standard")]
         self.modes = [p.name for p in parsed]
         self.mode = next((m for m in self.modes if m != "standard"), "standard")
         with torch.no_grad():
@@ -356,10 +502,10 @@ class CausalContext:
         r = self._runner(mode)
         patches = list(patches)
         for p in patches:
-            if tuple(p.value.shape) != (self.batch.size, self.model.d_model):
-                raise UserError(f"patch value must be [batch={self.batch.size}, d_model={self.model.d_model}], "
-                                f"got {tuple(p.value.shape)}")
             r.check(p)
+            width = r.value_width(p)
+            if tuple(p.value.shape) != (self.batch.size, width):
+                raise UserError(f"patch value must be [batch={self.batch.size}, {width}], got {tuple(p.value.shape)}")
         if not patches:
             return RunOut(self.clean[r.mode.name].logits)
         patches = [replace(p, value=p.value.to(self.device, self.dtype)) for p in patches]
@@ -370,6 +516,10 @@ class CausalContext:
         return out
 
     # -- thin wrappers ------------------------------------------------------------------------------------
+    def words(self, mode=None) -> dict:
+        """How the report names `mode`'s fed state and bypass."""
+        return self._runner(mode).words
+
     def fused_positions(self, mode=None) -> list[int]:
         """Positions (negative offsets) where `mode` has a state/fused site."""
         return self._runner(mode).fused_positions()
@@ -377,14 +527,14 @@ class CausalContext:
     def state(self, mode=None, pos: int = -1, pass_=None) -> torch.Tensor:
         """Clean state [B, D] entering the fusion at `pos` (the top state of pos-1 in the mode's own run)."""
         r = self._runner(mode)
-        if r.kind == "standard":
-            raise UserError("standard prefill has no fed state")
+        if not r.fused_positions():
+            raise UserError(f"{r.mode.name} prefill has no fed state")
         return _host(r.state(pos, pass_))
 
     def resid(self, mode=None, pass_=None) -> torch.Tensor:
         """Clean residual stream [B, T, L+1, D] of `mode` (fused-n: pass `pass_`, default the last)."""
         r = self._runner(mode)
-        if pass_ is None or (r.kind == "fused" and pass_ == r.n):
+        if r.is_clean_pass(pass_):
             return self.clean[r.mode.name].resid
         return _host(r.resid(pass_))
 
@@ -400,9 +550,9 @@ class CausalContext:
         """Feed e_t instead of the fused input at `pos` (trained with feedback, decoded without); pos="all":
         at every fused position (fused-n: in the last pass), which is the standard prefill."""
         mode = mode or self.mode
-        positions = self.fused_positions(mode) if pos == "all" else [pos]
-        T = self.batch.input_ids.shape[1]
-        return self.run(mode, [Patch("fused", self.e[:, T + p], pos=p) for p in positions]).logits
+        r = self._runner(mode)
+        positions = r.fused_positions() if pos == "all" else [pos]
+        return self.run(mode, [Patch("fused", _host(r.bypass_value(p)), pos=p) for p in positions]).logits
 
     def patch_resid(self, mode: str, depth: int, pos: int, donor: torch.Tensor, pass_=None) -> torch.Tensor:
         """Residual stream at (depth, pos) from row donor[i]'s clean run of the same mode (and pass)."""

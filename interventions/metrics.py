@@ -29,7 +29,7 @@ import math
 import numpy as np
 import torch
 
-from common.bootstrap import ClusterBootstrap, percentile_ci
+from stats.bootstrap import ClusterBootstrap, percentile_ci
 
 
 def label_ld(logits: torch.Tensor, labels, label_ids, other=None) -> np.ndarray:

@@ -16,9 +16,9 @@ results.position_sweep.first_line_after two ways: by_diff_line [{lines [first, l
 [2, 3], [4, 7], ... of the prompt line index of the pair's first differing token that hold rows), <metrics>}] and
 by_answers [{own, donor (label indices), <metrics>}]. Version 4 names fields for what they hold: <metrics>.n_flip
 (the rows a flip rate is computed over) is now n_flip_rows, beside the new flips (the flips among them);
-model.weights_sha256 is the hash of the tensors, as in probes.json (probes.collect.weights_hash), and the
+model.weights_sha256 is the hash of the tensors, as in probes.json (models.fingerprint.weights_hash), and the
 checkpoint file's bytes are model.file_sha256; config.n_boot is the --n-boot in force. Version 3 keeps every
-field of version 2 and adds LEACE concept erasure (interventions.erasure):
+field of version 2 and adds LEACE concept erasure (stats.erasure):
     config.erase_depths, config.erase_positions   the --erase-depths (null = every depth) / --erase-positions
     results.leace               {method, package_version, concept, n_folds, fit, settings, rows, dose} or absent
                                 when not run. rows[*]: name (leace_state = fed state at T, leace_state@T-k = at
@@ -346,7 +346,7 @@ def markdown(report: dict) -> str:
 
 
 def html_report(report: dict, plotly: str = "directory") -> str:
-    """The report page. plotly.js as `plotly` says (probes.depth_curves.PLOTLY_CHOICES): "directory" loads
+    """The report page. plotly.js as `plotly` says (common.plotlyjs.PLOTLY_CHOICES): "directory" loads
     plotly.min.js from the page's folder (write_report stages it there), "inline" embeds it, "cdn" loads it from
     cdn.plot.ly."""
     import plotly.graph_objects as go
@@ -422,7 +422,7 @@ def html_report(report: dict, plotly: str = "directory") -> str:
                           height=480)
         figs.append(fig)
 
-    from probes.depth_curves import include_plotlyjs
+    from common.plotlyjs import include_plotlyjs
 
     js = include_plotlyjs(plotly)
     body = []
@@ -460,7 +460,7 @@ def write_report(report: dict, out: Path, overwrite: bool, plotly: str = "direct
     texts = {"causal_report.json": json.dumps(report, indent=2, allow_nan=False),
              "causal_report.md": markdown(report), "causal_report.html": html_report(report, plotly)}
     with Staged(out) as st:
-        from probes.depth_curves import stage_plotly_js
+        from common.plotlyjs import stage_plotly_js
 
         stage_plotly_js(st, plotly)  # plotly.min.js beside the page (shared with depth_curves.html) when needed
         for name, text in texts.items():

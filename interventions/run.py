@@ -148,15 +148,15 @@ def _sha256(path: Path) -> str:
 
 
 def _model_path(name_or_path: str) -> Path:
-    from training.presets import PRESETS, checkpoint_dir
+    from models.checkpoints import PRESET_NAMES, checkpoint_dir
 
     p = Path(name_or_path)
-    return checkpoint_dir(name_or_path) if not p.exists() and name_or_path in PRESETS else p
+    return checkpoint_dir(name_or_path) if not p.exists() and name_or_path in PRESET_NAMES else p
 
 
 def _load(name_or_path: str, placement=None, tokenizer=None):
     from models.tokenizers import resolve_tokenizer
-    from training.presets import load_model
+    from models.loading import load_model
 
     model, tok, name = load_model(name_or_path, placement)  # refuses NaN/inf weights (load_weights)
     tok = resolve_tokenizer(model, tok, name_or_path, tokenizer)  # its own or --tokenizer's; none: one line
@@ -198,17 +198,15 @@ def _parse_erase_positions(spec):
 def _check_erase_positions(positions, mode: str, T: int) -> None:
     """UserError unless every position is one where `mode` feeds a state (core's fused positions) on T columns."""
     from engine.modes import parse_mode
-    from engine.prefill import recurrent_start
 
     if not positions:
         return
-    m = parse_mode(mode)
-    if m.kind == "standard":
+    fed = parse_mode(mode).fed_positions(T)
+    if not fed:
         raise UserError(f"--erase-positions: {mode} prefill feeds no state")
-    first = 1 - T if m.kind == "fused" else recurrent_start(T, m.n) - T
-    bad = [p for p in positions if p < first]
+    bad = [p for p in positions if p < fed[0]]
     if bad:
-        raise UserError(f"--erase-positions {bad[0]}: {mode} feeds a state only at offsets {first}..-1 of these "
+        raise UserError(f"--erase-positions {bad[0]}: {mode} feeds a state only at offsets {fed[0]}..-1 of these "
                         f"{T}-column prompts")
 
 
@@ -217,8 +215,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from common.placement import Placement
     from engine.modes import parse_mode
-    from probes.collect import weights_hash
-    from probes.linear import ProbeConfig, check_groups
+    from models.fingerprint import weights_hash
+    from stats.linear import ProbeConfig, check_groups
     from tasks import dataset_fingerprint, resolve_task
 
     from .progress import Progress
@@ -247,7 +245,7 @@ def main(argv=None) -> int:
         tokenizer_source(args.tokenizer)  # a name that names nothing: refused before any model loads
     main_path = _model_path(args.model)
     if not main_path.exists() and args.model != "smollm2-135m":
-        from training.presets import load_model
+        from models.loading import load_model
         load_model(args.model)  # raises the loader's UserError (unknown name / untrained preset)
     model_name = safe_name(main_path)  # a path ending in '..' names the folder it resolves to
     from common.io import DirLock
@@ -284,10 +282,12 @@ def main(argv=None) -> int:
         raise UserError(f"--erase-depths {max(erase_depths)} is beyond the model's depth 0..{model.n_layers}")
     if args.sweep_depth is not None and args.sweep_depth > model.n_layers:
         raise UserError(f"--sweep-depth {args.sweep_depth} is beyond the model's depth 0..{model.n_layers}")
-    feedback = model.has_fusion and parse_mode(mode).kind != "standard"
-    if not model.has_fusion and parse_mode(mode).kind != "standard":
+    parsed = parse_mode(mode, model.n_layers)  # recirculation depths checked against this model
+    if not model.has_fusion and parsed.has_feedback:
         raise UserError(f"model {args.model!r} has no fusion module, so it has no {mode} prefill: use --mode "
-                        "standard (residual patching, the residual position sweep and mean ablation by depth)")
+                        "standard (residual patching, the residual position sweep and mean ablation by depth) "
+                        "or recirc-S:D:ALPHA (training-free recirculation)")
+    feedback = parsed.feeds_state
     if not feedback and erase_positions:
         raise UserError("--erase-positions: standard prefill feeds no state")
     cmodel = None
@@ -342,7 +342,7 @@ def main(argv=None) -> int:
         report = {
             "schema": dict(SCHEMA),
             "model": {"name": model_name, "path": str(main_path),
-                      # one definition with probes.json: a hash of the tensors (probes.collect.weights_hash);
+                      # one definition with probes.json: a hash of the tensors (models.fingerprint.weights_hash);
                       # the checkpoint file's bytes are file_sha256
                       "weights_sha256": weights_hash(model), "file_sha256": _weights_file_sha256(main_path),
                       "n_layers": model.n_layers, "d_model": model.d_model, "feedback": model.has_fusion},

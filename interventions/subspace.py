@@ -1,7 +1,7 @@
 """The task-state subspace of h_{T-1}: probe direction(s) fitted on training folds only.
 
 `fold_subspaces` splits the rows with StratifiedGroupKFold over their groups (a pair never straddles folds);
-in each fold a `probes.linear.LinearProbe` is fitted on the TRAINING rows' h_{T-1} and its unit direction
+in each fold a `stats.linear.LinearProbe` is fitted on the TRAINING rows' h_{T-1} and its unit direction
 spans the subspace (rank r > 1: iterative nullspace projection, each further probe fitted on the training
 states with the earlier directions projected out). Each held-out row is then patched with the subspace of
 the fold that held it out, so no row is ever patched along a direction fitted on it.
@@ -24,7 +24,7 @@ import torch
 from sklearn.model_selection import StratifiedGroupKFold
 
 from common.errors import UserError
-from probes.linear import LinearProbe, ProbeConfig
+from stats.linear import LinearProbe, ProbeConfig
 
 
 @dataclass

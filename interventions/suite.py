@@ -33,7 +33,7 @@ import time
 import numpy as np
 import torch
 
-from probes.linear import ProbeConfig
+from stats.linear import ProbeConfig
 
 from .batch import Batch, pos_name
 from .core import CausalContext
@@ -64,6 +64,14 @@ DESCRIPTIONS = {
 }
 
 NO_FEEDBACK = "not applicable (no feedback)"
+
+
+def describe(name: str, ctx: CausalContext, mode: str | None = None) -> str:
+    """DESCRIPTIONS[name] in the words of the mode's mechanism (its fed state and its bypass)."""
+    words = ctx.words(mode)
+    if name in ("gate_bypass", "gate_bypass_all"):
+        return words[name]
+    return DESCRIPTIONS[name].replace("h_{T-1}", words["state"])
 
 
 def cap_positions(positions, max_positions):
@@ -177,7 +185,7 @@ class Suite:
         out = []
         for name, fn, donor in runs:
             logits = self._timed(name, fn)
-            out.append({"name": name, "description": DESCRIPTIONS[name], "mode": mode,
+            out.append({"name": name, "description": describe(name, self.ctx, mode), "mode": mode,
                         "position": "all" if name == "gate_bypass_all" else -1,
                         "reference": "donor" if donor is not None else "paired sample",
                         **self.metrics(logits, donor=donor)})
@@ -196,7 +204,7 @@ class Suite:
                                   ("random_subspace_swap", "subspace", self.seed + 1000)):
             states = per_fold_states(h, donor, folds, part, rseed)
             logits = self._timed(name, lambda: ctx.patch_state(states, mode))
-            rows.append({"name": name, "description": DESCRIPTIONS[name], "mode": mode, "position": -1,
+            rows.append({"name": name, "description": describe(name, self.ctx, mode), "mode": mode, "position": -1,
                          "reference": "donor", **self.metrics(logits)})
         n = sum(len(f.test) for f in folds)
         probe_acc = sum(f.probe_accuracy * len(f.test) for f in folds) / n
@@ -212,7 +220,7 @@ class Suite:
         (None = every depth). Reference: the paired sample (erasing the label entirely lands near 0.5 on the
         normalized-effect scale of a binary task: LD ~ 0 is halfway between own and paired)."""
         from .core import Patch
-        from .erasure import FoldErasers, grouped_folds, package_version, probe_check, relative_change
+        from stats.erasure import FoldErasers, grouped_folds, package_version, probe_check, relative_change
 
         ctx, b, mode = self.ctx, self.ctx.batch, self.mode
         cfg = probe_config or ProbeConfig()
@@ -224,7 +232,7 @@ class Suite:
         rows, dose = [], None
 
         def row(name, kind, position, logits, check, change, rows_ok=None, **extra):
-            return {"name": name, "description": DESCRIPTIONS[kind], "mode": mode, "position": position,
+            return {"name": name, "description": describe(kind, self.ctx, mode), "mode": mode, "position": position,
                     "reference": "paired sample", **extra, "relative_change": change, "probe": check,
                     **self.metrics(logits, rows=rows_ok)}
 
@@ -531,15 +539,14 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
 
 def run_control(ctx: CausalContext, n_boot: int = 1000, seed: int = 0) -> dict:
     """The negative control: clean, state swap, gate bypass and zero on another model (same batch, same mode)."""
-    if not ctx.model.has_fusion:
-        return {"clean": Suite(ctx, n_boot, seed).clean(), "interventions": [],
-                "note": "the control model has no fusion module: the fed state does not exist there"}
     s = Suite(ctx, n_boot, seed)
-    if ctx.mode == "standard":
-        return {"clean": s.clean(), "interventions": [], "note": "standard prefill has no fed state"}
+    if not ctx.fused_positions():
+        why = ("the control model has no fusion module: the fed state does not exist there"
+               if ctx.mode == "standard" and not ctx.model.has_fusion else "standard prefill has no fed state")
+        return {"clean": s.clean(), "interventions": [], "note": why}
     rows = []
     for name, fn in (("state_swap", lambda: ctx.swap_state(ctx.batch.pair)), ("gate_bypass", ctx.gate_bypass),
                      ("zero", lambda: ctx.patch_state(torch.zeros_like(ctx.h_prev)))):
-        rows.append({"name": name, "description": DESCRIPTIONS[name], "mode": ctx.mode, "position": -1,
+        rows.append({"name": name, "description": describe(name, ctx), "mode": ctx.mode, "position": -1,
                      "reference": "paired sample", **s.metrics(fn())})
     return {"clean": s.clean(), "interventions": rows}

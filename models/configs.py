@@ -33,7 +33,7 @@ def check_config(config, where) -> None:
     """UserError (one line) for a base-model config that HF builds but that computes nonsense: a NaN model (RoPE
     theta 0, a norm eps <= 0), a window of no tokens (every answer wrong), sizes < 1, heads that do not split the
     width or KV heads that do not split the heads. For full-bandwidth checkpoints and plain HF models alike
-    (models.full_bandwidth.FullBandwidthLM.from_pretrained, training.presets._load_hf_lm)."""
+    (models.full_bandwidth.FullBandwidthLM.from_pretrained, models.loading._load_hf_lm)."""
     import math
 
     from common.errors import UserError

@@ -32,6 +32,7 @@ from common.errors import UserError
 from common.io import atomic_write
 from common.jsonio import read_user_json
 from models.configs import check_config
+from models.families import family_of
 from models.fusion import Fusion
 
 FORMAT = "full-bandwidth-lm"
@@ -87,13 +88,9 @@ class LMOutput:
 
 
 def decoder_layers(lm: PreTrainedModel) -> nn.ModuleList:
-    """The list of transformer blocks of an HF causal LM (Llama/Qwen3-style `layers`, GPT-2-style `h`)."""
-    base = lm.base_model
-    for name in ("layers", "h", "blocks"):
-        layers = getattr(base, name, None)
-        if isinstance(layers, nn.ModuleList):
-            return layers
-    raise UserError(f"cannot find the decoder blocks of {type(lm).__name__} (looked for layers/h/blocks)")
+    """The list of transformer blocks of an HF causal LM, where its family keeps them (models.families: Llama /
+    Qwen / Gemma / GPT-NeoX `layers`, GPT-2 `h`); UserError (one line) for an unsupported family."""
+    return family_of(lm).layers(lm)
 
 
 def positions_from_mask(attention_mask: torch.Tensor, q_len: int) -> torch.Tensor:
@@ -103,15 +100,18 @@ def positions_from_mask(attention_mask: torch.Tensor, q_len: int) -> torch.Tenso
 
 
 def embedding_rms(lm: PreTrainedModel) -> float:
-    """RMS of the input token embeddings: the scale the blocks were built for."""
-    return float(lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt())
+    """RMS of the input token embeddings as the embedding module returns them (Gemma's scale included): the
+    scale the blocks were built for."""
+    scale = family_of(lm).embed_scale(lm)
+    return float(lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt()) * scale
 
 
 class FullBandwidthLM(nn.Module):
     def __init__(self, lm: PreTrainedModel, fusion: bool = True, eps: float = 1e-6):
         super().__init__()
         self.lm = lm
-        d_model = lm.config.hidden_size
+        self.family = family_of(lm)  # models.families: where its blocks, norm and head live; refuses the unknown
+        d_model = self.family.width(lm.config)
         self.fusion = Fusion(d_model, eps) if fusion else None
         if self.fusion is not None:
             # Start the fused input at the scale of the token embeddings the blocks were built for.
@@ -136,7 +136,7 @@ class FullBandwidthLM(nn.Module):
 
     @property
     def d_model(self) -> int:
-        return self.lm.config.hidden_size
+        return self.family.width(self.lm.config)
 
     @property
     def has_fusion(self) -> bool:
@@ -189,9 +189,14 @@ class FullBandwidthLM(nn.Module):
         finally:
             self.lm.config._attn_implementation = impl
         top = out.last_hidden_state
-        logits = self.lm.get_output_embeddings()(top)
+        logits = self.head(top)
         return LMOutput(logits=logits, top=top, cache=out.cache if use_cache else None,
                         hidden=tuple(out.hidden_states) if hidden_states else None)
+
+    def head(self, top: torch.Tensor) -> torch.Tensor:
+        """Logits [.., vocab] from post-final-norm states [.., d_model]: the LM head and the family's final
+        soft-cap, if any (Gemma 2), as the HF causal LM computes them."""
+        return self.family.logits(self.lm, top)
 
     # ----- persistence --------------------------------------------------------------------------------
     def fusion_settings(self) -> dict:
@@ -252,7 +257,7 @@ class FullBandwidthLM(nn.Module):
                             f"{one_line(e, 200)}") from None
         check_config(base_config, path / "config.json")  # values HF accepts but that make a NaN or blind model
         fusion = cfg["fusion"]
-        d_model = getattr(base_config, "hidden_size", None)
+        d_model = family_of(base_config).width(base_config)  # an unsupported family: one line, before any weight
         if fusion["enabled"] and fusion.get("d_model", d_model) != d_model:
             raise UserError(f"corrupt checkpoint config {path / 'config.json'}: fusion.d_model "
                             f"{fusion.get('d_model')!r} differs from the base model's hidden size {d_model!r}")

@@ -59,7 +59,7 @@ def load_tokenizer_dir(folder: str | Path):
 def tokenizer_source(arg: str) -> tuple[Path | None, str]:
     """(folder, description) of a --tokenizer value: an existing folder, a preset's checkpoint folder, or
     (None, 'smollm2-135m') for the SmolLM2 loader's own tokenizer. UserError if it names none of these."""
-    from training.presets import PRESETS, checkpoint_dir
+    from models.checkpoints import PRESET_NAMES, checkpoint_dir
 
     s = str(arg)
     if not s.strip():
@@ -73,13 +73,13 @@ def tokenizer_source(arg: str) -> tuple[Path | None, str]:
 
     if s == SMOLLM2:
         return None, SMOLLM2
-    if s in PRESETS:
+    if s in PRESET_NAMES:
         d = checkpoint_dir(s)
         if not d.is_dir():
             raise UserError(f"--tokenizer {s}: preset {s!r} has no checkpoint at {d}")
         return d, f"preset {s} ({d})"
     raise UserError(f"--tokenizer {s}: neither an existing folder nor a preset "
-                    f"({', '.join(k for k in PRESETS if k != 'smoke')}, {SMOLLM2})")
+                    f"({', '.join(k for k in PRESET_NAMES if k != 'smoke')}, {SMOLLM2})")
 
 
 def load_named_tokenizer(arg: str):
@@ -108,7 +108,7 @@ def check_fits(tok, model, what: str) -> None:
 def resolve_tokenizer(model, tok, model_arg: str, tokenizer_arg: str | None = None):
     """The tokenizer for `model`'s task prompts.
 
-    `tok`: what training.presets.load_model returned beside it (the folder's own tokenizer, or None);
+    `tok`: what models.loading.load_model returned beside it (the folder's own tokenizer, or None);
     `tokenizer_arg`: the --tokenizer value (None: the model's own). Refused in one line: a model without a
     tokenizer of its own and no --tokenizer, a --tokenizer that names nothing usable, or a tokenizer with token
     ids the model's embedding does not have.

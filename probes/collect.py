@@ -44,6 +44,7 @@ from nnsight import NNsight
 
 from common.errors import UserError
 from common.io import atomic_write
+from models.fingerprint import tokenizer_hash, weights_hash
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
 from engine.hooks import CallCounter
 from engine.modes import canonical_modes, parse_mode
@@ -165,26 +166,6 @@ def collect_activations(model: FullBandwidthLM, token_ids: list[list[int]], mode
 # ----------------------------------------------------------------------------------------------------------
 # cache keys and the on-disk cache
 # ----------------------------------------------------------------------------------------------------------
-def weights_hash(model: torch.nn.Module) -> str:
-    """SHA-256 over every parameter and buffer (name, dtype, shape, bytes), in name order."""
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-def tokenizer_hash(tokenizer) -> str:
-    """SHA-256 of the tokenizer's full serialization (fast tokenizers) or of its vocabulary."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        blob = backend.to_str()
-    else:
-        blob = json.dumps(sorted(tokenizer.get_vocab().items()))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-
 def cache_key(weights: str, dataset: str, tokenizer: str, mode: str) -> str:
     blob = json.dumps({"collect_version": COLLECT_VERSION, "weights": weights, "dataset": dataset,
                        "tokenizer": tokenizer, "mode": parse_mode(mode).name, "position": POSITION},

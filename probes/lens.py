@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from common.errors import UserError
+from models.families import family_of
 
-FINAL_NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
 LENS_FIELDS = ("logit_lens_ld", "logit_lens_ld_ci", "logit_lens_accuracy", "logit_lens_rank")
 LENS_META = {"enabled": True,
              "method": "logit lens (nostalgebraist 2020): the final norm and the LM head on the residual at T",
@@ -37,19 +37,16 @@ LENS_META = {"enabled": True,
 
 
 def final_norm(lm) -> nn.Module:
-    """The final norm of an HF causal LM's base model (Llama/Qwen3 `norm`, GPT-2 `ln_f`, ...)."""
-    base = lm.base_model
-    for name in FINAL_NORM_NAMES:
-        m = getattr(base, name, None)
-        if isinstance(m, nn.Module):
-            return m
-    raise UserError(f"cannot find the final norm of {type(lm).__name__} (looked for {', '.join(FINAL_NORM_NAMES)})")
+    """The final norm of an HF causal LM's base model, where its family keeps it (models.families: Llama/Qwen/Gemma
+    `norm`, GPT-2 `ln_f`, GPT-NeoX `final_layer_norm`)."""
+    return family_of(lm).final_norm(lm)
 
 
 @torch.no_grad()
 def lens_logits(model, resid, normed: bool = False, chunk: int = 4096) -> torch.Tensor:
     """Lens logits [..., V] of residuals [..., D] (float32); `normed`: the input is already post-final-norm."""
     lm = model.lm
+    family = family_of(lm)
     norm, head = final_norm(lm), lm.get_output_embeddings()
     x = torch.as_tensor(np.asarray(resid) if not torch.is_tensor(resid) else resid).float()
     flat = x.reshape(-1, x.shape[-1])
@@ -57,7 +54,7 @@ def lens_logits(model, resid, normed: bool = False, chunk: int = 4096) -> torch.
     out = []
     for i in range(0, len(flat), chunk):  # bounded memory: [chunk, V] at a time
         part = flat[i:i + chunk].to(device=w.device, dtype=w.dtype)
-        out.append(head(part if normed else norm(part)).float().cpu())
+        out.append(family.logits(lm, part if normed else norm(part)).float().cpu())  # Gemma 2's soft-cap too
     return torch.cat(out).reshape(*x.shape[:-1], -1)
 
 
@@ -77,22 +74,10 @@ def label_margin_and_rank(logits: torch.Tensor, labels, label_ids) -> tuple[np.n
     return ld.numpy(), rank.numpy()
 
 
-def group_bootstrap_ci(values, groups, n_boot: int = 1000, seed: int = 0) -> list[float] | None:
-    """Percentile 95% CI of the mean of per-row `values`, resampling whole groups (common.bootstrap)."""
-    from common.bootstrap import ClusterBootstrap, percentile_ci
-
-    v = np.asarray(values, dtype=np.float64)
-    if len(v) == 0:
-        return None
-    boot = ClusterBootstrap(groups, n_boot, seed)
-    _, total = boot.sums(v)
-    _, count = boot.sums(np.ones_like(v))
-    ci = percentile_ci(total / count)
-    return None if ci is None else [ci[0], ci[1]]
-
-
 def lens_summary(logits: torch.Tensor, labels, label_ids, groups, n_boot: int = 1000, seed: int = 0) -> dict:
     """The probes.json lens fields of one set of rows."""
+    from stats.bootstrap import group_bootstrap_ci
+
     ld, rank = label_margin_and_rank(logits, labels, label_ids)
     acc = np.where(ld > 0, 1.0, np.where(ld == 0, 0.5, 0.0))
     return {"logit_lens_ld": float(ld.mean()), "logit_lens_ld_ci": group_bootstrap_ci(ld, groups, n_boot, seed),

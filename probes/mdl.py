@@ -10,7 +10,7 @@ at least two groups (so the first probe knows every class and can choose C by it
 
     uniform code length   L_unif   = n log2 K                                  (bits)
     online code length    L_online = n_1 log2 K + sum_i sum_{j in block i+1} -log2 p_i(y_j | x_j)
-                          p_i = a `probes.linear.LinearProbe` fitted on blocks 1..i; probabilities = sigmoid /
+                          p_i = a `stats.linear.LinearProbe` fitted on blocks 1..i; probabilities = sigmoid /
                           softmax of its decision_function over the sorted training classes (scikit-learn's
                           order). Its C (from ProbeConfig.Cs) is chosen by inner grouped CV on those rows only,
                           by held-out LOG LOSS, not accuracy: the code length is the log loss, and accuracy ties
@@ -33,7 +33,7 @@ import numpy as np
 from sklearn.model_selection import StratifiedGroupKFold
 
 from common.errors import UserError
-from probes.linear import ProbeConfig, fold_fits
+from stats.linear import ProbeConfig, fold_fits
 
 DEFAULT_CHUNKS = 64  # at most; fewer when a class occurs in fewer groups
 MDL_FIELDS = ("mdl_online_bits", "mdl_uniform_bits", "mdl_compression")
@@ -159,7 +159,7 @@ def _best_c(X, y, groups, config: ProbeConfig, splits=_SPLITS) -> float:
     if not splits:
         return Cs[len(Cs) // 2]
     # Each C's summed held-out log loss over the splits (in split order); every C of a split is fitted on its one
-    # standardization and SVD (probes.linear.fold_fits): the probe LinearProbe with Cs=(C,) would fit.
+    # standardization and SVD (stats.linear.fold_fits): the probe LinearProbe with Cs=(C,) would fit.
     loss = [0.0] * len(Cs)
     for (tr, _), (te, fits) in zip(splits, fold_fits(X, y, splits, Cs, config.max_iter)):
         classes = np.unique(y[tr])
@@ -195,7 +195,7 @@ def online_code(X, y, groups, config: ProbeConfig = ProbeConfig(), plan: BlockPl
 def mdl_meta(enabled: bool = True) -> dict:
     """probes.json meta.mdl: what the mdl_* fields are."""
     return {"enabled": bool(enabled),
-            "method": "online code (Voita & Titov 2020) with probes.linear.LinearProbe, C by inner grouped-CV log loss",
+            "method": "online code (Voita & Titov 2020) with stats.linear.LinearProbe, C by inner grouped-CV log loss",
             "blocks": f"up to {DEFAULT_CHUNKS} stratified chunks of whole groups (StratifiedGroupKFold, the probe "
                       "seed); blocks end at c0, 2 c0, 4 c0, ... chunks, c0 the fewest holding every class in 2 groups",
             "compression": "uniform code length (n log2 K) / online code length, in bits"}

@@ -37,9 +37,9 @@ class MethodFields:
                  **lens_summary(logits, y, self.label_ids, groups, self.config.n_boot, self.config.random_state)}]
 
     def erased(self, task, model_name, mode, n, ids, samples, acts, depth, batch_size, pad_id):
-        """Rows of the depth curve after LEACE at (depth, T) (interventions.erasure), [] for recirc modes."""
+        """Rows of the depth curve after LEACE at (depth, T) (probes.erase), [] for recirc modes."""
         from engine.modes import parse_mode
-        from interventions.erasure import erased_depth_rows
+        from probes.erase import erased_depth_rows
 
         if parse_mode(mode).kind == "recirc":
             return []
@@ -59,7 +59,7 @@ class MethodFields:
                                                                "reason": self.no_lens},
                "mdl": mdl_meta(self.mdl)}
         if erase is not None:
-            from interventions.erasure import erase_meta
+            from probes.erase import erase_meta
 
             out["erase"] = erase_meta(erase)
         return out

@@ -7,7 +7,7 @@ is 1/K.
 
 For each distractor count N the task's dataset is generated (seeded), tokenized, the residual stream at the
 final token is collected through nnsight for every depth and mode (probes.collect, cached on disk), and a
-linear probe is scored per depth with group-held-out CV (probes.linear). Writes to --out
+linear probe is scored per depth with group-held-out CV (stats.linear). Writes to --out
 (default ./figures/<model>/<task>/ under the current directory, beside interventions.run's causal_report.*):
 
     probes.json         {"meta": {...}, "results": [...]}  (schema below)
@@ -41,7 +41,7 @@ probes.json
              four logit_lens_* fields, n_samples); meta.lens.fed_state_enabled says which
     erased   (schema 2, only with --erase DEPTH) one row per (mode, N, depth >= DEPTH): the probe and the lens
              after the label was erased by LEACE from the residual at (DEPTH, T) and the model run on
-             (interventions.erasure): task, model, mode, n_distractors, writes null, erased_at, depth, accuracy,
+             (probes.erase): task, model, mode, n_distractors, writes null, erased_at, depth, accuracy,
              accuracy_std, ci_low, ci_high, fold_accuracies, n_samples, n_groups, logit_lens_*; meta.erase
              describes it
     meta.lens, meta.mdl  (schema 2) what the lens and the online code computed (docs/methods.md)
@@ -122,7 +122,7 @@ def _result_rows(task, model_name, mode, n, scores, writes=None):
 def _score_depths(acts, y, groups, config, what):
     from threadpoolctl import threadpool_limits
 
-    from probes.linear import grouped_cv_scores
+    from stats.linear import grouped_cv_scores
 
     try:
         # Probe-sized linear algebra is fastest (and exactly repeatable) on one BLAS thread.
@@ -160,7 +160,7 @@ def main(argv=None):
     if not args.no_cache:
         output_dir(cache_dir, "--cache-dir")
 
-    from probes.linear import ProbeConfig, check_groups
+    from stats.linear import ProbeConfig, check_groups
 
     config = ProbeConfig(n_boot=args.n_boot, random_state=args.seed)
     placement = Placement.from_args(args)
@@ -189,8 +189,8 @@ def main(argv=None):
             raise UserError(f"{task} N={n} with {size}: {e}") from None
         datasets[n] = samples
 
-    from probes.collect import tokenizer_hash, weights_hash
-    from training.presets import load_model
+    from models.fingerprint import tokenizer_hash, weights_hash
+    from models.loading import load_model
 
     model, tok, loaded_name = load_model(args.model, placement)
     # A path ending in '..' (or '.') names no folder: derive the name from the resolved path instead.
@@ -346,7 +346,8 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
         if procs.world > 1:
             meta["processes"] = procs.world  # the results are those of one process (the same batches)
 
-        from probes.depth_curves import render_html, stage_plotly_js
+        from common.plotlyjs import stage_plotly_js
+        from probes.depth_curves import render_html
 
         # Every new file goes to a temporary first; the old run's files are replaced (and an old activations/ of a
         # run without --save-activations removed) only once all new ones are complete. probes.json goes last.

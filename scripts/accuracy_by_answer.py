@@ -13,7 +13,7 @@ import torch
 
 from engine.prefill import recurrent_logits
 from tasks import label_token_ids, resolve_task
-from training.presets import load_model
+from models.loading import load_model
 
 
 def main(model_path: str, task: str, n: int, n_pairs: int = 60) -> None:

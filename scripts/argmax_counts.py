@@ -12,7 +12,7 @@ from collections import Counter
 from analysis.evaluate import EVAL_SEED
 from engine.prefill import pad_left, prefill_many
 from tasks.custom import resolve_task
-from training.presets import load_model
+from models.loading import load_model
 
 
 def predictions(model, tok, task: str, n: int, mode: str = "recurrent-full", n_pairs: int = 100):

@@ -14,7 +14,7 @@ import torch
 from interventions.core import Batch, CausalContext
 from interventions.suite import Suite, first_line_after_positions
 from tasks import resolve_task
-from training.presets import load_model
+from models.loading import load_model
 
 
 def main(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from interventions.core import Batch, CausalContext
 from interventions.suite import first_line_after_positions
 from tasks import resolve_task
-from training.presets import load_model
+from models.loading import load_model
 
 
 def main(model_path: str, task: str, n: int, line: int = 0, positions: int = 16, n_pairs: int = 50) -> None:

@@ -78,16 +78,16 @@ class TaskSource:
     ``load()``, so a refused invocation never runs that code.
     """
 
-    def __init__(self, kind: str, spec: str, *, loaded: _Loaded | None = None, loader: Callable | None = None,
+    def __init__(self, form: str, spec: str, *, loaded: _Loaded | None = None, loader: Callable | None = None,
                  sha256: str | None = None, min_distractors: int = 0):
-        self.kind = kind  # "builtin", "jsonl" or "function"
+        self.form = form  # "builtin", "jsonl" or "function" (written as "kind" by describe())
         self.spec = spec  # as given
         self.sha256 = sha256  # jsonl: digest of the file's bytes
         self.min_distractors = min_distractors  # 1 for the tracking tasks (a pair differs in an update line)
         self._loaded, self._loader = loaded, loader
 
     def __repr__(self) -> str:
-        return f"TaskSource({self.kind!r}, {self.spec!r}{'' if self._loaded else ', not loaded'})"
+        return f"TaskSource({self.form!r}, {self.spec!r}{'' if self._loaded else ', not loaded'})"
 
     def load(self) -> "TaskSource":
         """Import and check a module:function task's code (once); other tasks are loaded already. UserError if bad."""
@@ -117,22 +117,22 @@ class TaskSource:
 
     @property
     def builtin(self) -> bool:
-        return self.kind == "builtin"
+        return self.form == "builtin"
 
     @property
     def fixed(self) -> bool:
         """A fixed dataset (JSONL): n_pairs=None means every pair, and the seed is ignored."""
-        return self.kind == "jsonl"
+        return self.form == "jsonl"
 
     def describe(self) -> dict:
         """JSON-able identity of the task for output metadata."""
-        d = {"kind": self.kind, "spec": self.spec, "name": self.name, "label_words": list(self.label_words)}
+        d = {"kind": self.form, "spec": self.spec, "name": self.name, "label_words": list(self.label_words)}
         if self.sha256 is not None:
             d["sha256"] = self.sha256
         return d
 
     def make(self, n_pairs: int | None, n_distractors: int, seed: int = 0) -> list[Sample]:
-        if self.kind == "builtin":
+        if self.form == "builtin":
             from .generators import make_dataset
 
             return make_dataset(self.name, n_pairs, n_distractors, seed=seed)

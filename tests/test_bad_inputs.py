@@ -151,7 +151,7 @@ def _edit_json(path: Path, fn) -> None:
 
 
 def _load_refused(path, *needles) -> str:
-    from training.presets import load_model
+    from models.loading import load_model
 
     with pytest.raises(UserError) as e:
         load_model(str(path))
@@ -162,7 +162,7 @@ def _load_refused(path, *needles) -> str:
 
 
 def test_pristine_models_load(fbt, hf):
-    from training.presets import load_model
+    from models.loading import load_model
 
     assert load_model(str(fbt))[0].has_fusion and not load_model(str(hf))[0].has_fusion
 

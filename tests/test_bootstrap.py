@@ -1,10 +1,10 @@
-"""common.bootstrap: the one cluster bootstrap behind probe CIs and intervention CIs."""
+"""stats.bootstrap: the one cluster bootstrap behind probe CIs and intervention CIs."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from common.bootstrap import ClusterBootstrap, percentile_ci
+from stats.bootstrap import ClusterBootstrap, percentile_ci
 
 
 def _rows(seed, n_groups=25, string_ids=False):
@@ -17,7 +17,7 @@ def _rows(seed, n_groups=25, string_ids=False):
 
 
 def _former_probe_ci(correct, groups, n_boot, seed):
-    # probes.linear._bootstrap_ci as it was before common.bootstrap (reference for bit-identity)
+    # stats.linear._bootstrap_ci as it was before stats.bootstrap (reference for bit-identity)
     uniq, inv = np.unique(groups, return_inverse=True)
     n_ok = np.bincount(inv, weights=correct.astype(np.float64), minlength=len(uniq))
     n_all = np.bincount(inv, minlength=len(uniq)).astype(np.float64)
@@ -29,7 +29,7 @@ def _former_probe_ci(correct, groups, n_boot, seed):
 
 
 def _former_summarize_ci(v, groups, n_boot, seed):
-    # the CI of a per-row mean inside interventions.metrics.summarize before common.bootstrap
+    # the CI of a per-row mean inside interventions.metrics.summarize before stats.bootstrap
     uniq, inv = np.unique(groups, return_inverse=True)
     G = len(uniq)
     s, n = np.bincount(inv, weights=v, minlength=G), np.bincount(inv, minlength=G).astype(np.float64)

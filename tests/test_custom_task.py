@@ -30,7 +30,7 @@ def test_builtin_specs_are_make_dataset():
 
 def test_jsonl_fixture():
     src = resolve_task(str(JSONL))
-    assert (src.kind, src.name, src.label_words, src.default_distractors) == ("jsonl", "last_write", ("0", "1", "2"),
+    assert (src.form, src.name, src.label_words, src.default_distractors) == ("jsonl", "last_write", ("0", "1", "2"),
                                                                               (1, 2))
     assert src.fixed and len(src.sha256) == 64 and src.describe()["spec"] == str(JSONL)
     whole = src.make(None, 2, 0)
@@ -114,7 +114,7 @@ def test_tokenizer_checks_name_the_task(tmp_path):
 
 def test_function_spec():
     src = resolve_task(FUNC)
-    assert (src.kind, src.name, src.label_words, src.default_distractors) == ("function", "first_bit", ("0", "1"),
+    assert (src.form, src.name, src.label_words, src.default_distractors) == ("function", "first_bit", ("0", "1"),
                                                                               (2, 4))
     s = src.make(5, 2, 0)
     assert len(s) == 10 and s[0].task == "first_bit" and s == src.make(5, 2, 0)

@@ -9,7 +9,7 @@
 
 Tolerances (float32, the same sums added in another order): gradients rtol 1e-4 / atol 1e-6, logged losses
 1e-4 (they are rounded to 5 decimals), weights rtol 1e-4 / atol 1e-5 compared tensor by tensor over exactly what
-the project's weights hash covers (probes.collect.weights_hash: every parameter and buffer, by name, with equal
+the project's weights hash covers (models.fingerprint.weights_hash: every parameter and buffer, by name, with equal
 dtypes and shapes); measured: weights within 1.3e-6, losses equal to the 5th decimal.
 """
 from __future__ import annotations

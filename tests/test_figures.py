@@ -164,7 +164,8 @@ def test_depth_curve_titles_cite_no_paper():
 
 
 def test_directory_mode_writes_plotly_once_and_pages_reference_it(tmp_path):
-    from probes.depth_curves import plotly_js, write_depth_curves
+    from common.plotlyjs import plotly_js
+    from probes.depth_curves import write_depth_curves
 
     a = write_depth_curves(fake_doc(), tmp_path / "a.html")
     js = tmp_path / "plotly.min.js"
@@ -233,7 +234,7 @@ def test_a_failed_page_write_leaves_no_temporary(tmp_path, monkeypatch):
 
 def test_staged_plotly_file_joins_the_run(tmp_path):
     from common.staged import Staged
-    from probes.depth_curves import PLOTLY_JS, plotly_js, stage_plotly_js
+    from common.plotlyjs import PLOTLY_JS, plotly_js, stage_plotly_js
 
     with Staged(tmp_path) as st:  # an interrupted run: nothing lands
         stage_plotly_js(st)
@@ -263,7 +264,7 @@ def test_default_outputs_are_under_the_current_directory(tmp_path, monkeypatch):
 
 def test_checkpoint_search_path(tmp_path, monkeypatch):
     from common.paths import PACKAGE_CHECKPOINTS
-    from training.presets import checkpoint_dir
+    from models.checkpoints import checkpoint_dir
 
     a, b, cwd = tmp_path / "a", tmp_path / "b", tmp_path / "cwd"
     for d in (a / "tiny-fbt", b / "tiny-fbt", b / "only-b", cwd / "checkpoints" / "tiny-std", cwd / "checkpoints" / "x"):

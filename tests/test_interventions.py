@@ -246,7 +246,7 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
     from engine.prefill import pad_left, prefill_many
     from interventions.report import SCHEMA
     from interventions.run import main
-    from training.presets import load_model
+    from models.loading import load_model
     from tasks import dataset_fingerprint, label_token_ids, make_dataset, tokenize_samples
 
     out = tmp_path / "o"
@@ -278,8 +278,8 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
     # --- identity of the run
     assert rep["schema"] == SCHEMA and SCHEMA["name"] == "causal-report" and SCHEMA["version"] >= 2  # v2 fields below
     assert rep["model"]["file_sha256"] == hashlib.sha256((TRACK / "model.safetensors").read_bytes()).hexdigest()
-    from probes.collect import weights_hash
-    from training.presets import load_model
+    from models.fingerprint import weights_hash
+    from models.loading import load_model
 
     assert rep["model"]["weights_sha256"] == weights_hash(load_model(str(TRACK))[0])  # probes.json's definition
     assert (rep["model"]["n_layers"], rep["model"]["d_model"]) == (model.n_layers, model.d_model)

@@ -90,7 +90,7 @@ def test_standard_suffix_patch_equals_a_full_patched_forward(plain_dir):
     """The standard runner reruns only the columns from the first patched one; the result must be the full
     patched forward's (up to float rounding), at every depth and at early and late positions."""
     from tasks import make_dataset
-    from training.presets import load_model
+    from models.loading import load_model
 
     model, tok, _ = load_model(str(plain_dir))
     b = Batch.from_samples(make_dataset("parity", n_pairs=6, n_distractors=3, seed=1), tok, "parity")
@@ -139,7 +139,7 @@ def _small_ctx():
     from pathlib import Path
 
     from tasks import make_dataset
-    from training.presets import load_model
+    from models.loading import load_model
 
     model, tok, _ = load_model(str(Path(__file__).resolve().parent.parent / "checkpoints" / "tiny-fbt-track"))
     b = Batch.from_samples(make_dataset("parity", n_pairs=10, n_distractors=4, seed=0), tok, "parity")
@@ -273,7 +273,7 @@ def test_patches_at_two_depths_in_one_standard_run_equal_a_full_forward(plain_di
     """Two resid patches at different depths in one standard run (the cached-suffix shift would compound): the
     result is the full patched forward's."""
     from tasks import make_dataset
-    from training.presets import load_model
+    from models.loading import load_model
 
     model, tok, _ = load_model(str(plain_dir))
     b = Batch.from_samples(make_dataset("parity", n_pairs=6, n_distractors=3, seed=1), tok, "parity")

@@ -1,5 +1,5 @@
-"""LEACE concept erasure (interventions.erasure): the guarantee held out, the folds, the patch runner, a hand-built
-model with a known answer, the suite rows, the CLIs' flags and their bad input.
+"""LEACE concept erasure (stats.erasure, interventions.erasure): the guarantee held out, the folds, the patch
+runner, a hand-built model with a known answer, the suite rows, the CLIs' flags and their bad input.
 
 Hand-built model (as tests/test_interventions.py's `state_only_model`): every block is the identity, the fusion
 reads only the state (W_G = 0, W_U = I) and the label words' embeddings are C e_0 / C e_1, so the answer at T
@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from interventions.core import Batch, CausalContext, Patch
-from interventions.erasure import (FoldErasers, apply, cross_covariance, fit_eraser, grouped_folds, probe_check,
-                                   run_recording)
+from interventions.erasure import run_recording
 from interventions.metrics import label_ld
 from interventions.subspace import fold_subspaces
 from interventions.suite import Suite
-from probes.linear import ProbeConfig
+from stats.erasure import FoldErasers, apply, cross_covariance, fit_eraser, grouped_folds, probe_check
+from stats.linear import ProbeConfig
 
 from hand_built import C, make_state_only_model, state_batch
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from probes.linear import ProbeConfig
+from stats.linear import ProbeConfig
 from probes.mdl import _neg_log2_prob, block_plan, online_code
 
 

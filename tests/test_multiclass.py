@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from probes.linear import ProbeConfig, check_groups, grouped_cv_score, permute_labels_by_group
+from stats.linear import ProbeConfig, check_groups, grouped_cv_score, permute_labels_by_group
 
 FAST = ProbeConfig(n_boot=200, Cs=(0.1, 1.0))
 
@@ -25,7 +25,7 @@ def three_class_pairs(n_pairs=90, d=16, seed=0):
 def test_softmax_solver_matches_sklearn_narrow_and_wide():
     from sklearn.linear_model import LogisticRegression
 
-    from probes.estimator import RowSpaceLogisticRegression
+    from stats.estimator import RowSpaceLogisticRegression
 
     rng = np.random.default_rng(1)
     for n, d in ((90, 8), (30, 60)):  # d > n: solved in the row space
@@ -89,7 +89,7 @@ def test_check_groups_k_classes():
 
 
 def test_binary_numbers_unchanged():
-    # Values computed with probes.linear before K-class support (the binary path must give them exactly).
+    # Values computed with stats.linear before K-class support (the binary path must give them exactly).
     rng = np.random.default_rng(11)
     groups = np.repeat(np.arange(40), 2)
     y = np.tile([0, 1], 40)

@@ -12,7 +12,7 @@ from common.placement import Placement
 
 
 def test_load_model_places_a_checkpoint_in_bfloat16(tiny_ckpt):
-    from training.presets import load_model
+    from models.loading import load_model
 
     model, _, _ = load_model(str(tiny_ckpt), Placement("cpu", "bfloat16"))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and not model.training
@@ -23,7 +23,7 @@ def test_load_model_places_a_checkpoint_in_bfloat16(tiny_ckpt):
 def test_bfloat16_collection_is_close_to_float32(tiny_ckpt):
     """The same prompts in bf16 and in f32: the collected residuals agree to bf16 precision, not exactly."""
     from probes.collect import Collector
-    from training.presets import load_model
+    from models.loading import load_model
 
     seqs = [[5, 9, 13, 2, 7], [3, 4, 8], [11, 12, 13, 14, 15, 16]]
     out = {}
@@ -66,7 +66,7 @@ def test_refusals_are_one_line(kw, needle):
 
 
 def test_device_map_is_refused_for_a_full_bandwidth_checkpoint(tiny_ckpt):
-    from training.presets import load_model
+    from models.loading import load_model
 
     with pytest.raises(UserError, match="--device-map is for plain HF models"):
         load_model(str(tiny_ckpt), Placement("cpu", "float32", "auto"))
@@ -76,7 +76,7 @@ def test_device_map_is_refused_for_a_full_bandwidth_checkpoint(tiny_ckpt):
                                                           "exercised only where one is present")
 def test_probes_collection_on_cuda_equals_cpu(tiny_ckpt):
     from probes.collect import Collector
-    from training.presets import load_model
+    from models.loading import load_model
 
     seqs = [[5, 9, 13, 2, 7], [3, 4, 8]]
     cpu = Collector(load_model(str(tiny_ckpt))[0], progress=False).collect(seqs, ["recurrent-1"])

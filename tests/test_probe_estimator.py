@@ -1,4 +1,4 @@
-"""probes.estimator.RowSpaceLogisticRegression: a conforming scikit-learn classifier that finds sklearn's optimum,
+"""stats.estimator.RowSpaceLogisticRegression: a conforming scikit-learn classifier that finds sklearn's optimum,
 and composes with Pipeline / GridSearchCV over grouped folds into what LinearProbe fits."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from probes.estimator import RowSpaceLogisticRegression
-from probes.linear import LinearProbe, ProbeConfig
+from stats.estimator import RowSpaceLogisticRegression
+from stats.linear import LinearProbe, ProbeConfig
 
 
 # Every check passes, so nothing is listed as expected to fail. row_space=True sends the checks' (narrow) data
@@ -71,7 +71,7 @@ def test_bad_parameters_raise_at_fit(kw):
 def test_pipeline_and_grid_search_over_groups_reproduce_linear_probe():
     # The library composition LinearProbe is built from: StandardScaler -> solver, C by GridSearchCV over grouped
     # folds, scored by correct predictions per fold. Given the same folds it must fit the same model.
-    from probes.linear import _n_correct
+    from stats.linear import _n_correct
 
     rng = np.random.default_rng(4)
     groups = np.repeat(np.arange(30), 2)

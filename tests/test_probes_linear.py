@@ -1,11 +1,11 @@
-"""probes.linear: the grouped-CV linear probe recovers planted signals, stays at chance on noise."""
+"""stats.linear: the grouped-CV linear probe recovers planted signals, stays at chance on noise."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from common.errors import UserError
-from probes.linear import LinearProbe, ProbeConfig, grouped_cv_score, grouped_cv_scores, permute_labels_by_group
+from stats.linear import LinearProbe, ProbeConfig, grouped_cv_score, grouped_cv_scores, permute_labels_by_group
 
 FAST = ProbeConfig(n_boot=200, Cs=(0.1, 1.0))
 
@@ -150,7 +150,7 @@ def test_wide_problem_solved_in_the_row_space_matches_the_full_newton_and_sklear
     # the same one the full d-dimensional Newton solve and sklearn find.
     from sklearn.linear_model import LogisticRegression
 
-    from probes.estimator import RowSpaceLogisticRegression
+    from stats.estimator import RowSpaceLogisticRegression
 
     rng = np.random.default_rng(3)
     n, d = 40, 120
@@ -174,8 +174,8 @@ def test_c_choice_is_pooled_inner_accuracy_with_ties_to_the_smallest_c():
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from probes.estimator import RowSpaceLogisticRegression
-    from probes.linear import _inner_splits
+    from stats.estimator import RowSpaceLogisticRegression
+    from stats.linear import _inner_splits
     from tasks import make_dataset
 
     s = make_dataset("completion", 40, 0, seed=1)
@@ -203,7 +203,7 @@ def test_c_choice_is_pooled_inner_accuracy_with_ties_to_the_smallest_c():
 
 
 def test_numbers_unchanged_by_the_library_pipeline():
-    # Values computed with probes.linear before it used Pipeline / GridSearchCV / common.bootstrap (K = 3 and a
+    # Values computed with stats.linear before it used Pipeline / GridSearchCV / stats.bootstrap (K = 3 and a
     # wide binary problem; the binary narrow case is pinned in tests/test_multiclass.py).
     rng = np.random.default_rng(0)
     cyc = [(0, 1), (1, 2), (2, 0)]
@@ -228,7 +228,7 @@ def test_probe_exposes_its_library_pipeline():
     from sklearn.pipeline import Pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from probes.estimator import RowSpaceLogisticRegression
+    from stats.estimator import RowSpaceLogisticRegression
 
     X, y, groups, _ = pairs(seed=6)
     X[:, 0] += y

@@ -1,4 +1,4 @@
-"""training.presets.load_model on damaged checkpoints: exactly one clear UserError line, never a traceback.
+"""models.loading.load_model on damaged checkpoints: exactly one clear UserError line, never a traceback.
 
 Every model-loading CLI goes through load_model, so these are the errors those CLIs print (cli_entry: one stderr
 line, exit 2). Each case corrupts a copy of a tiny checkpoint saved with its tokenizer.
@@ -16,7 +16,7 @@ import torch
 
 from common.errors import UserError
 from models.full_bandwidth import FullBandwidthLM, check_finite_weights
-from training.presets import load_model
+from models.loading import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

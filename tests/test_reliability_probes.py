@@ -103,12 +103,12 @@ def test_alias_modes_do_not_shift_labels(tiny_ckpt, tmp_path):
     (["--out", "/proc/x"], "--out /proc/x"),
 ])
 def test_bad_flags_refused_before_any_work(extra, needle, tiny_ckpt, tmp_path, capsys, monkeypatch):
-    import training.presets
+    import models.loading
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the flags were checked")
 
-    monkeypatch.setattr(training.presets, "load_model", no_load)
+    monkeypatch.setattr(models.loading, "load_model", no_load)
     argv = ["--task", "completion", "--model", tiny_ckpt, "--cache-dir", tmp_path / "c", "--out", tmp_path / "o"]
     err = _probes_refused(argv + extra, capsys)
     assert needle in err

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from analysis.evaluate import evaluate
-from training.presets import checkpoint_dir, load_model
+from models.checkpoints import checkpoint_dir
+from models.loading import load_model
 
 CARD = checkpoint_dir("tiny-fbt") / "eval.json"
 

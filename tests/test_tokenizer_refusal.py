@@ -75,7 +75,7 @@ def test_tokenizer_flag_names_a_shipped_one(bare, tmp_path, tokenizer):
     assert probes(["--model", str(bare), "--tokenizer", tokenizer, "--out", str(out), *PROBES]) == 0
     doc = json.loads((out / "probes.json").read_text())
     from models.tokenizers import load_tokenizer_dir
-    from probes.collect import tokenizer_hash
+    from models.fingerprint import tokenizer_hash
 
     assert doc["meta"]["run"]["tokenizer"] == tokenizer_hash(load_tokenizer_dir(SHIPPED))
     assert load_tokenizer_dir(SHIPPED).get_vocab().items() <= build_tokenizer().get_vocab().items()  # task words

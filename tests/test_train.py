@@ -858,7 +858,7 @@ def test_resume_of_a_shipped_copy_says_why(tmp_path, capsys):
 def test_base_fusion_keeps_every_trained_weight(tmp_path):
     """--base-fusion fine-tunes a full-bandwidth checkpoint whole; without it the fusion starts afresh."""
     from training.model import build_model
-    from training.presets import load_model
+    from models.loading import load_model
 
     ship = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-fbt-track"
     shipped = load_model(str(ship))[0]

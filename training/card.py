@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 from common.errors import UserError, cli_entry
+from engine.modes import EVAL_MODES as DEFAULT_EVAL_MODES
 from models.full_bandwidth import FullBandwidthLM
-from analysis.evaluate import DEFAULT_MODES as DEFAULT_EVAL_MODES
 
 
 def eval_table(rows: list[dict], modes: list[str]) -> str:

@@ -23,10 +23,11 @@ import torch
 
 from common.cli import Parser, int_in, output_dir
 from common.errors import UserError, cli_entry
+from models.checkpoints import checkpoint_dir
 from training.config import CHOICES, FLOAT_LIMITS, INT_LIMITS, MAX_STEPS, TrainConfig, bounds_text, float_flag, int_flag
 from training.loop import train
 from training.output import check_output
-from training.presets import PRESETS, checkpoint_dir, get_preset
+from training.presets import PRESETS, get_preset
 
 def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field, derived from the field: --name-with-dashes, its help from the field's

@@ -110,7 +110,7 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
     cfg.check_world(procs.world)  # the CLI refuses this first; a caller of train() may not
     tok = build_tokenizer()
     if cfg.base:
-        from training.presets import load_model
+        from models.loading import load_model
         base, tok, _ = load_model(cfg.base)
         if tok is None:
             raise UserError(f"--base {cfg.base}: no tokenizer found beside the model")

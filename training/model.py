@@ -25,7 +25,7 @@ def _init_gate(model: FullBandwidthLM, cfg: TrainConfig) -> FullBandwidthLM:
 def build_model(cfg: TrainConfig, vocab_size: int, base: str | None = None) -> FullBandwidthLM:
     torch.manual_seed(cfg.seed + cfg.init_offset)  # the data's streams take cfg.seed alone
     if base:
-        from training.presets import load_model
+        from models.loading import load_model
         model, _, _ = load_model(base)
         if cfg.base_fusion:
             if model.fusion is None:

@@ -13,7 +13,7 @@ Experiments (figures + one results.json under --out, default figures/<model>/rec
   c. temperature.html  temperature-only vs recirculation-only vs both (temperatures tuned on the tuning split)
   d. basis.html     z_s injected as is vs after a small rotation vs after a Haar-random orthogonal rotation
   e. cost.html      sequential vs blockwise prefill: wall time, peak RSS increase, tokens/s, perplexity gap
-  f. mediation.html (opt-in, --mediation) on a synthetic task (tasks/): a linear probe (probes.linear.LinearProbe)
+  f. mediation.html (opt-in, --mediation) on a synthetic task (tasks/): a linear probe (stats.linear.LinearProbe)
                     fitted on the base model's depth-s state at the last position of the TRAINING groups gives the
                     task-state direction; recirculation is then applied fully, only within that subspace, only in
                     its orthogonal complement, or only within a random subspace of equal rank; reported: label

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.io import atomic_write
-from probes.depth_curves import include_plotlyjs, write_plotly_js
+from common.plotlyjs import include_plotlyjs, write_plotly_js
 
 
 def html(fig, path: Path, plotly: str = "directory"):

@@ -13,7 +13,7 @@ from common.errors import UserError
 from engine.prefill import pad_left, prefill
 from engine.recirculation import RecirculatedLM
 from interventions.subspace import orthonormal
-from probes.linear import LinearProbe
+from stats.linear import LinearProbe
 from tasks import label_token_ids, make_dataset, tokenize_samples
 
 

@@ -29,7 +29,7 @@ def load(name: str, placement=None):
         build = qwen3_config if name.endswith("qwen3") else gpt2_config
         cfg = build(64, n_layers=4, d_model=32, n_heads=2, **({"n_kv_heads": 1} if name.endswith("qwen3") else {}))
         return placement.place(FullBandwidthLM.from_config(cfg, fusion=False, seed=0)), ByteTokenizer(64), name
-    from training.presets import load_model
+    from models.loading import load_model
 
     model, tok, mname = load_model(name, placement)
     if model.has_fusion:

@@ -6,7 +6,7 @@ Everything is sklearn-style and deterministic: every source of randomness comes 
 Protocol of :func:`grouped_cv_score`
     * outer ``StratifiedGroupKFold(n_splits, shuffle=True, random_state)``: whole groups are held out;
     * inside every outer training fold a :class:`LinearProbe` (``Pipeline``: ``StandardScaler`` ->
-      :class:`probes.estimator.RowSpaceLogisticRegression`) picks its inverse regularization ``C`` from
+      :class:`stats.estimator.RowSpaceLogisticRegression`) picks its inverse regularization ``C`` from
       ``config.Cs`` by an inner grouped CV on that training fold only (the choice ``GridSearchCV`` with the
       :func:`_n_correct` scorer makes, computed directly: :func:`fold_fits`);
     * ``accuracy`` = accuracy of all held-out predictions pooled (every sample is predicted exactly once);
@@ -14,13 +14,13 @@ Protocol of :func:`grouped_cv_score`
     * 95% CI: percentile bootstrap over **groups** (cluster bootstrap): groups are resampled with
       replacement together with all their held-out predictions, because samples of one group (a pair and its
       siblings) are not independent. ``n_boot`` resamples, seeded by ``random_state``
-      (:class:`common.bootstrap.ClusterBootstrap`, shared with the intervention metrics);
+      (:class:`stats.bootstrap.ClusterBootstrap`, shared with the intervention metrics);
     * ``control_accuracy``: the same protocol with the labels permuted at the group level
       (:func:`permute_labels_by_group`): the control task of Hewitt & Liang (2019). Selectivity =
       accuracy - control_accuracy.
 
 K classes: two classes are fitted by exact Newton, K > 2 classes (e.g. shell_game) by class-balanced multinomial
-(softmax) logistic regression (both in the row space of X when it is wide: probes/estimator.py), with the same
+(softmax) logistic regression (both in the row space of X when it is wide: stats/estimator.py), with the same
 grouped CV, C selection, control and bootstrap; chance is 1/K (``ProbeScore.chance``).
 """
 from __future__ import annotations
@@ -34,9 +34,9 @@ from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
-from common.bootstrap import ClusterBootstrap, percentile_ci
+from stats.bootstrap import ClusterBootstrap, percentile_ci
 from common.errors import UserError
-from probes.estimator import RowSpaceLogisticRegression
+from stats.estimator import RowSpaceLogisticRegression
 
 __all__ = ["ProbeConfig", "LinearProbe", "ProbeScore", "grouped_cv_score", "grouped_cv_scores", "check_groups", "permute_labels_by_group"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ClusterBootstrap", "percentile_ci", "PERCENTILES"]
+__all__ = ["ClusterBootstrap", "percentile_ci", "group_bootstrap_ci", "PERCENTILES"]
 
 PERCENTILES = (2.5, 97.5)  # the 95% percentile interval (written out: 100 * (1 - 0.95) / 2 is not exactly 2.5)
 
@@ -51,3 +51,15 @@ def percentile_ci(replicates) -> tuple[float, float] | None:
         return None
     lo, hi = np.percentile(r, PERCENTILES)
     return float(lo), float(hi)
+
+
+def group_bootstrap_ci(values, groups, n_boot: int = 1000, seed: int = 0) -> list[float] | None:
+    """Percentile 95% CI of the mean of per-row `values`, resampling whole groups."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) == 0:
+        return None
+    boot = ClusterBootstrap(groups, n_boot, seed)
+    _, total = boot.sums(v)
+    _, count = boot.sums(np.ones_like(v))
+    ci = percentile_ci(total / count)
+    return None if ci is None else [ci[0], ci[1]]

@@ -16,7 +16,7 @@ solved exactly and mapped back. ``benchmarks/probes.py`` measures it against sci
 
 It is a regular estimator (``get_params``/``set_params``, ``clone``, ``Pipeline``, ``GridSearchCV``; checked by
 scikit-learn's conformance suite in tests/test_probe_estimator.py). There is no randomness, so no
-``random_state``. Standardization is not built in: :class:`probes.linear.LinearProbe` puts a ``StandardScaler``
+``random_state``. Standardization is not built in: :class:`stats.linear.LinearProbe` puts a ``StandardScaler``
 in front of it.
 """
 from __future__ import annotations
@@ -115,9 +115,9 @@ class RowSpaceLogisticRegression(ClassifierMixin, BaseEstimator):
 
     def fit_path(self, X, y, Cs, _validated: bool = False) -> list["RowSpaceLogisticRegression"]:
         """One fitted copy of this estimator per C in ``Cs``, sharing the input checks and the row-space SVD:
-        each equals ``clone(self).set_params(C=C).fit(X, y)`` exactly (the C search of probes.linear and
+        each equals ``clone(self).set_params(C=C).fit(X, y)`` exactly (the C search of stats.linear and
         probes.mdl fits every candidate C on the same standardized fold). ``_validated`` (internal): X is a finite
-        float64 [n, d] array and y a 1-D label array already (probes.linear checked them): scikit-learn's checks,
+        float64 [n, d] array and y a 1-D label array already (stats.linear checked them): scikit-learn's checks,
         which cost more than a small fit, are skipped."""
         return self._fit_path(X, y, [RowSpaceLogisticRegression(C, self.max_iter, self.tol, self.row_space)
                                      for C in Cs], _validated)
@@ -178,7 +178,7 @@ class RowSpaceLogisticRegression(ClassifierMixin, BaseEstimator):
         return self._decision(validate_data(self, X, dtype=np.float64, reset=False))
 
     def _decision(self, X):
-        """decision_function of an already validated float64 array (probes.linear.fold_fits' inner folds)."""
+        """decision_function of an already validated float64 array (stats.linear.fold_fits' inner folds)."""
         if len(self.classes_) == 2:
             return X @ self.coef_[0] + self.intercept_[0]
         return X @ self.coef_.T + self.intercept_

@@ -1,0 +1,58 @@
+"""Greedy decoding after a prefill: the checks every decoding makes and the cached one-token loop.
+
+engine.prefill.generate runs every decoding (std, soft, fused) through these; `greedy` is std decoding alone
+(token embeddings only: the base model's own cached greedy decoding), which engine.recirculation also uses for
+identity mixing. Below both, so neither imports the other for it.
+"""
+from __future__ import annotations
+
+import torch
+
+from common.cpus import sequential_threads
+from common.errors import UserError
+from engine.cache import new_cache
+from engine.inputs import check_inputs, context_length, to_model
+
+
+def check_generation(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) on the model's device; UserError for a negative count, bad inputs, or a run
+    longer than the model's context."""
+    if max_new_tokens < 0:
+        raise UserError(f"max_new_tokens must be >= 0, got {max_new_tokens!r}")
+    check_inputs(model, input_ids, attention_mask, (-1,))
+    input_ids, attention_mask = to_model(model, input_ids, attention_mask)
+    ctx = context_length(model.config)
+    longest = int(attention_mask.sum(-1).max())
+    if ctx is not None and longest + max_new_tokens - 1 > ctx:  # the last new token is never fed back in
+        raise UserError(f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the model's context ({ctx})")
+    return input_ids, attention_mask
+
+
+def greedy_steps(model, out, cache, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
+                 fed: bool) -> torch.Tensor:
+    """New token ids [batch, max_new_tokens] after a prefill `out` (its logits and top state at the last column)
+    and its KV `cache`; `fed`: every new token is fused with the previous top state (soft, fused), else token
+    embeddings only (std)."""
+    prev, logits = out.top[:, -1], out.logits[:, -1]
+    mask = attention_mask
+    new = []
+    with sequential_threads():  # one-token decoding steps: 1 thread (common.cpus)
+        for step in range(max_new_tokens):
+            tok = logits.argmax(-1)  # [batch]
+            new.append(tok)
+            if step == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            state = prev[:, None] if fed else None
+            out = model(tok[:, None], mask, state=state, cache=cache, use_cache=True)
+            prev, logits = out.top[:, -1], out.logits[:, -1]
+    return torch.stack(new, dim=1) if new else input_ids.new_zeros((input_ids.shape[0], 0))
+
+
+@torch.no_grad()
+def greedy(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """std decoding: the model's cached greedy decoding on token embeddings. New token ids [batch, max_new_tokens]."""
+    input_ids, attention_mask = check_generation(model, input_ids, attention_mask, max_new_tokens)
+    out = model(input_ids, attention_mask, cache=new_cache(), use_cache=True)
+    return greedy_steps(model, out, out.cache, input_ids, attention_mask, max_new_tokens, fed=False)

@@ -1,0 +1,15 @@
+"""What a prefill returns, in every mode (engine.prefill and engine.recirculation both build it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PrefillResult:
+    mode: str
+    positions: tuple[int, ...]  # negative offsets from the end
+    logits: torch.Tensor  # [batch, n_pos, vocab]
+    top: torch.Tensor  # [batch, n_pos, d_model] post-final-norm state (fed back at the next position)
+    resid: torch.Tensor | None = None  # [batch, n_pos, L+1, d_model] residual stream at every depth

@@ -1,0 +1,196 @@
+"""Architecture families: where each kind of HF causal LM keeps its blocks, norm, embedding and head.
+
+One small frozen adapter per family says, for the models of the `model_type`s it covers:
+    blocks        the decoder blocks (an nn.ModuleList), relative to `lm.base_model`
+    final_norm    the norm between the last block and the LM head, relative to `lm.base_model`
+    embedding     the input token embedding, relative to `lm.base_model`
+    head          the LM head, relative to the causal LM (`lm`)
+    attn / mlp    the attention and MLP modules inside a block
+    attn_out      the attention's output projection inside `attn` (o_proj / c_proj / dense): its *input* is the
+                  concatenation of the heads' outputs [.., n_heads * head_dim], the per-head site
+    depth / width / heads / head_dim / context   the config fields that give them (GPT-2 spells them n_layer,
+                  n_embd, n_head, n_positions)
+    windows       per-layer attention windows from `layer_types` and `sliding_window` (HF's meaning: a sliding
+                  layer's position attends to itself and the `sliding_window - 1` before it); None = full causal
+    logit_softcap the config field of a final logit soft-cap (Gemma 2/3: logits = c * tanh(logits / c))
+    attention_masks  a custom 4-D mask pattern with each layer's window applied (HF uses a 4-D mask as given)
+
+Semantics the engine relies on and every family here shares: the decoder blocks take the residual stream as
+their first argument (positionally or as `hidden_states`) and return it as a tensor (transformers 5; a tuple's
+first element is accepted by engine/hooks.py), `base_model(inputs_embeds=..., attention_mask=...,
+position_ids=..., cache=..., use_cache=...)` runs them, and a 4-D float attention mask is used as given. What a
+family adds inside the base model before block 0 (GPT-2's learned position embedding; Gemma's sqrt(width) scale
+lives in its embedding module) is part of depth 0, the vector entering block 0.
+
+`family_of(model_or_config)` returns the adapter of a causal LM, a FullBandwidthLM, an HF config or a config
+dict; any other `model_type` is refused in one line naming the supported families. docs/design.md, "Extending",
+says how to add a family.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from common.errors import UserError
+
+
+def _field(config, key):
+    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+
+
+def _path(root: nn.Module, path: str, what: str, family: str) -> nn.Module:
+    obj = root
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise UserError(f"the {family} family adapter finds no {what} at `{path}` of {type(root).__name__}")
+    return obj
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    blocks: str = "layers"
+    final_norm_path: str = "norm"
+    embedding_path: str = "embed_tokens"
+    head_path: str = "lm_head"
+    attn_path: str = "self_attn"
+    mlp_path: str = "mlp"
+    attn_out_path: str = "o_proj"
+    depth_field: str = "num_hidden_layers"
+    width_field: str = "hidden_size"
+    heads_field: str = "num_attention_heads"
+    context_field: str = "max_position_embeddings"
+    logit_softcap_field: str | None = None
+    positions: str = "rotary"  # how positions enter: "rotary" (in attention) or "learned" (added before block 0)
+
+    # ----- modules ------------------------------------------------------------------------------------------
+    def layers(self, lm) -> nn.ModuleList:
+        layers = _path(lm.base_model, self.blocks, "decoder blocks", self.name)
+        if not isinstance(layers, nn.ModuleList):
+            raise UserError(f"the {self.name} family adapter expects the decoder blocks of {type(lm).__name__} at "
+                            f"`{self.blocks}` to be a ModuleList, got {type(layers).__name__}")
+        return layers
+
+    def final_norm(self, lm) -> nn.Module:
+        return _path(lm.base_model, self.final_norm_path, "final norm", self.name)
+
+    def embedding(self, lm) -> nn.Module:
+        return _path(lm.base_model, self.embedding_path, "input embedding", self.name)
+
+    def head(self, lm) -> nn.Module:
+        return _path(lm, self.head_path, "LM head", self.name)
+
+    def attention(self, block: nn.Module) -> nn.Module:
+        return _path(block, self.attn_path, "attention module", self.name)
+
+    def mlp(self, block: nn.Module) -> nn.Module:
+        return _path(block, self.mlp_path, "MLP module", self.name)
+
+    def attn_out(self, block: nn.Module) -> nn.Module:
+        """The attention's output projection; its input [.., heads * head_dim] holds head h at
+        [h * head_dim, (h + 1) * head_dim) (GPT-2's c_proj is a Conv1D: weight [in, out])."""
+        return _path(self.attention(block), self.attn_out_path, "attention output projection", self.name)
+
+    def embed_scale(self, lm) -> float:
+        """The factor the embedding module multiplies its rows by (Gemma: sqrt(width); else 1)."""
+        scale = getattr(self.embedding(lm), "embed_scale", None)
+        return 1.0 if scale is None else float(scale)
+
+    def logits(self, lm, top: torch.Tensor) -> torch.Tensor:
+        """The causal LM's logits from its post-final-norm state: the head, then the family's soft-cap if any."""
+        logits = self.head(lm)(top)
+        cap = _field(lm.config, self.logit_softcap_field) if self.logit_softcap_field else None
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    # ----- config fields ------------------------------------------------------------------------------------
+    def depth(self, config) -> int:
+        return _field(config, self.depth_field)
+
+    def width(self, config) -> int:
+        return _field(config, self.width_field)
+
+    def heads(self, config) -> int:
+        return _field(config, self.heads_field)
+
+    def head_dim(self, config) -> int:
+        return _field(config, "head_dim") or self.width(config) // self.heads(config)
+
+    def context(self, config) -> int | None:
+        return _field(config, self.context_field)
+
+    def windows(self, config) -> list[int | None]:
+        """Per-layer attention window (HF's `sliding_window`), None for full causal attention."""
+        window, types = _field(config, "sliding_window"), _field(config, "layer_types")
+        n = self.depth(config)
+        if types:
+            return [window if t == "sliding_attention" else None for t in types]
+        return [window] * n
+
+    def attention_masks(self, config, allowed: torch.Tensor, q_cols: torch.Tensor, k_cols: torch.Tensor,
+                        dtype: torch.dtype):
+        """`attention_mask` for a custom pattern: `allowed` bool [batch, q, k] over queries and keys that are the
+        prompt columns q_cols [q] and k_cols [k] (a column may appear twice, e.g. recirculation's two branches).
+
+        HF uses a 4-D mask as given, in every layer, so a sliding layer would attend to the whole pattern; here
+        each layer's window is applied as HF applies it (a key more than window - 1 columns before its query is
+        masked). Returns one additive float mask [batch, 1, q, k] (0 allowed, dtype's finite min masked) when
+        every layer has the same window, else {layer type: mask}, the form models with `layer_types` take."""
+        windows = self.windows(config)
+        lag = q_cols.to(allowed.device)[:, None] - k_cols.to(allowed.device)[None, :]  # [q, k]
+
+        def mask(window):
+            ok = allowed if window is None else allowed & (lag < window)[None]
+            m = torch.zeros(ok.shape, dtype=dtype, device=ok.device)
+            m.masked_fill_(~ok, torch.finfo(dtype).min)
+            return m[:, None]
+
+        if len(set(windows)) == 1:
+            return mask(windows[0])
+        types = _field(config, "layer_types")
+        return {t: mask(w) for t, w in dict(zip(types, windows)).items()}
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", ("llama", "mistral")),
+    Family("qwen", ("qwen2", "qwen3")),
+    Family("gpt2", ("gpt2",), blocks="h", final_norm_path="ln_f", embedding_path="wte", attn_path="attn",
+           attn_out_path="c_proj", depth_field="n_layer", width_field="n_embd", heads_field="n_head",
+           context_field="n_positions", positions="learned"),
+    Family("gpt_neox", ("gpt_neox",), final_norm_path="final_layer_norm", embedding_path="embed_in",
+           attn_path="attention", attn_out_path="dense"),
+    Family("gemma", ("gemma", "gemma2", "gemma3_text"), logit_softcap_field="final_logit_softcapping"),
+)
+_BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+
+
+def supported() -> str:
+    """The supported families and their model types, for messages."""
+    return "; ".join(f"{f.name} ({', '.join(f.model_types)})" for f in FAMILIES)
+
+
+def model_type_of(model_or_config) -> str | None:
+    obj = model_or_config
+    if isinstance(obj, dict):
+        return obj.get("model_type")
+    obj = getattr(obj, "lm", obj)  # a FullBandwidthLM: its wrapped causal LM
+    obj = getattr(obj, "config", obj)
+    return getattr(obj, "model_type", None)
+
+
+def family_of(model_or_config) -> Family:
+    """The family adapter of a causal LM, a FullBandwidthLM, an HF config or a config dict; UserError (one line)
+    for a model type no family covers."""
+    model_type = model_type_of(model_or_config)
+    family = _BY_TYPE.get(model_type)
+    if family is None:
+        raise UserError(f"unsupported model family (model_type {model_type!r}): supported are {supported()}")
+    return family
+
+
+__all__ = ["Family", "FAMILIES", "family_of", "model_type_of", "supported"]

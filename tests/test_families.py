@@ -1,0 +1,319 @@
+"""Any HF causal LM (issue 38, item 4): the architecture families of models/families.py on tiny random-weight
+models built here (no download) of the Llama, Qwen3, GPT-2, GPT-NeoX and Gemma families.
+
+Per family: loading a `save_pretrained` folder by path; the engine's residual record at every depth equals HF's
+`output_hidden_states` (depth L before the final norm, HF's last entry after it); recirculation at alpha 0 is the
+base model and its blockwise passes >= T equal the exact sequential run; interventions.run (standard and
+recirculation), probes.run and analysis.evaluate run on the folder by path; FullBandwidthLM wraps the model and
+runs recurrent-full; an unsupported family is refused in one line naming the supported ones. Sliding windows survive
+a custom 4-D mask through Family.attention_masks."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from common.errors import UserError
+from models.families import FAMILIES, family_of
+
+FAMILY_NAMES = ("llama", "qwen3", "gpt2", "gpt_neox", "gemma3_text")  # one model type per family, end to end
+IN_PROCESS = FAMILY_NAMES + ("gemma", "gemma2")  # Gemma 1 (no window) and 2 (final soft-cap) in the cheap tests
+
+
+def tiny_config(model_type: str, vocab: int, **kw):
+    """A 2-block, width-32 config of this model type; `kw` overrides (e.g. a sliding window)."""
+    from transformers import AutoConfig
+
+    common = dict(vocab_size=vocab, initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if model_type == "gpt2":
+        args = dict(n_embd=32, n_layer=2, n_head=4, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    else:
+        args = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    max_position_embeddings=256)
+        if model_type != "gpt_neox":
+            args.update(num_key_value_heads=2, head_dim=8)
+    return AutoConfig.for_model(model_type, **{**common, **args, **kw})
+
+
+def tiny_lm(model_type: str, vocab: int = 64, seed: int = 0, **kw):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(tiny_config(model_type, vocab, **kw)).eval()
+
+
+def load(path):
+    """The suite's loader, wherever it lives (models.loading once moved, training.presets before)."""
+    try:
+        from models.loading import load_model
+    except ImportError:
+        from training.presets import load_model
+    return load_model(str(path))
+
+
+def batch():
+    from engine.inputs import pad_left
+
+    return pad_left([[5, 9, 2, 7, 3, 11, 4, 8], [6, 1, 12, 3, 10], [7, 7, 2]])  # left-padded, 8 columns
+
+
+@pytest.fixture(scope="module", params=FAMILY_NAMES)
+def saved(request, tmp_path_factory):
+    """(model type, folder): a plain HF causal LM saved with save_pretrained beside the task tokenizer."""
+    from models.full_bandwidth import save_tokenizer
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    path = tmp_path_factory.mktemp(request.param)
+    tiny_lm(request.param, len(tok.get_vocab())).save_pretrained(str(path))
+    save_tokenizer(tok, path)
+    return request.param, path
+
+
+# ----- the registry ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model_type", IN_PROCESS)
+def test_the_adapter_finds_every_part(model_type):
+    from models.full_bandwidth import FullBandwidthLM, decoder_layers
+
+    lm = tiny_lm(model_type)
+    fam = family_of(lm)
+    assert family_of(lm.config) is fam and family_of(lm.config.to_dict()) is fam and model_type in fam.model_types
+    assert family_of(FullBandwidthLM(lm, fusion=False)) is fam
+    assert decoder_layers(lm) is fam.layers(lm) and len(fam.layers(lm)) == fam.depth(lm.config) == 2
+    assert fam.width(lm.config) == 32 and fam.heads(lm.config) == 4 and fam.head_dim(lm.config) == 8
+    assert fam.embedding(lm) is lm.get_input_embeddings() and fam.head(lm) is lm.get_output_embeddings()
+    assert fam.context(lm.config) == 256 and len(fam.windows(lm.config)) == 2
+    names = {m: n for n, m in lm.named_modules()}
+    for block in fam.layers(lm):
+        attn, mlp, out = fam.attention(block), fam.mlp(block), fam.attn_out(block)
+        assert names[attn].endswith(fam.attn_path) and names[mlp].endswith(fam.mlp_path)
+        in_features = out.weight.shape[0] if model_type == "gpt2" else out.in_features  # GPT-2: Conv1D [in, out]
+        assert in_features == fam.heads(lm.config) * fam.head_dim(lm.config)  # the per-head site: o_proj's input
+    assert names[fam.final_norm(lm)].split(".")[-1] == fam.final_norm_path
+
+
+def test_an_unsupported_family_is_refused_in_one_line(tmp_path):
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from models.full_bandwidth import FullBandwidthLM, save_tokenizer
+    from tasks import build_tokenizer
+
+    cfg = OPTConfig(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                    word_embed_proj_dim=32, max_position_embeddings=64)
+    with pytest.raises(UserError) as e:
+        family_of(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and "'opt'" in msg and all(f.name in msg for f in FAMILIES)
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    cfg.vocab_size = len(tok.get_vocab())
+    lm = OPTForCausalLM(cfg).eval()
+    with pytest.raises(UserError, match="unsupported model family"):
+        FullBandwidthLM(lm, fusion=False)
+    lm.save_pretrained(str(tmp_path / "opt"))
+    save_tokenizer(tok, tmp_path / "opt")
+    with pytest.raises(UserError) as e:
+        load(tmp_path / "opt")
+    assert "\n" not in str(e.value) and "supported are llama" in str(e.value)
+
+
+def test_an_unsupported_family_is_one_line_from_the_cli(tmp_path, capsys):
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from interventions.run import main
+    from models.full_bandwidth import save_tokenizer
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    OPTForCausalLM(OPTConfig(vocab_size=len(tok.get_vocab()), hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                             num_attention_heads=4, word_embed_proj_dim=32)).save_pretrained(str(tmp_path / "opt"))
+    save_tokenizer(tok, tmp_path / "opt")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(tmp_path / "opt"), "--mode", "standard", "--task", "parity", "--n-pairs", "10",
+              "--control-model", "none", "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.count("\n") == 0 and "unsupported model family" in err and "gpt_neox" in err
+    assert not (tmp_path / "o").exists()
+
+
+# ----- loading, recording, recirculation, the fusion wrapper (in process) -------------------------------------
+def test_a_saved_folder_loads_by_path(saved):
+    model_type, path = saved
+    model, tok, name = load(path)
+    assert tok is not None and name == path.name and not model.has_fusion
+    assert model.config.model_type == model_type and model.n_layers == 2 and model.d_model == 32
+    assert family_of(model) is family_of(model.lm.config)
+
+
+@pytest.mark.parametrize("model_type", IN_PROCESS)
+def test_the_residual_record_is_hf_hidden_states(model_type):
+    """Depths 0..L-1 are HF's hidden_states[0..L-1]; depth L is the last block's raw output, whose final norm is
+    HF's hidden_states[L]; the logits are HF's (Gemma 2's final soft-cap included). HF is given the engine's
+    positions: by default it numbers the columns of a left-padded row from 0 at the padding (GPT-2's learned
+    positions would differ; rotary ones only shift)."""
+    from engine.prefill import prefill
+    from models.full_bandwidth import FullBandwidthLM, positions_from_mask
+    from probes.lens import final_norm, lens_logits
+
+    lm = tiny_lm(model_type)
+    model = FullBandwidthLM(lm, fusion=False).eval()
+    ids, mask = batch()
+    T, L, real = ids.shape[1], model.n_layers, mask.bool()
+    res = prefill(model, ids, mask, "standard", positions=tuple(range(-T, 0)), collect=True)
+    with torch.no_grad():
+        hf = lm(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask, T),
+                output_hidden_states=True)
+        normed = final_norm(lm)(res.resid[:, :, L])
+    assert res.resid.shape == (3, T, L + 1, 32)
+    for d in range(L):
+        assert (res.resid[:, :, d] - hf.hidden_states[d])[real].abs().max() <= 1e-5, d
+    assert (normed - hf.hidden_states[L])[real].abs().max() <= 1e-5
+    assert (res.logits - hf.logits)[real].abs().max() <= 1e-4
+    assert (lens_logits(model, res.resid[:, :, L]) - hf.logits)[real].abs().max() <= 1e-4  # the lens at L: the output
+
+
+@pytest.mark.parametrize("model_type", IN_PROCESS)
+def test_recirculation_on_every_family(model_type):
+    """alpha = 0 is the base model (bit for bit through the identity short-circuit, to float rounding through the
+    machinery); alpha > 0 changes the output, and blockwise with passes >= T equals the exact sequential run."""
+    from engine.prefill import prefill
+    from engine.recirculation import RecirculatedLM, parse_recirculate
+    from models.full_bandwidth import FullBandwidthLM
+
+    model = FullBandwidthLM(tiny_lm(model_type), fusion=False).eval()
+    ids, mask = batch()
+    T, real = ids.shape[1], mask.bool()
+    std = prefill(model, ids, mask, "standard", positions=tuple(range(-T, 0)), collect=True)
+    zero = parse_recirculate("2:1:0", model.n_layers)
+    out = RecirculatedLM(model, zero).prefill(ids, mask, collect=True)
+    assert torch.equal(out.logits, std.logits) and torch.equal(out.resid, std.resid)
+    slow = RecirculatedLM(model, zero, bypass_identity=False).prefill(ids, mask, collect=True)
+    assert (slow.logits - std.logits)[real].abs().max() <= 1e-4
+    assert (slow.resid - std.resid)[real].abs().max() <= 1e-4
+    rlm = RecirculatedLM(model, parse_recirculate("2:1:0.5", model.n_layers))
+    seq = rlm.prefill(ids, mask, method="sequential", collect=True)
+    blk = rlm.prefill(ids, mask, method="blockwise", passes=T, collect=True)
+    assert (seq.logits - std.logits)[real].abs().max() > 1e-3  # it does something
+    assert (seq.logits - blk.logits)[real].abs().max() <= 1e-4
+    assert (seq.resid - blk.resid)[real].abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("model_type", IN_PROCESS)
+def test_full_bandwidth_wrapper_runs_recurrent_full(model_type):
+    """FullBandwidthLM(lm, fusion=True): recurrent-full runs and its logits are finite; the fused input starts at the
+    scale of the embedding as the model's embedding module returns it (Gemma's sqrt(width) included)."""
+    from engine.prefill import prefill
+    from models.full_bandwidth import FullBandwidthLM
+
+    lm = tiny_lm(model_type)
+    torch.manual_seed(1)
+    model = FullBandwidthLM(lm, fusion=True).eval()
+    ids, mask = batch()
+    res = prefill(model, ids, mask, "recurrent-full", positions=(-2, -1), collect=True)
+    assert torch.isfinite(res.logits).all() and torch.isfinite(res.resid).all()
+    assert res.resid.shape == (3, 2, 3, 32)
+    with torch.no_grad():
+        emb = lm.get_input_embeddings()(torch.arange(64))
+    assert float(model.fusion.norm.weight[0].detach()) == pytest.approx(float(emb.pow(2).mean().sqrt()), rel=1e-4)
+
+
+# ----- sliding windows under a custom 4-D mask ----------------------------------------------------------------
+WINDOWED = [("gemma3_text", dict(sliding_window=3, layer_types=["sliding_attention", "full_attention"])),
+            ("mistral", dict(sliding_window=3)), ("qwen3", dict(sliding_window=3, use_sliding_window=True,
+                                                                max_window_layers=0, layer_types=None))]
+
+
+@pytest.mark.parametrize("model_type, kw", WINDOWED)
+def test_custom_masks_keep_each_layers_window(model_type, kw):
+    """HF uses a 4-D mask as given, in every layer: Family.attention_masks applies each layer's window to a custom
+    pattern, so the causal pattern through it is HF's own windowed forward."""
+    from models.full_bandwidth import positions_from_mask
+
+    def _float_mask(allowed, dtype):  # one mask for every layer: the window lost
+        m = torch.zeros(allowed.shape, dtype=dtype)
+        m.masked_fill_(~allowed, torch.finfo(dtype).min)
+        return m[:, None]
+
+    lm = tiny_lm(model_type, **kw)
+    fam = family_of(lm)
+    assert any(w == 3 for w in fam.windows(lm.config))
+    ids, mask = batch()
+    T = ids.shape[1]
+    pos = positions_from_mask(mask, T)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None] & mask.bool()[:, None, :]
+    with torch.no_grad():
+        ref = lm.base_model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+        masks = fam.attention_masks(lm.config, causal, torch.arange(T), torch.arange(T), torch.float32)
+        got = lm.base_model(input_ids=ids, attention_mask=masks, position_ids=pos).last_hidden_state
+        blind = lm.base_model(input_ids=ids, attention_mask=_float_mask(causal, torch.float32),
+                              position_ids=pos).last_hidden_state
+    real = mask.bool()
+    assert (got - ref)[real].abs().max() <= 1e-5
+    assert (blind - ref)[real].abs().max() > 1e-3  # without the window the model is another one
+
+
+@pytest.mark.parametrize("model_type, kw", WINDOWED[:2])
+def test_recirculation_keeps_sliding_windows(model_type, kw):
+    from engine.recirculation import RecirculatedLM, parse_recirculate
+    from models.full_bandwidth import FullBandwidthLM
+
+    model = FullBandwidthLM(tiny_lm(model_type, **kw), fusion=False).eval()
+    ids, mask = batch()
+    zero = parse_recirculate("2:1:0", 2)
+    base = RecirculatedLM(model, zero).prefill(ids, mask)
+    for method in ("sequential", "blockwise"):
+        slow = RecirculatedLM(model, zero, bypass_identity=False).prefill(ids, mask, method=method, passes=1)
+        assert (slow.logits - base.logits)[mask.bool()].abs().max() <= 1e-4, method
+
+
+# ----- the command lines, on the saved folder by path ---------------------------------------------------------
+@pytest.mark.parametrize("mode", ["standard", "recirc-2:1:0.5"])
+def test_interventions_run_by_path(saved, tmp_path, mode):
+    from interventions.run import main
+
+    model_type, path = saved
+    out = tmp_path / "o"
+    assert main(["--task", "parity", "--model", str(path), "--mode", mode, "--n-pairs", "10",
+                 "--distractors", "3", "--max-positions", "2" if mode != "standard" else "0",
+                 "--control-model", "none", "--out", str(out), "--no-progress"]) == 0
+    rep = json.loads((out / "causal_report.json").read_text())
+    assert rep["model"]["n_layers"] == 2
+    if mode == "standard":
+        assert rep["verdict"]["label"] == "not applicable (no feedback)"
+        lp = rep["results"]["layer_patching"]
+        assert lp["standard"]["normalized_effect"][-1][-1] == pytest.approx(1.0, abs=1e-4), model_type
+    else:  # the recirculated state is a fed state: the battery runs on it
+        assert rep["results"]["interventions"] and rep["results"]["dose"] is not None, model_type
+
+
+def test_evaluate_by_path(saved, tmp_path):
+    from analysis.evaluate import main
+
+    model_type, path = saved
+    out = tmp_path / "eval.json"
+    main(["--model", str(path), "--tasks", "completion", "--distractors", "0", "--modes", "standard,recirc-2:1:0.5",
+          "--n-pairs", "5", "--out", str(out), "--no-progress"])
+    rows = json.loads(out.read_text())["results"]
+    assert [r["mode"] for r in rows] == ["standard", "recirc-2:1:0.5:convex"], model_type
+    assert all(r["n_samples"] == 10 and 0 <= r["accuracy"] <= 1 for r in rows)
+
+
+def test_probes_run_by_path(saved, tmp_path):
+    """Standard and a recirculated mode: the normal branch equals standard up to the target depth."""
+    import numpy as np
+
+    from probes.run import main
+
+    model_type, path = saved
+    out = tmp_path / "p"
+    assert main(["--task", "completion", "--model", str(path), "--out", str(out), "--recirculate", "2:1:0.5",
+                 "--n-pairs", "10", "--distractors", "0", "--n-boot", "20", "--no-progress", "--no-cache",
+                 "--save-activations"]) == 0
+    doc = json.loads((out / "probes.json").read_text())
+    assert {r["mode"] for r in doc["results"]} == {"standard", "recirc-2:1:0.5:convex"}
+    std = np.load(out / "activations" / "N0_standard.npz")["resid"]
+    rec = np.load(out / "activations" / "N0_recirc-2:1:0.5:convex.npz")["resid"]
+    assert std.shape[1:] == (3, 32) and np.abs(std[:, :2] - rec[:, :2]).max() <= 1e-5, model_type
