@@ -11,7 +11,7 @@ position sweep's time per patched position / one recurrent-full run: the budget 
 reruns T - t cached steps from the shared clean prefix, about half a run on average).
 `standard_patch_full_vs_suffix`: a residual patch under standard prefill at each of the last 8 positions (and
 all depths), timed two ways side by side, interleaved: a whole patched forward (the routine before the cached
-suffix) / the suffix from the clean cache (interventions.core._Standard). The last line of stdout is one JSON
+suffix) / the suffix from the clean cache (engine.patching.StandardPatcher). The last line of stdout is one JSON
 object.
 """
 from __future__ import annotations
@@ -76,7 +76,8 @@ def main(argv=None) -> int:
         rtimes.append(time.perf_counter() - t)
     rfull = statistics.median(rtimes)
     # standard-prefill residual patches: a whole patched forward vs the cached suffix, interleaved
-    from interventions.core import CausalContext, Patch, _hooks
+    from engine.patching import Patch, _hooks
+    from interventions.core import CausalContext
 
     ctx = CausalContext(model, batch, modes=("standard",), check_engine=False)
     r = ctx.runners["standard"]

@@ -141,10 +141,11 @@ def maybe_record(model: FullBandwidthLM, collect: bool):
 
 
 def put_columns(h: torch.Tensor, items) -> torch.Tensor:
-    """A copy of h [batch, cols, D] with column c replaced by value [batch, D] for each (c, value)."""
+    """A copy of h [batch, cols, D] with column c replaced by value [batch, D] for each (c, value); a value may
+    be an engine.edits object, applied to the column's current value."""
     h = h.clone()
     for c, v in items:
-        h[:, c] = v.to(h.dtype)
+        h[:, c] = v(h[:, c]) if callable(v) else v.to(h.dtype)
     return h
 
 

@@ -58,6 +58,23 @@ class Mode:
         recirculation's z_{t-1,s}): what the causal battery's fed-state analyses patch."""
         return self.kind != "standard"
 
+    @property
+    def is_recirculation(self) -> bool:
+        return self.kind == "recirc"
+
+    @property
+    def fed_top_source(self) -> str | None:
+        """The mode whose top state at T-1 is the state fed into T (None: no top state is fed).
+
+        recurrent-k: its own run (the recurrence feeds the previous column's top state of the same run);
+        fused-n: pass n fuses pass n-1's top states, i.e. fused-(n-1) (fused-0 = standard); recirculation feeds
+        a source-depth state, not a top state."""
+        if self.kind == "recurrent":
+            return self.name
+        if self.kind == "fused":
+            return "standard" if self.n == 1 else f"fused-{self.n - 1}"
+        return None
+
     def fed_positions(self, T: int) -> list[int]:
         """Negative offsets (-1 = T) of the positions that take a fed state in prompts of T columns."""
         if self.kind == "standard":

@@ -1,5 +1,5 @@
 """What the patching routine works on: a paired batch (Batch), a patch (Patch: site, value, depth, position,
-pass) and a run's output (RunOut). Sites and positions are described in interventions/core.py."""
+pass) and a run's output (RunOut), the last two from engine.patching, where sites and positions are described."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,16 +8,10 @@ import numpy as np
 import torch
 
 from common.errors import UserError
+from engine.patching import BLOCK_SITES, SITES, Patch, RunOut, pos_name  # noqa: F401  (the routine's arguments)
 
-SITES = ("state", "fused", "resid", "attn_out", "mlp_out", "head")
-BLOCK_SITES = ("attn_out", "mlp_out", "head")  # inside block `layer` (engine.hooks.on_block)
 MODES = ("standard", "recurrent-1")  # the default modes of a CausalContext
 POSITIONS = (-2, -1)  # T-1, T (kept for callers of the first version)
-
-
-def pos_name(pos: int) -> str:
-    """-1 -> 'T', -3 -> 'T-2'."""
-    return "T" if pos == -1 else f"T{pos + 1}"
 
 
 POS_NAMES = {-2: "T-1", -1: "T"}
@@ -117,45 +111,3 @@ class Batch:
         return cls(input_ids, mask, torch.tensor([s.label for s in samples]), torch.tensor(pair),
                    np.array([s.group_id for s in samples]), tuple(src.label_token_ids(tokenizer, samples[0].text)),
                    None if any(d is None for d in dl) else np.array(dl), line.numpy())
-
-
-@dataclass(frozen=True)
-class Patch:
-    """Replace the activation at `site` (and `depth` for resid), column `pos`, by `value` [B, D], row by row.
-
-    Block sites (`attn_out`, `mlp_out`, `head`) name block `layer` (0-based, TransformerLens' blocks.{layer});
-    `head` the head whose output (value [B, head_dim], before the output projection) is replaced.
-    `pass_`: fused-n only, the Jacobi pass (None = the last); ignored by the other modes. `rows` (state patches
-    only): a bool [B] mask of the rows patched, the others left as the run has them (several patches at
-    different positions then patch each row at its own position in one run)."""
-
-    site: str
-    value: torch.Tensor
-    depth: int = 0
-    pos: int = -1
-    pass_: int | None = None
-    rows: torch.Tensor | None = None
-    layer: int | None = None
-    head: int | None = None
-
-    def __post_init__(self):
-        if self.site not in SITES:
-            raise UserError(f"unknown patch site {self.site!r} (use one of {', '.join(SITES)})")
-        if isinstance(self.pos, bool) or not isinstance(self.pos, int) or self.pos >= 0:
-            raise UserError(f"patch position must be a negative column offset (-1 = T), got {self.pos!r}")
-        if self.pass_ is not None and (not isinstance(self.pass_, int) or self.pass_ < 0):
-            raise UserError(f"patch pass must be a non-negative integer, got {self.pass_!r}")
-        if (self.site in BLOCK_SITES) != (self.layer is not None) or (self.site == "head") != (self.head is not None):
-            raise UserError("attn_out / mlp_out / head patches need `layer` (head patches also `head`); other "
-                            "sites take neither")
-        if self.rows is not None and (self.site != "state" or self.rows.dtype != torch.bool
-                                      or tuple(self.rows.shape) != (self.value.shape[0],)):
-            raise UserError("patch rows must be a bool [batch] mask, and only on state patches")
-
-
-@dataclass
-class RunOut:
-    logits: torch.Tensor  # [B, V] at T
-    top: torch.Tensor | None = None  # clean runs: [B, T, D] top state at every column (last pass for fused-n)
-    resid: torch.Tensor | None = None  # clean runs: [B, T, L+1, D] residual stream (last pass for fused-n)
-    reads: dict = field(default_factory=dict)

@@ -1,7 +1,8 @@
 """causal_report.{json,md,html}: the verdict sentence, tables, and Plotly figures (the page loads plotly.min.js
 from its folder by default: interventions.run --plotly).
 
-JSON schema {"name": "causal-report", "version": 6}. Version 6 names the two readings of a "flip" apart:
+JSON schema {"name": "causal-report", "version": 7}. Version 7 adds recirculation modes (results.state_words: how the
+report names the mechanism's fed state, z_{t-1,s} under recirculation). Version 6 names the two readings of a "flip" apart:
 <metrics>.flip_rate is now follows_donor_rate (the prediction is the donor's label, over the n_donor_rows rows
 whose donor label differs from their own; formerly n_flip_rows; follows_donor, formerly flips, the count), and
 changed_rate / changed are new (the prediction differs from the clean run's, over every row: an identity patch
@@ -64,8 +65,17 @@ import math
 from pathlib import Path
 
 REPORT_FILES = ("causal_report.json", "causal_report.md", "causal_report.html")
-SCHEMA = {"name": "causal-report", "version": 6}
+SCHEMA = {"name": "causal-report", "version": 7}
 
+
+
+# Reports written before schema 7 (and the fusion's runs) name the fused state; recirculation reports carry their own.
+_FUSION_WORDS = {"state": "h_{T-1}", "noun": "the fused state", "site": "the state entering the fusion at T",
+                 "site_t": "the state entering the fusion at t"}
+
+
+def _words(res: dict) -> dict:
+    return {**_FUSION_WORDS, **(res.get("state_words") or {})}
 
 def clean_json(x):
     """NaN/inf -> None, numpy/torch scalars -> python, recursively."""
@@ -127,8 +137,9 @@ def verdict(report: dict) -> tuple[str, str]:
         label = "not detectably used"
     r = sub["rank"]
     parts = {n: _row(res, n) for n in ("subspace_swap", "complement_swap", "random_subspace_swap")}
-    s = (f"{cfg['task']} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): the fused state is "
-         f"{label} (judged by the normalized effect's CI): swapping the state entering the fusion at T with the "
+    w = _words(res)
+    s = (f"{cfg['task']} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): {w['noun']} is "
+         f"{label} (judged by the normalized effect's CI): swapping {w['site']} with the "
          f"paired sample's makes {_f(swap['follows_donor_rate'], pct=True)} "
          f"{_ci(swap, 'follows_donor_rate', pct=True)} of predictions follow the donor's label and changes "
          f"{_f(swap['changed_rate'], pct=True)} {_ci(swap, 'changed_rate', pct=True)}, normalized effect {_f(ne)} "
@@ -139,7 +150,7 @@ def verdict(report: dict) -> tuple[str, str]:
          f"{_ci(parts['complement_swap'], 'normalized_effect')}, a random rank-{r} subspace "
          f"{_f(parts['random_subspace_swap']['normalized_effect'])} "
          f"{_ci(parts['random_subspace_swap'], 'normalized_effect')} "
-         f"(probe held-out accuracy on h_{{T-1}} {_f(sub['probe_heldout_accuracy'])}).")
+         f"(probe held-out accuracy on {w['state'].split(' ')[0]} {_f(sub['probe_heldout_accuracy'])}).")
     return label, s + _path_clause(label, clean, _row(res, "gate_bypass_all"))
 
 
@@ -274,10 +285,10 @@ def markdown(report: dict) -> str:
         lines += ["", f"Fed state: {res.get('fed_state') or 'not applicable (no feedback)'}: no state "
                   "interventions, subspace swaps or dose-response.", ""]
     else:
-        lines += ["", "## Interventions on the fused state at T", ""]
+        lines += ["", f"## Interventions on {_words(res)['noun']} at T", ""]
         lines.append(_table(res["interventions"] + sub["rows"] + _leace_rows(res, "state")))
     if sub is not None:
-        lines += ["", f"Probe subspace: rank {sub['rank']}, fitted on h_{{T-1}} of the training folds only "
+        lines += ["", f"Probe subspace: rank {sub['rank']}, fitted on {_words(res)['state'].split(' ')[0]} of the training folds only "
               f"({sub['n_folds']} grouped folds); held-out probe accuracy {_f(sub['probe_heldout_accuracy'])}; "
               f"share of ||h_donor - h_own||^2 inside it {_f(sub['energy_fraction'], 3)}.", "",
               "## Dose-response: h = (1 - a) own + a donor", ""]
@@ -290,7 +301,7 @@ def markdown(report: dict) -> str:
         lines.append(_table([{**r, "label": f"depth {r['depth']}"} for r in ab["rows"]], "depth"))
     sw = res.get("position_sweep")
     if sw:
-        what = ("the state entering the fusion at t" if sw.get("site", "state") == "state"
+        what = (_words(res)["site_t"] if sw.get("site", "state") == "state"
                 else f"the residual stream at depth {sw.get('depth')}, position t,")
         lines += ["", f"## Position sweep: {'state' if sw.get('site', 'state') == 'state' else 'residual'} swap "
                   f"at position t ({sw['mode']}), effect on the answer at T", "",
@@ -368,7 +379,7 @@ def html_report(report: dict, plotly: str = "directory") -> str:
     for j, key in enumerate(("normalized_effect", "accuracy", "follows_donor_rate", "changed_rate")):
         fig.add_trace(go.Bar(x=[r["name"] for r in allrows], y=[r[key] for r in allrows], error_y=err(allrows, key),
                              name=key, showlegend=False), row=1, col=j + 1)
-    fig.update_layout(title="Interventions at T: the fused state (and LEACE on the residual stream, leace_resid_d*) "
+    fig.update_layout(title=f"Interventions at T: {_words(res)['noun']} (and LEACE on the residual stream, leace_resid_d*) "
                             "(bars: 95% bootstrap CI)", height=480)
     figs.append(fig)
 

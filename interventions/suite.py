@@ -533,6 +533,8 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
         res.setdefault("interventions", [])
         for k in ("subspace", "dose"):
             res.setdefault(k, None)
+    if fed:
+        res["state_words"] = ctx.words()  # how the report names this mechanism's fed state
     res["timings_s"] = s.timings
     return res
 

@@ -95,14 +95,9 @@ def fed_state_mode(mode: str) -> str | None:
 
     recurrent-k: its own run (the recurrence feeds the previous column's top state of the same run);
     fused-n: pass n fuses pass n-1's top states, i.e. fused-(n-1) (fused-0 = standard)."""
-    from engine.prefill import parse_mode
+    from engine.modes import parse_mode
 
-    m = parse_mode(mode)
-    if m.kind == "recurrent":
-        return m.name
-    if m.kind == "fused":
-        return parse_mode(f"fused-{m.n - 1}").name
-    return None
+    return parse_mode(mode).fed_top_source
 
 
 @torch.no_grad()

@@ -41,7 +41,7 @@ class MethodFields:
         from engine.modes import parse_mode
         from probes.erase import erased_depth_rows
 
-        if parse_mode(mode).kind == "recirc":
+        if parse_mode(mode).is_recirculation:
             return []
         from threadpoolctl import threadpool_limits
 

@@ -17,7 +17,7 @@ from common.errors import UserError
 from engine.modes import parse_mode
 from engine.prefill import recurrent_logits, recurrent_run
 from interventions.batch import Patch
-from interventions.core import _Recurrent
+from engine.patching import RecurrentPatcher
 from tasks import build_tokenizer
 from training.config import TrainConfig
 from training.presets import get_preset
@@ -61,7 +61,7 @@ def test_engine_swap_is_the_suites_state_patch(tiny_model):
     ids = torch.tensor([A, B])
     mask = torch.ones_like(ids)
     T, c = ids.shape[1], 5
-    runner = _Recurrent(tiny_model, ids, mask, parse_mode("recurrent-full"))
+    runner = RecurrentPatcher(tiny_model, ids, mask, parse_mode("recurrent-full"))
     want = runner.run([Patch("state", runner.state(c - T)[[1, 0]], pos=c - T)])
     with torch.no_grad():
         got = recurrent_logits(tiny_model, ids, mask, (torch.tensor([c, c]), torch.tensor([1, 0])))[:, -1]

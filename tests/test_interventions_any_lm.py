@@ -13,7 +13,8 @@ import json
 import pytest
 import torch
 
-from interventions.core import Batch, CausalContext, Patch, _hooks
+from engine.patching import _hooks
+from interventions.core import Batch, CausalContext, Patch
 
 
 def _plain_lm(family: str, vocab: int):

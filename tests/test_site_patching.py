@@ -206,3 +206,43 @@ def test_alpha_zero_recirculation_interventions_have_no_effect():
         assert torch.equal(ctx.patch_state(torch.zeros(B, D), mode, pos), clean)
         assert torch.equal(ctx.gate_bypass(mode, pos), clean)
     assert torch.equal(ctx.gate_bypass(mode, "all"), clean)
+
+
+def test_edit_objects_against_hand_written_formulas():
+    from engine.edits import (Add, KeepSubspace, Lambda, Mean, ProjectOut, Replace, Scale, SubspaceInterchange,
+                              Zero)
+
+    g = torch.Generator().manual_seed(0)
+    base, src = torch.randn(B, D, generator=g), torch.randn(B, D, generator=g)
+    U = torch.linalg.qr(torch.randn(D, 3, generator=g))[0]
+    v = torch.randn(D, generator=g)
+    P = U @ U.T
+    cases = [(Replace(src), src), (Zero(), torch.zeros(B, D)), (Mean(v), v.expand(B, D)), (Add(v), base + v),
+             (Scale(0.5), 0.5 * base), (KeepSubspace(U), base @ P), (ProjectOut(U), base - base @ P),
+             (SubspaceInterchange(src, U), base - base @ P + src @ P), (Lambda(torch.tanh), torch.tanh(base))]
+    for edit, want in cases:
+        torch.testing.assert_close(edit(base), want, atol=1e-5, rtol=1e-5)
+    assert Replace(src)(base.double()).dtype == torch.float64  # the base's dtype
+
+
+@pytest.mark.parametrize("mode", ["recurrent-full", "recirc-3:1:0.4:convex"])
+def test_edits_through_the_patcher_equal_their_values(fbt, mode):
+    """An edit is applied to the run's own value at the site: Add(v) at one site = Replace(clean + v) there;
+    Scale(1) and KeepSubspace(identity basis) change nothing."""
+    from engine.edits import Add, KeepSubspace, Scale
+
+    model = fbt if mode == "recurrent-full" else FullBandwidthLM(fbt.lm, fusion=False).eval()
+    batch = _batch(6)
+    ctx = CausalContext(model, batch, modes=[mode])
+    v = torch.randn(D, generator=torch.Generator().manual_seed(1))
+    clean_resid = ctx.resid(mode)[:, T - 3, 2]
+    for site_kw in (dict(site="resid", depth=2), dict(site="mlp_out", layer=1)):
+        got = ctx.run(mode, [Patch(value=Add(v), pos=-3, **site_kw)]).logits
+        if site_kw["site"] == "resid":
+            want = ctx.run(mode, [Patch("resid", clean_resid + v, depth=2, pos=-3)]).logits
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert (got - ctx.clean[mode].logits).abs().max() > 1e-4
+        same = ctx.run(mode, [Patch(value=Scale(1.0), pos=-3, **site_kw)]).logits
+        torch.testing.assert_close(same, ctx.clean[mode].logits, atol=1e-5, rtol=1e-5)
+    keep = ctx.run(mode, [Patch("state", KeepSubspace(torch.eye(D)), pos=-2)]).logits
+    torch.testing.assert_close(keep, ctx.clean[mode].logits, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,130 @@
+"""Interventions as small objects, independent of where they are applied (pyvene's `forward(base, source)`).
+
+An edit maps the activation a patched run has at a site, `base` [batch, width], to its replacement. Whatever the
+site (a fed state, a fused input, the residual at (depth, position), an attention / MLP / head output) and the
+mechanism (engine.patching), the patcher calls `edit(base)` at the moment the run reaches the site, so an edit
+reads the *patched* run's value there (an earlier patch has propagated into it). A plain tensor as a
+`Patch.value` is `Replace(tensor)`.
+
+    Replace(source)               source                       (interchange: source = the donor's clean value)
+    Zero()                        0
+    Mean(mean)                    mean, broadcast over rows
+    Add(vector)                   base + vector                (steering)
+    Scale(factor)                 factor * base
+    KeepSubspace(U)               base U U^T                   (U [width, k] orthonormal columns)
+    ProjectOut(U)                 base - base U U^T
+    SubspaceInterchange(source, U)  base + (source - base) U U^T  (only span(U) from the source; DAS-style)
+    Lambda(fn)                    fn(base)
+
+Each keeps its tensors on the CPU until the patcher moves it (`to(device, dtype)`); the math runs in float32 and
+returns the base's dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+
+class Edit:
+    """Base class: `forward(base) -> replacement`; `__call__` keeps the base's dtype."""
+
+    def forward(self, base: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __call__(self, base: torch.Tensor) -> torch.Tensor:
+        return self.forward(base).to(base.dtype)
+
+    def to(self, device=None, dtype=None) -> "Edit":
+        """A copy whose tensors sit on `device` (float tensors in `dtype`)."""
+        moved = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                moved[f.name] = v.to(device, dtype) if v.is_floating_point() and dtype is not None else v.to(device)
+        return replace(self, **moved) if moved else self
+
+
+def _rows(v: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    return v.to(base.device, base.dtype).expand_as(base)
+
+
+@dataclass(frozen=True)
+class Replace(Edit):
+    source: torch.Tensor  # [batch, width]
+
+    def forward(self, base):
+        return _rows(self.source, base)
+
+
+@dataclass(frozen=True)
+class Zero(Edit):
+    def forward(self, base):
+        return torch.zeros_like(base)
+
+
+@dataclass(frozen=True)
+class Mean(Edit):
+    mean: torch.Tensor  # [width]
+
+    def forward(self, base):
+        return _rows(self.mean.reshape(1, -1), base)
+
+
+@dataclass(frozen=True)
+class Add(Edit):
+    vector: torch.Tensor  # [width] or [batch, width]
+
+    def forward(self, base):
+        return base + _rows(self.vector.reshape(-1, base.shape[-1]), base)
+
+
+@dataclass(frozen=True)
+class Scale(Edit):
+    factor: float
+
+    def forward(self, base):
+        return base * float(self.factor)
+
+
+def _proj(x: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    U = U.to(x.device, torch.float32)
+    return (x.float() @ U) @ U.T
+
+
+@dataclass(frozen=True)
+class KeepSubspace(Edit):
+    U: torch.Tensor  # [width, k], orthonormal columns
+
+    def forward(self, base):
+        return _proj(base, self.U)
+
+
+@dataclass(frozen=True)
+class ProjectOut(Edit):
+    U: torch.Tensor
+
+    def forward(self, base):
+        return base.float() - _proj(base, self.U)
+
+
+@dataclass(frozen=True)
+class SubspaceInterchange(Edit):
+    source: torch.Tensor  # [batch, width]
+    U: torch.Tensor  # [width, k]
+
+    def forward(self, base):
+        return base.float() + _proj(_rows(self.source, base).float() - base.float(), self.U)
+
+
+@dataclass(frozen=True)
+class Lambda(Edit):
+    fn: object  # base -> replacement
+
+    def forward(self, base):
+        return self.fn(base)
+
+
+def apply(value, base: torch.Tensor) -> torch.Tensor:
+    """A patch value at a site whose current activation is `base`: an Edit's output, or the tensor itself."""
+    return value(base) if isinstance(value, Edit) else value.to(base.dtype)
