@@ -398,6 +398,7 @@ class RecircPatcher(Patcher):
             resid, self.cache = out.resid, out.cache
             self.zs, self.zd, self.mixed = out.steps.zs, out.steps.zd, out.steps.mixed
         self.clean = RunOut(out.logits[:, -1], out.top, resid)
+        self._standard: StandardPatcher | None = None  # identity mixing's resid / block patches (built on use)
 
     def fused_positions(self):
         return list(range(1 - self.T, 0))
@@ -429,9 +430,24 @@ class RecircPatcher(Patcher):
             return isinstance(p.value, torch.Tensor) and torch.equal(p.value, self.mixed[:, self.col(p) - 1])
         return False
 
+    def _reaches_T(self, p) -> bool:
+        """Under identity mixing: whether a resid / block patch can reach T. Later tokens read a column's
+        recirculation branch, which a normal-branch patch above d does not touch (and z_s is weighted by 0)."""
+        limit = p.depth if p.site == "resid" else p.layer + 1
+        return limit <= self.spec.target or self.col(p) == self.T - 1
+
     def run(self, patches) -> torch.Tensor:
         if all(self._no_op(p) for p in patches):  # the clean logits, bit for bit (the identity invariant)
             return self.clean.logits
+        if self.spec.is_identity and all(p.site not in ("state", "fused") for p in patches):
+            # alpha = 0: the two branches are the base model's one stream wherever a patch can reach T, so the
+            # standard patcher (the base model's cached suffix) runs it exactly, without T sequential steps.
+            live = [p for p in patches if self._reaches_T(p)]
+            if not live:
+                return self.clean.logits
+            if self._standard is None:
+                self._standard = StandardPatcher(self.rlm.base, self.ids, self.mask, Mode("standard"))
+            return self._standard.run(live)
         T, d = self.T, self.spec.target
         cols = [self.col(p) for p in patches]
         t0 = min(cols) if self.cache is not None else 0

@@ -72,9 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shipped preset name (e.g. tiny-fbt), smollm2-135m, a full-bandwidth checkpoint directory "
                         "or any HF causal LM directory with its tokenizer (default tiny-fbt)")
     p.add_argument("--mode", default="recurrent-1",
-                   help="prefill mode intervened on: standard, recurrent-K, recurrent-full or fused-N (default "
-                        "recurrent-1; fused-N patches its last pass). A model without a fusion module (any HF "
-                        "causal LM) has only standard: give --mode standard. Layer patching also runs standard.")
+                   help="prefill mode intervened on: standard, recurrent-K, recurrent-full, fused-N (default "
+                        "recurrent-1; fused-N patches its last pass) or recirc-S:D:ALPHA[:convex|residual] "
+                        "(training-free recirculation; its fed state is z_{t-1,s}, the source-depth state "
+                        "recirculated from the position before). A model without a fusion module (any HF causal "
+                        "LM) takes standard or recirc-*. Layer patching also runs standard.")
     p.add_argument("--budget", choices=tuple(BUDGETS), default="quick",
                    help="how much of the battery runs: quick (default: the analyses a first look needs, "
                         f"{_budget_text('quick')}) or full (every analysis at full size: {_budget_text('full')}); "

@@ -246,3 +246,16 @@ def test_edits_through_the_patcher_equal_their_values(fbt, mode):
         torch.testing.assert_close(same, ctx.clean[mode].logits, atol=1e-5, rtol=1e-5)
     keep = ctx.run(mode, [Patch("state", KeepSubspace(torch.eye(D)), pos=-2)]).logits
     torch.testing.assert_close(keep, ctx.clean[mode].logits, atol=1e-5, rtol=1e-5)
+
+
+def test_alpha_zero_residual_patches_are_the_base_models():
+    """At alpha = 0 the branches are one stream where a patch can reach T: a residual patch at depth <= d, or at
+    T itself, is the standard patch; above d at an earlier column it reaches no later token."""
+    model = FullBandwidthLM(_lm(13), fusion=False).eval()
+    batch = _batch(7)
+    mode = "recirc-3:1:0:convex"
+    ctx = CausalContext(model, batch, modes=["standard", mode])
+    for depth, pos in ((1, -4), (0, -6), (3, -1), (2, -1)):
+        torch.testing.assert_close(ctx.patch_resid(mode, depth, pos, batch.pair),
+                                   ctx.patch_resid("standard", depth, pos, batch.pair), atol=1e-5, rtol=1e-5)
+    assert torch.equal(ctx.patch_resid(mode, 2, -3, batch.pair), ctx.clean[mode].logits)
