@@ -21,16 +21,18 @@ returns the base's dtype.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields, replace
 
 import torch
 
 
-class Edit:
+class Edit(ABC):
     """Base class: `forward(base) -> replacement`; `__call__` keeps the base's dtype."""
 
-    def forward(self, base: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def forward(self, base: torch.Tensor) -> torch.Tensor:
+        """The replacement of `base` [batch, width]."""
 
     def __call__(self, base: torch.Tensor) -> torch.Tensor:
         return self.forward(base).to(base.dtype)

@@ -1,6 +1,6 @@
 """Patched runs of every mechanism: the one patching routine the engine offers (interventions.core is its client).
 
-A patched run takes a list of `Patch`es (a site, a position, a value or an intervention object), runs
+A patched run takes a list of `Patch`es (a site, a position, a tensor or an engine.edits object), runs
 the mode's computation over the whole batch with the patched values substituted and returns the logits at the
 probed position T. A patch at column t (or at Jacobi pass k of fused-n) is followed by the rest of the
 computation RECOMPUTED from the patched value: it propagates.
@@ -11,6 +11,12 @@ columns are aligned from the end)
     fused   the fusion's output at t (the fused input u_t of block 0)
     resid   the residual stream at (depth, t): depth 0 = the vector entering block 0 (embedding or fused
             input), depth l = output of block l (raw, before the final norm)
+    attn_out, mlp_out (layer), head (layer, head)
+            inside block `layer` (0-based): the attention output, the MLP output, one head's output before
+            the output projection (value [B, head_dim]); TransformerLens' hook_attn_out / hook_mlp_out / hook_z
+    Under recirculation `state` is z_{t-1,s} (the source-depth state recirculated from t-1), `fused` is
+    z'_{t-1,d} (the mixed vector entering t-1's recirculation branch) and `resid` / block sites the token's own
+    normal branch, both branches at and below the target depth d (RecircPatcher).
 A state/fused patch matters only where the mode fuses (the fuse mask: previous and current column real tokens
 of the row); a patch at a padding column of a row has no effect on that row.
 
@@ -22,6 +28,7 @@ Modes (engine.modes.parse_mode; canonical names)
     fused-n         n parallel Jacobi passes after the standard pass 0; pass k fuses pass k-1's top states
                     shifted right. `Patch.pass_` names the pass (default: the last, n); state/fused sites exist
                     at passes 1..n, resid at 0..n.
+    recirc-S:D:A    the exact sequential recirculation engine (engine.recirculation), on the model's LM.
 Cost and sharing
     recurrent: the clean run's final KV cache holds every column's keys/values (they never change once
         computed), so the prefix of a patch at column t >= r0 is a copy of the clean cache cropped to t columns
@@ -31,6 +38,10 @@ Cost and sharing
         parallel forward) and then the k steps.
     fused-n: the clean passes' top states are kept; a patch at pass k reuses pass k-1's and reruns passes
         k..n (n - k + 1 parallel forwards).
+    recirculation: the clean run's final cache holds r_0..r_{T-2}; a patch whose first step is t0 starts from its
+        first t0-1 columns and z_{t0-1,s} and runs steps t0..T-1. At alpha = 0 state / fused edits change
+        nothing (the clean logits are returned) and resid / block patches are the base model's standard patch.
+    standard: the columns from the first patched one on the clean cache (a shift by value - clean value).
     State patches need no hook: the state is an explicit argument of the step / pass. fused and resid patches
     use the engine's one hook helper (engine.hooks.patched) for the forward where they apply; every forward is
     an engine primitive (the standard pass, engine.prefill.recurrent_step / recurrent_run / jacobi_pass).

@@ -38,6 +38,7 @@ n_layers)` validates the CLI value.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -232,10 +233,7 @@ class RecirculatedLM(nn.Module):
                     q = chunk.shape[1]
                     allowed = valid[:, None, :k] & (torch.arange(k)[None, :] <= torch.arange(k - q, k)[:, None])[None]
                     fmask = self._mask(allowed, torch.arange(k - q, k), torch.arange(k))
-                    if held is not None:
-                        with held:
-                            h = self._run(chunk, fmask, pos_all[:, t + 1 - q:t + 1], cache)
-                    else:
+                    with held if held is not None else nullcontext():
                         h = self._run(chunk, fmask, pos_all[:, t + 1 - q:t + 1], cache)
                     zs_prev = inj.zs[:, 0]
                     if steps is not None:

@@ -1,41 +1,10 @@
-"""The one generic patching routine and its thin wrappers, TransformerLens style, in every prefill mode.
+"""The one patching routine of the suite and its thin wrappers, TransformerLens style, in every mechanism.
 
-Every intervention of the suite is a list of `Patch`es handed to `CausalContext.run(mode, patches)`, which runs
-the mode's computation over the whole batch with the patched values substituted and returns the logits at the
-probed position T. A patch at column t (or at Jacobi pass k of fused-n) is followed by the rest of the
-computation RECOMPUTED from the patched value: it propagates.
-
-Sites (positions are negative column offsets of the left-padded batch: -1 = T, -2 = T-1, ..., -T = column 0;
-columns are aligned from the end)
-    state   the state entering the fusion at position t (h_{t-1} of the mode's own run)
-    fused   the fusion's output at t (the fused input u_t of block 0)
-    resid   the residual stream at (depth, t): depth 0 = the vector entering block 0 (embedding or fused
-            input), depth l = output of block l (raw, before the final norm)
-A state/fused patch matters only where the mode fuses (the fuse mask: previous and current column real tokens
-of the row); a patch at a padding column of a row has no effect on that row.
-
-Modes (engine.modes.parse_mode; canonical names)
-    standard        one parallel forward; resid sites only (no fusion runs)
-    recurrent-k     standard prefill of all T columns with a KV cache, then columns r0 = T - min(k, T-1) .. T-1
-                    recomputed one token at a time, each fused with the previous column's top state.
-                    recurrent-full = recurrent-(T-1). state/fused sites exist at columns >= r0.
-    fused-n         n parallel Jacobi passes after the standard pass 0; pass k fuses pass k-1's top states
-                    shifted right. `Patch.pass_` names the pass (default: the last, n); state/fused sites exist
-                    at passes 1..n, resid at 0..n.
-Cost and sharing
-    recurrent: the clean run's final KV cache holds every column's keys/values (they never change once
-        computed), so the prefix of a patch at column t >= r0 is a copy of the clean cache cropped to t columns
-        plus the clean top state of t-1 (engine.prefill.cache_prefix): computed once per batch, shared by every
-        condition. The run is then the patched step at t and plain cached steps t+1..T-1 (T - t steps, at most
-        one recurrent-full run). A resid patch at a column < r0 reruns the standard prefill patched (one
-        parallel forward) and then the k steps.
-    fused-n: the clean passes' top states are kept; a patch at pass k reuses pass k-1's and reruns passes
-        k..n (n - k + 1 parallel forwards).
-    State patches need no hook: the state is an explicit argument of the step / pass. fused and resid patches
-    use the engine's one hook helper (engine.hooks.patched) for the forward where they apply; every forward is
-    an engine primitive (the standard pass, engine.prefill.recurrent_step / recurrent_run / jacobi_pass).
-`CausalContext` checks at construction that every mode's clean run equals the engine's (engine.prefill.
-prefill_many: logits and top states at every position) bit for bit.
+Every intervention is a list of `Patch`es handed to `CausalContext.run(mode, patches)`, which hands them to the
+mode's patcher (engine/patching.py: the sites, what each mechanism recomputes, the shared clean prefix) and
+returns the logits at the probed position T, as float32 on the CPU. The context holds the paired batch and every
+prepared mode's patcher, and checks at construction that each clean run equals the engine's prefill
+(engine.prefill.prefill_many: logits and top states at every position) bit for bit.
 """
 from __future__ import annotations
 
