@@ -14,6 +14,7 @@ reads the *patched* run's value there (an earlier patch has propagated into it).
     KeepSubspace(U)               base U U^T                   (U [width, k] orthonormal columns)
     ProjectOut(U)                 base - base U U^T
     SubspaceInterchange(source, U)  base + (source - base) U U^T  (only span(U) from the source; DAS-style)
+    RowSwap(rows, donor)          row r (where rows[r]) takes row donor[r]'s base: a swap inside the run
     Lambda(fn)                    fn(base)
 
 Each keeps its tensors on the CPU until the patcher moves it (`to(device, dtype)`); the math runs in float32 and
@@ -117,6 +118,17 @@ class SubspaceInterchange(Edit):
 
     def forward(self, base):
         return base.float() + _proj(_rows(self.source, base).float() - base.float(), self.U)
+
+
+@dataclass(frozen=True)
+class RowSwap(Edit):
+    """Rows in `rows` [batch] bool take row donor[r]'s value *of this run* (differentiably): the trainer's
+    interchange (engine.prefill.recurrent_run's swap and decoy) on the same footing as every other edit."""
+    rows: torch.Tensor
+    donor: torch.Tensor  # [batch] long
+
+    def forward(self, base):
+        return torch.where(self.rows.to(base.device)[:, None], base[self.donor.to(base.device)], base)
 
 
 @dataclass(frozen=True)

@@ -54,14 +54,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from common.cpus import sequential_threads
 from common.errors import UserError
 from engine.cache import new_cache
-from engine.edits import Edit, apply
+from engine.edits import Edit, Lambda, apply
 from engine.hooks import Hooks, ResidualRecorder, on_depth, patched, put_columns
 from engine.modes import Mode
 from engine.prefill import (cache_prefix, iter_fused, jacobi_pass, positions_from_mask, recurrent_run, recurrent_start,
-                            recurrent_step, shift_state)
+                            recurrent_steps, shift_state)
 from engine.recirculation import RecirculatedLM, lm_only
 from models.families import family_of
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
@@ -240,6 +239,14 @@ class StandardPatcher(Patcher):
         return self.clean.resid
 
 
+def _state_patches(patches, prev: torch.Tensor) -> torch.Tensor:
+    """The fed state after `patches` (state site, one column), each on its rows (all rows when rows is None)."""
+    for p in patches:
+        v = apply(p.value, prev)
+        prev = v if p.rows is None else torch.where(p.rows.to(v.device)[:, None], v, prev)
+    return prev
+
+
 class RecurrentPatcher(Patcher):
     kind = "recurrent"
 
@@ -287,16 +294,19 @@ class RecurrentPatcher(Patcher):
             prev, start = std.top[:, self.r0 - 1], self.r0
             if start == T:
                 return std.logits[:, -1]
-        with sequential_threads():  # the engine's thread policy for one-token steps (common.cpus)
-            for t in range(start, T):
-                here = [p for p, c in zip(patches, cols) if c == t]
-                for p in here:
-                    if p.site == "state":
-                        v = apply(p.value, prev)
-                        prev = v if p.rows is None else torch.where(p.rows.to(v.device)[:, None], v, prev)
-                with _hooks(model, [p for p in here if p.site != "state"], lambda p: 0):
-                    out = recurrent_step(model, ids, mask, t, prev, cache)
-                prev = out.top[:, 0]
+        at = {}
+        for p, c in zip(patches, cols):
+            at.setdefault(c, []).append(p)
+        edits = {t: Lambda(lambda prev, ps=[p for p in ps if p.site == "state"]: _state_patches(ps, prev))
+                 for t, ps in at.items() if any(p.site == "state" for p in ps)}
+
+        def step_hooks(t):
+            other = [p for p in at.get(t, ()) if p.site != "state"]
+            return _hooks(model, other, lambda p: 0) if other else None
+
+        for _, out in recurrent_steps(model, ids, mask, start, prev, cache, state_edits=edits,
+                                      step_hooks=step_hooks):
+            pass
         return out.logits[:, 0]
 
 

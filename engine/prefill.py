@@ -17,6 +17,7 @@ last block, *before* the final norm; HF's hidden_states[-1] is after it). See do
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -27,6 +28,7 @@ from common.cpus import sequential_threads
 from common.errors import UserError
 from engine.cache import cache_prefix, new_cache
 from engine.decode import check_generation, greedy, greedy_steps
+from engine.edits import RowSwap, apply
 from engine.hooks import maybe_record
 from engine.inputs import check_inputs, pad_left, to_model
 from engine.modes import DECODINGS, MAX_FUSED_PASSES, Mode, parse_mode
@@ -187,6 +189,35 @@ def recurrent_step(model: FullBandwidthLM, input_ids: torch.Tensor, attention_ma
                  position_ids=None if position_ids is None else position_ids[:, t:t + 1])
 
 
+def recurrent_steps(model, ids, mask, start: int, prev: torch.Tensor, cache, fuse_mask=None, gate=None,
+                    position_ids=None, state_edits=None, step_hooks=None, decoy=None, before=None):
+    """The one loop of the recurrence: yields (t, step output) for the cached one-token steps t = start..T-1,
+    starting from `prev` (the top state of start-1) and `cache` (columns 0..start-1).
+
+    `state_edits` {t: engine.edits object}: the fed state of column t is edited before its step (an
+    intervention's patch, the trainer's interchange: engine.edits.RowSwap); `step_hooks(t)` -> a context
+    manager (or None) held during step t (hooks on sites inside the model); `decoy` (cols [B, T] bool, donor
+    [B]): at a marked column the cached keys/values are recomputed from the donor row's state (recurrent_run);
+    `before(t)`: called before each step (a recorder's columns)."""
+    T = ids.shape[1]
+    decoy_cols = set() if decoy is None else set(decoy[0].any(0).nonzero()[:, 0].tolist())
+    with sequential_threads():  # one-token steps: 1 thread (common.cpus); a prefill before them keeps them all
+        for t in range(start, T):
+            if before is not None:
+                before(t)
+            if state_edits and t in state_edits:
+                prev = apply(state_edits[t], prev)
+            held = step_hooks(t) if step_hooks is not None else None
+            with held if held is not None else nullcontext():
+                out = recurrent_step(model, ids, mask, t, prev, cache, fuse_mask, gate, position_ids)
+            if t in decoy_cols:  # the chain's step stays in `out`; its column in the cache is replaced
+                cache.crop(-1)  # drop column t again
+                recurrent_step(model, ids, mask, t, RowSwap(decoy[0][:, t], decoy[1])(prev), cache, fuse_mask,
+                               gate, position_ids)
+            prev = out.top[:, 0]
+            yield t, out
+
+
 class RecurrentRun(NamedTuple):
     std: LMOutput  # the standard pass over all T columns (its logits/top serve mode "standard"); with
     #                full_std=False over the first T-k columns only (the ones the recurrence keeps)
@@ -212,8 +243,8 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     `swap` = (at [batch], donor [batch]): row r is fed row donor[r]'s state (the top state of at[r] - 1 of the
     donor row in this run, itself swapped if the donor was at an earlier column; in training partners share
     their column) at the recomputed column at[r] instead of its own, differentiably (interchange training; a
-    column outside the recomputed ones, e.g. 0, swaps nothing). The suite's interventions patch through
-    interventions.core instead.
+    column outside the recomputed ones, e.g. 0, swaps nothing): an engine.edits.RowSwap state edit, applied
+    by the same loop (`recurrent_steps`) as the interventions' patches (engine.patching).
     `decoy` = (cols [batch, T] bool, donor [batch]): the complement of a swap. At a recomputed column t with
     cols[r, t], row r's *cached* keys and values of t are computed from row donor[r]'s fed state, while row r's
     recurrence goes on from its own top state of t (the step runs twice: once for the chain, once for the
@@ -259,27 +290,20 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
         fuse_mask[:, 1:] = mask[:, :-1].bool() & mask[:, 1:].bool()
     position_ids = positions_from_mask(mask, T)
     col_pos = {int(c): j for j, c in enumerate(cols.tolist())}
-    swap_cols = set() if swap is None else set(swap[0].tolist())  # one host read, not one per step
-    decoy_cols = set() if decoy is None else set(decoy[0].any(0).nonzero()[:, 0].tolist())
-    with sequential_threads():  # one-token steps: 1 thread (common.cpus); the prefill above keeps them all
-        for t in range(s, T):
-            j = col_pos.get(t)
+    # The interchange as state edits at the columns it touches (one host read, not one per step)
+    edits = {} if swap is None else {t: RowSwap(swap[0] == t, swap[1]) for t in set(swap[0].tolist())}
+
+    def before(t):
+        if rec is not None:
+            rec.cols = torch.tensor([0]) if t in col_pos else None
+
+    for t, out in recurrent_steps(model, ids, mask, s, prev, cache, fuse_mask, gate, position_ids, edits,
+                                  decoy=decoy, before=before):
+        j = col_pos.get(t)
+        if j is not None:
+            logits[:, j], top[:, j] = out.logits[:, 0], out.top[:, 0]
             if rec is not None:
-                rec.cols = torch.tensor([0]) if j is not None else None
-            if t in swap_cols:
-                here = (swap[0] == t).to(prev.device)
-                prev = torch.where(here[:, None], prev[swap[1]], prev)
-            out = recurrent_step(model, ids, mask, t, prev, cache, fuse_mask, gate, position_ids)
-            if t in decoy_cols:  # the chain's step stays in `out`; its column in the cache is replaced
-                cache.crop(-1)  # drop column t again
-                here = decoy[0][:, t].to(prev.device)
-                recurrent_step(model, ids, mask, t, torch.where(here[:, None], prev[decoy[1]], prev), cache,
-                               fuse_mask, gate, position_ids)
-            prev = out.top[:, 0]
-            if j is not None:
-                logits[:, j], top[:, j] = out.logits[:, 0], out.top[:, 0]
-                if rec is not None:
-                    resid[:, j] = rec.take()[:, 0]
+                resid[:, j] = rec.take()[:, 0]
     return RecurrentRun(std, std_resid, logits, top, resid, cache)
 
 
