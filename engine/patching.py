@@ -522,3 +522,21 @@ PATCHERS = {"standard": StandardPatcher, "recurrent": RecurrentPatcher, "fused":
 def patcher(mode: Mode, model: FullBandwidthLM, ids: torch.Tensor, mask: torch.Tensor) -> Patcher:
     """The patcher of `mode` on a batch: its clean run (kept) and `run(patches)`, the logits at T."""
     return PATCHERS[mode.kind](model, ids, mask, mode)
+
+
+def record_at_T(model: FullBandwidthLM, run, patches) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits at T [B, V], residual stream at T [B, L+1, D]) of `run()`, a patched run of `patches`.
+
+    The recorder keeps the last column of every model call; the last call of every mechanism computes T
+    (recurrent: the one-token step at T; standard / fused-n: the full-width pass or the cached suffix), so what
+    remains is T. Recorder hooks run before the patch hooks (registered first), so a patched depth itself shows
+    the unpatched value; the patch is applied to it here."""
+    patches = list(patches)
+    with ResidualRecorder(model) as rec:
+        rec.cols = torch.tensor([-1])
+        logits = run()
+        resid = rec.take()[:, 0]
+    for p in patches:
+        if p.site == "resid" and p.pos == -1:
+            resid[:, p.depth] = apply(p.value, resid[:, p.depth])
+    return logits, resid
