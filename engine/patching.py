@@ -212,6 +212,7 @@ class StandardPatcher(Patcher):
                 hooks.add(on_depth(self.layers, p.depth, lambda h, c=self.col(p) - c0, delta=delta:
                                    put_columns(h, [(c, h[:, c] + delta.to(h.dtype))])))
             return self.model(self.ids[:, c0:], self.mask, cache=cache_prefix(self.cache, c0), use_cache=True,
+                              last_logits=True,
                               position_ids=self.positions[:, c0:]).logits[:, -1]
 
     def run(self, patches) -> torch.Tensor:
@@ -230,7 +231,7 @@ class StandardPatcher(Patcher):
                      and len({self.col(p) for p in patches}) == len(patches))
         if c0 == 0 or not one_depth:
             with _hooks(self.model, patches, self.col):
-                return self.model(self.ids, self.mask).logits[:, -1]
+                return self.model(self.ids, self.mask, last_logits=True).logits[:, -1]
         if self._base is None or self._base[0] != c0:  # one unpatched suffix per start column (sweeps go in order)
             self._base = (c0, self._suffix(c0, []))
         return self.clean.logits + (self._suffix(c0, patches) - self._base[1])
@@ -289,7 +290,7 @@ class RecurrentPatcher(Patcher):
             pre = [p for p, c in zip(patches, cols) if c < self.r0]
             cache = new_cache()
             with _hooks(model, pre, self.col):
-                std = model(ids, mask, cache=cache, use_cache=True)
+                std = model(ids, mask, cache=cache, use_cache=True, last_logits=True)
             cache.crop(-(T - self.r0))
             prev, start = std.top[:, self.r0 - 1], self.r0
             if start == T:
@@ -351,7 +352,7 @@ class FusedPatcher(Patcher):
         model, ids, mask = self.model, self.ids, self.mask
         with _hooks(model, [p for p in patches if p.site != "state"], self.col):
             if k == 0:
-                return model(ids, mask)
+                return model(ids, mask, last_logits=True)
             sp = [p for p in patches if p.site == "state"]
             state = None
             if sp:
@@ -360,7 +361,7 @@ class FusedPatcher(Patcher):
                     c = self.col(p)
                     v = apply(p.value, state[:, c])
                     state[:, c] = v if p.rows is None else torch.where(p.rows.to(v.device)[:, None], v, state[:, c])
-            return jacobi_pass(model, ids, mask, top_prev, state=state)
+            return jacobi_pass(model, ids, mask, top_prev, state=state, last_logits=True)
 
     def resid(self, pass_=None) -> torch.Tensor:
         k = self.n if pass_ is None else pass_

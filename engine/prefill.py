@@ -58,12 +58,14 @@ def _standard(model, ids, mask, cols, rec, use_cache=False) -> LMOutput:
 
 
 def jacobi_pass(model, ids, mask, top, fuse_mask=None, gate=None, cache=None, use_cache=False,
-                state=None, hidden_states=False) -> LMOutput:
+                state=None, hidden_states=False, last_logits=False) -> LMOutput:
     """One Jacobi pass: every position fuses the previous pass's top state of the position before it
     (`fuse_mask` default: wherever that position is a real token of the same row). `state` [B, T, D]: the
     shifted state to feed instead (the trainer's noised state, an intervention's patched one)."""
     shifted, fuse = shift_state(top, mask) if state is None else (state, shift_state(top, mask)[1])
     kw = {"hidden_states": True} if hidden_states else {}
+    if last_logits:
+        kw["last_logits"] = True
     return model(ids, mask, state=shifted, fuse_mask=fuse if fuse_mask is None else fuse_mask, gate=gate,
                  cache=cache, use_cache=use_cache, **kw)
 

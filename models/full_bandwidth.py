@@ -163,6 +163,8 @@ class FullBandwidthLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         gate: torch.Tensor | None = None,  # [batch, q, d_model]: token_gate(input_ids), precomputed (see Fusion)
         hidden_states: bool = False,  # also return the residual stream after every block (LMOutput.hidden)
+        last_logits: bool = False,  # the head at the last column only (logits [batch, 1, vocab]): a patched
+        #                            run reads T alone, and the head over every column is ~19% of SmolLM2's pass
     ) -> LMOutput:
         x = self.embed(input_ids)
         if state is not None:
@@ -189,7 +191,7 @@ class FullBandwidthLM(nn.Module):
         finally:
             self.lm.config._attn_implementation = impl
         top = out.last_hidden_state
-        logits = self.head(top)
+        logits = self.head(top[:, -1:] if last_logits else top)
         return LMOutput(logits=logits, top=top, cache=out.cache if use_cache else None,
                         hidden=tuple(out.hidden_states) if hidden_states else None)
 

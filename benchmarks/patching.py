@@ -1,0 +1,103 @@
+"""Benchmark: one residual patch through the suite's patcher vs plain PyTorch hooks doing the same patch.
+
+    python benchmarks/patching.py [--model smollm2-135m] [--task completion] [--n-pairs 16] [--distractors 8]
+                                  [--positions 12] [--repeats 3] [--threads 2]
+
+The same patch (the paired sample's residual at (depth, t), every row) is timed two ways, interleaved, at
+`--positions` columns spread evenly over the prompt (first to last) and 4 depths:
+  hooks     the HF causal LM's own forward (`lm(input_ids, attention_mask)`, logits at every column, as a user of
+            plain PyTorch writes it) with a forward hook on block d-1 replacing column t; logits at T read;
+  patcher   `CausalContext.run("standard", [Patch("resid", ...)])` (engine.patching.StandardPatcher: the columns
+            from t on the clean run's KV cache, the head at T only).
+Both results are checked to agree (max |diff| of the logits at T). Headline: patcher / hooks, the median of the
+per-pair ratios (goal <= 0.7). The last line of stdout is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+GOAL = 0.7
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--task", default="completion")
+    p.add_argument("--n-pairs", type=int, default=16)
+    p.add_argument("--distractors", type=int, default=8)
+    p.add_argument("--positions", type=int, default=12, help="patched columns, spread over the prompt")
+    p.add_argument("--repeats", type=int, default=3, help="timed pairs per (position, depth)")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from engine.patching import Patch
+    from interventions.core import Batch, CausalContext
+    from interventions.run import _load
+    from tasks import make_dataset
+
+    model, tok, _ = _load(args.model)
+    batch = Batch.from_samples(make_dataset(args.task, args.n_pairs, args.distractors, 0), tok, args.task)
+    ids, mask = batch.input_ids, batch.attention_mask
+    T, L = ids.shape[1], model.n_layers
+    ctx = CausalContext(model, batch, modes=("standard",), check_engine=False)
+    resid = ctx.resid("standard")
+    layers = ctx.runners["standard"].layers
+    cols = sorted({round(i * (T - 1) / max(1, args.positions - 1)) for i in range(args.positions)})
+    depths = sorted({1, L // 3, 2 * L // 3, L})
+    lm = model.lm
+
+    def hooks_run(d, c, value):
+        def put(mod, a, out):
+            h = (out[0] if isinstance(out, tuple) else out).clone()
+            h[:, c] = value
+            return (h,) + tuple(out[1:]) if isinstance(out, tuple) else h
+        handle = layers[d - 1].register_forward_hook(put)
+        try:
+            return lm(input_ids=ids, attention_mask=mask,
+                      position_ids=(mask.long().cumsum(-1) - 1).clamp(min=0)).logits[:, -1]
+        finally:
+            handle.remove()
+
+    ratios, t_hooks, t_patch, diff = [], [], [], 0.0
+    with torch.no_grad():
+        hooks_run(depths[0], cols[-1], resid[:, cols[-1], depths[0]])  # warm-up
+        for c in cols:
+            for d in depths:
+                value = resid[:, c, d][batch.pair]
+                patch = [Patch("resid", value, d, c - T)]
+                for _ in range(args.repeats):
+                    t = time.perf_counter()
+                    a = hooks_run(d, c, value)
+                    t_hooks.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    b = ctx.run("standard", patch).logits
+                    t_patch.append(time.perf_counter() - t)
+                    ratios.append(t_patch[-1] / t_hooks[-1])
+                diff = max(diff, float((a.float() - b.float()).abs().max()))
+    ratio = statistics.median(ratios)
+    ratio_of_means = statistics.fmean(t_patch) / statistics.fmean(t_hooks)
+    print(f"{args.model} {args.task}: batch {tuple(ids.shape)}, {len(cols)} columns x {len(depths)} depths x "
+          f"{args.repeats} pairs; hooks {1e3 * statistics.median(t_hooks):.1f} ms, patcher "
+          f"{1e3 * statistics.median(t_patch):.1f} ms (medians)")
+    print(f"  patcher / hooks = {ratio:.3f} (median of per-pair ratios; ratio of mean times {ratio_of_means:.3f}); "
+          f"goal <= {GOAL}: {'PASS' if ratio <= GOAL else 'FAIL'}; max |logit diff| {diff:.2e}")
+    print(json.dumps({"benchmark": "patching", "model": args.model, "task": args.task, "batch": list(ids.shape),
+                      "threads": args.threads, "columns": cols, "depths": depths, "repeats": args.repeats,
+                      "hooks_median_s": statistics.median(t_hooks), "patcher_median_s": statistics.median(t_patch),
+                      "patcher_over_hooks": ratio, "ratio_of_means": ratio_of_means, "goal_max": GOAL,
+                      "pass": ratio <= GOAL, "max_abs_logit_diff": diff}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
