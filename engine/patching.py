@@ -16,7 +16,8 @@ columns are aligned from the end)
             the output projection (value [B, head_dim]); TransformerLens' hook_attn_out / hook_mlp_out / hook_z
     Under recirculation `state` is z_{t-1,s} (the source-depth state recirculated from t-1), `fused` is
     z'_{t-1,d} (the mixed vector entering t-1's recirculation branch) and `resid` / block sites the token's own
-    normal branch, both branches at and below the target depth d (RecircPatcher).
+    normal branch, both branches at and below the target depth d (RecircPatcher); `rresid` (depth d+1..L, a
+    column before T) is the recirculation branch's own residual, the one later tokens read.
 A state/fused patch matters only where the mode fuses (the fuse mask: previous and current column real tokens
 of the row); a patch at a padding column of a row has no effect on that row.
 
@@ -50,7 +51,7 @@ checks that every clean run equals the engine's prefill (engine.prefill.prefill_
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -65,7 +66,7 @@ from engine.recirculation import RecirculatedLM, lm_only
 from models.families import family_of
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
 
-SITES = ("state", "fused", "resid", "attn_out", "mlp_out", "head")
+SITES = ("state", "fused", "resid", "rresid", "attn_out", "mlp_out", "head")
 BLOCK_SITES = ("attn_out", "mlp_out", "head")  # inside block `layer` (engine.hooks.on_block)
 
 
@@ -150,6 +151,9 @@ class Patcher:
 
     def check(self, p: Patch) -> None:
         self.col(p)
+        if p.site == "rresid":
+            raise UserError(f"{self.mode.name} has no recirculation branch: the rresid site exists under "
+                            "recirc-S:D:A modes only")
         if p.site == "resid" and not 0 <= p.depth <= self.L:
             raise UserError(f"patch depth {p.depth} out of range 0..{self.L}")
         if p.site in BLOCK_SITES and not 0 <= p.layer < self.L:
@@ -421,11 +425,20 @@ class RecircPatcher(Patcher):
             self.zs, self.zd, self.mixed = out.steps.zs, out.steps.zd, out.steps.mixed
         self.clean = RunOut(out.logits[:, -1], out.top, resid)
         self._standard: StandardPatcher | None = None  # identity mixing's resid / block patches (built on use)
+        self._rresid: torch.Tensor | None = None
 
     def fused_positions(self):
         return list(range(1 - self.T, 0))
 
     def check(self, p):
+        if p.site == "rresid":  # the recirculation branch above d (at and below d it is `resid`: one stream)
+            d = self.spec.target
+            if not d < p.depth <= self.L:
+                raise UserError(f"rresid depth {p.depth}: the recirculation branch has its own residual at depths "
+                                f"{d + 1}..{self.L} (at and below {d} it is the token's `resid`)")
+            if self.col(p) == self.T - 1:
+                raise UserError("rresid at T: no later token reads T's recirculation branch, so it is never run")
+            return
         super().check(p)
         if p.site in ("state", "fused") and self.col(p) < 1:
             raise UserError(f"{self.mode.name}: column 0 has no earlier position, so no recirculated state")
@@ -442,6 +455,30 @@ class RecircPatcher(Patcher):
     def resid(self, pass_=None):
         return self.clean.resid
 
+    def rresid(self) -> torch.Tensor:
+        """The clean recirculation branch's residual [B, T, L+1, D] (column T-1: NaN, never run; at and below d
+        it equals the normal branch's). Recorded on first use by one more clean sequential run."""
+        if self._rresid is None:
+            if self.spec.is_identity:  # one stream
+                r = self.clean.resid.clone()
+            else:
+                r = torch.full_like(self.clean.resid, float("nan"))
+                now = {"t": 0, "c_r": None}
+
+                def step_edit(t, inj, c_r, c_n):
+                    now.update(t=t, c_r=c_r)
+
+                def keep(depth, h):
+                    if now["c_r"] is not None:
+                        r[:, now["t"] - 1, depth] = h[:, now["c_r"]]
+                    return None
+
+                self.rlm.sequential(self.ids, self.mask, torch.tensor([self.T - 1]), step_edit=step_edit,
+                                    edit=keep, edit_depths=tuple(range(self.L + 1)))
+            r[:, -1] = float("nan")
+            self._rresid = r
+        return self._rresid
+
     def _no_op(self, p) -> bool:
         """A patch that provably changes nothing: any state patch under identity mixing (alpha = 0 weighs z_s
         by 0), or a value equal to the clean one at a state / fused site."""
@@ -455,6 +492,8 @@ class RecircPatcher(Patcher):
     def _reaches_T(self, p) -> bool:
         """Under identity mixing: whether a resid / block patch can reach T. Later tokens read a column's
         recirculation branch, which a normal-branch patch above d does not touch (and z_s is weighted by 0)."""
+        if p.site == "rresid":  # what later tokens read (never at T: refused by check)
+            return True
         limit = p.depth if p.site == "resid" else p.layer + 1
         return limit <= self.spec.target or self.col(p) == self.T - 1
 
@@ -469,7 +508,8 @@ class RecircPatcher(Patcher):
                 return self.clean.logits
             if self._standard is None:
                 self._standard = StandardPatcher(self.rlm.base, self.ids, self.mask, Mode("standard"))
-            return self._standard.run(live)
+            # the recirculation branch of a column before T is the one stream there
+            return self._standard.run([replace(p, site="resid") if p.site == "rresid" else p for p in live])
         T, d = self.T, self.spec.target
         cols = [self.col(p) for p in patches]
         t0 = min(cols) if self.cache is not None else 0
@@ -477,7 +517,7 @@ class RecircPatcher(Patcher):
         zs_prev = self.zs[:, t0 - 1] if t0 >= 1 else None
         resid_at: dict[int, list] = {}
         for p, c in zip(patches, cols):
-            if p.site == "resid":
+            if p.site in ("resid", "rresid"):
                 resid_at.setdefault(p.depth, []).append((p, c))
         now = {"t": -1, "c_r": None, "c_n": 0}
 
@@ -488,9 +528,9 @@ class RecircPatcher(Patcher):
         def edit(depth, h):
             items = []
             for p, c in resid_at.get(depth, ()):
-                if c == now["t"]:
+                if c == now["t"] and p.site == "resid":
                     items.append((now["c_n"], rowwise(p, p.value, h[:, now["c_n"]])))
-                elif c == now["t"] - 1 and now["c_r"] is not None and depth <= d:
+                elif c == now["t"] - 1 and now["c_r"] is not None and (depth <= d or p.site == "rresid"):
                     items.append((now["c_r"], rowwise(p, p.value, h[:, now["c_r"]])))
             return put_columns(h, items) if items else None
 

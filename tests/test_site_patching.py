@@ -56,7 +56,7 @@ def _block_hooks(lm, patches, col_in_forward):
                 out[:, c] = p.value
                 return out
             handles.append(blk.mlp.register_forward_hook(post))
-        elif p.site == "resid":
+        elif p.site in ("resid", "rresid"):
             def post(mod, args, out, p=p, c=c):
                 h = (out[0] if isinstance(out, tuple) else out).clone()
                 h[:, c] = p.value
@@ -107,6 +107,8 @@ def _ref_recirc(lm, ids, s, d, a, patches=(), state=None):
 
         def where(p):
             c = T + p.pos
+            if p.site == "rresid":  # the recirculation branch of c: column c in every later forward
+                return c if c < t else None
             limit = p.depth if p.site == "resid" else p.layer + 1
             return c if c == t or (c < t and limit <= d) else None
 
@@ -259,3 +261,36 @@ def test_alpha_zero_residual_patches_are_the_base_models():
         torch.testing.assert_close(ctx.patch_resid(mode, depth, pos, batch.pair),
                                    ctx.patch_resid("standard", depth, pos, batch.pair), atol=1e-5, rtol=1e-5)
     assert torch.equal(ctx.patch_resid(mode, 2, -3, batch.pair), ctx.clean[mode].logits)
+
+
+@pytest.mark.parametrize("alpha", [0.4, 0.0])
+def test_recirculation_branch_residual_site(alpha):
+    """rresid: the recirculation branch's own residual above d, read by every later token: against the
+    hand-written forward; its own clean value changes nothing; at alpha = 0 it is the standard patch."""
+    s, d = 3, 1
+    lm = _lm(21)
+    model = FullBandwidthLM(lm, fusion=False).eval()
+    batch = _batch(8)
+    mode = f"recirc-{s}:{d}:{alpha:g}:convex"
+    ctx = CausalContext(model, batch, modes=["standard", mode])
+    r = ctx.runners[mode]
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for depth, pos in ((2, -3), (2, -5)):
+            v = torch.randn(B, D, generator=g)
+            got = ctx.run(mode, [Patch("rresid", v, depth=depth, pos=pos)]).logits
+            ref = _ref_recirc(lm, batch.input_ids, s, d, alpha, [Patch("rresid", v, depth=depth, pos=pos)])
+            torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+            assert (got - ctx.clean[mode].logits).abs().max() > 1e-4
+            own = r.rresid()[:, T + pos, depth]
+            torch.testing.assert_close(ctx.run(mode, [Patch("rresid", own, depth=depth, pos=pos)]).logits,
+                                       ctx.clean[mode].logits, atol=1e-5, rtol=1e-5)
+        # the branch's output at depth L feeds no block: no later token reads it
+        top = ctx.run(mode, [Patch("rresid", torch.randn(B, D, generator=g), depth=L, pos=-4)]).logits
+        torch.testing.assert_close(top, ctx.clean[mode].logits, atol=1e-5, rtol=1e-5)
+        if alpha == 0:
+            torch.testing.assert_close(r.rresid()[:, :-1], ctx.resid("standard")[:, :-1], atol=0, rtol=0)
+    with pytest.raises(Exception, match="rresid"):
+        ctx.run(mode, [Patch("rresid", torch.zeros(B, D), depth=1, pos=-3)])  # at d: that is `resid`
+    with pytest.raises(Exception, match="rresid"):
+        ctx.run("standard", [Patch("rresid", torch.zeros(B, D), depth=2, pos=-3)])
