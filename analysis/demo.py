@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.cli import Parser, output_dir
+from common.cli import Parser, add_output_flags, add_progress_flag, output_dir
 from common.errors import UserError, cli_entry
 
 
@@ -60,9 +60,8 @@ FILES = ("probes.json", "causal_report.json")
 
 def build_parser():
     p = Parser(prog="python -m analysis.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=None, help="output folder (default ./figures/demo/)")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier demo's results in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars or stage lines on stderr")
+    add_output_flags(p, "./figures/demo/")
+    add_progress_flag(p)
     return p
 
 

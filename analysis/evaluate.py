@@ -22,13 +22,14 @@ import time
 import torch
 from tqdm import tqdm
 
-from common.cli import Parser, int_in, int_list, output_dir, output_file, safe_name
+from common.cli import (Parser, add_device_flags, add_model_flag, add_output_flags, add_progress_flag, add_seed_flag,
+                        add_task_flags, add_tokenizer_flag, int_in, int_list, output_dir, output_file, safe_name)
 from common.errors import UserError, cli_entry
 from common.io import DirLock, atomic_write, json_text
 from common.paths import figures_dir
 from engine.modes import DECODINGS, EVAL_MODES, MAX_FUSED_PASSES, parse_mode
 from engine.prefill import fused_trajectory, pad_left, prefill_many
-from common.placement import Placement, add_placement_flags
+from common.placement import Placement
 from models.loading import load_model
 from tasks import ALL_TASKS, DISTRACTOR_COUNTS, TASKS, TRACKING_TASKS
 from tasks.custom import TaskSource, resolve_task
@@ -44,7 +45,6 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 MAX_PAIRS = 5000  # --n-pairs: 2 samples per pair
 MAX_DISTRACTORS = 1024  # --distractors: lines per prompt
 MAX_BATCH = 4096  # --batch-size
-MAX_SEED = 2**32 - 1  # --seed (numpy / sklearn accept 0..2**32-1)
 _SWEEP_RE = re.compile(r"^fused-1\.\.(\d+)$")
 
 
@@ -262,10 +262,9 @@ def table(rows, sweep) -> str:
 @cli_entry
 def main(argv=None):
     p = Parser(prog="python -m analysis.evaluate", description=__doc__)
-    p.add_argument("--model", default="tiny-fbt", help="preset name or checkpoint dir (default tiny-fbt)")
-    p.add_argument("--tasks", default=",".join(TASKS),
-                   help=f"comma-separated tasks: {', '.join(ALL_TASKS)}, path/to/samples.jsonl or "
-                        "package.module:function (default: the three probing tasks)")
+    add_model_flag(p, "tiny-fbt")
+    add_task_flags(p, ALL_TASKS, ",".join(TASKS), several=True,
+                   default_text=f"{','.join(TASKS)}, the three probing tasks")
     p.add_argument("--distractors", default=None,
                    help=f"comma-separated N, each in 0..{MAX_DISTRACTORS} (default 0,8,32,128,256; parity and "
                         f"shell_game {','.join(map(str, TRACKING_DISTRACTORS))}; a JSONL file: its own N values)")
@@ -278,20 +277,14 @@ def main(argv=None):
                         "samples; a JSONL file: all its pairs unless given)")
     p.add_argument("--batch-size", type=int_in(1, MAX_BATCH), default=64,
                    help=f"samples per forward batch, 1..{MAX_BATCH} (default 64)")
-    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=EVAL_SEED,
-                   help=f"seed of the evaluation datasets, 0..{MAX_SEED} (default {EVAL_SEED}, the fixed evaluation "
-                        "seed of the model cards): another seed checks any number on fresh samples; recorded in "
-                        "meta.seed, each dataset's fingerprint in meta.datasets")
-    p.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
-                   help="tokenize the prompts with this tokenizer: a folder holding tokenizer.json (or "
-                        "tokenizer_config.json with its vocabulary files) or a preset name (tiny-fbt, "
-                        "smollm2-135m, ...); default the model's own, and a model folder without one is refused")
-    p.add_argument("--out", help="JSON output path (default ./figures/<model name>/eval.json under the current "
-                                 "directory; the shipped cards "
-                                 "keep a copy beside the checkpoint)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_placement_flags(p)
+    add_seed_flag(p, "the evaluation datasets (another seed checks any number on fresh samples; recorded in "
+                     "meta.seed, each dataset's fingerprint in meta.datasets)", EVAL_SEED,
+                  default_text=f"{EVAL_SEED}, the fixed evaluation seed of the model cards")
+    add_tokenizer_flag(p)
+    add_output_flags(p, "./figures/<model name>/eval.json under the current directory; the shipped cards keep a "
+                        "copy beside the checkpoint", kind="file", out_extra=": the JSON results")
+    add_progress_flag(p)
+    add_device_flags(p)
     a = p.parse_args(argv)
     # --- everything that can be refused is checked before the model loads
     if not a.model.strip():

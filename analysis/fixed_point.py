@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.cli import Parser, int_in
+from common.cli import Parser, add_model_flag, add_tokenizer_flag, int_in
 from common.errors import UserError, cli_entry
 from engine.prefill import fixed_point_top, jacobi_pass, pad_left, shift_state
 from tasks import make_dataset
@@ -82,15 +82,12 @@ def probe(m, tok, n=8):
 @cli_entry
 def main(argv=None):
     ap = Parser(prog="python -m analysis.fixed_point", description=__doc__)
-    ap.add_argument("model", help="checkpoint dir or preset name (a model with a fusion module)")
+    add_model_flag(ap, help_extra=", with a fusion module", positional=True)
     ap.add_argument("--probe", action="store_true", help="also probe the name and the answer per depth "
                                                           "(multi_register, grouped CV)")
     ap.add_argument("--n", type=int_in(0, MAX_DISTRACTORS), default=8,
                     help=f"distractor lines N, 0..{MAX_DISTRACTORS} (default 8)")
-    ap.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
-                    help="tokenize the prompts with this tokenizer: a folder holding tokenizer.json (or "
-                         "tokenizer_config.json with its vocabulary files) or a preset name; default the model's "
-                         "own, and a model folder without one is refused")
+    add_tokenizer_flag(ap)
     a = ap.parse_args(argv)
     from models.tokenizers import resolve_tokenizer, tokenizer_source
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import time
 
-from common.cli import Parser, int_in, int_list, output_dir
+from common.cli import (Parser, add_output_flags, add_plotly_flag, add_progress_flag, add_task_flags,
+                        add_tokenizer_flag, int_in, int_list, output_dir)
 from common.errors import UserError, cli_entry
 from common.io import atomic_write, json_text, fresh_output
 from common.paths import figures_dir
-from common.plotlyjs import PLOTLY_CHOICES, include_plotlyjs, write_plotly_js
+from common.plotlyjs import include_plotlyjs, write_plotly_js
 from analysis.evaluate import MAX_DISTRACTORS, MAX_PAIRS, evaluate, parse_tasks
 from models.loading import load_model
 from tasks import ALL_TASKS, TASKS
@@ -55,22 +56,15 @@ def main(argv=None):
     p = Parser(prog="python -m analysis.gains", description=__doc__)
     p.add_argument("--fbt", default="tiny-fbt", help="full-bandwidth model (preset or dir)")
     p.add_argument("--std", default="tiny-std", help="standard baseline model (preset or dir)")
-    p.add_argument("--tasks", default=",".join(TASKS),
-                   help=f"comma-separated tasks of {', '.join(ALL_TASKS)} (default {','.join(TASKS)})")
+    add_task_flags(p, ALL_TASKS, ",".join(TASKS), several=True, custom=False)
     p.add_argument("--distractors", default="0,8,32,128",
                    help=f"comma-separated N, each in 0..{MAX_DISTRACTORS} (default 0,8,32,128)")
     p.add_argument("--n-pairs", type=int_in(1, MAX_PAIRS), default=50,
                    help=f"pairs per task and N, 1..{MAX_PAIRS} (default 50)")
-    p.add_argument("--out", default=None, help="output dir (default ./figures/gains under the current directory)")
-    p.add_argument("--plotly", default="directory", choices=PLOTLY_CHOICES,
-                   help="plotly.js: plotly.min.js written once beside the page (directory, default; offline), "
-                        "embedded in the page (inline, 4.8 MB) or loaded from cdn.plot.ly (cdn, needs a network)")
-    p.add_argument("--overwrite", action="store_true", help="replace existing results")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
-                   help="tokenize the prompts of both models with this tokenizer: a folder holding tokenizer.json "
-                        "(or tokenizer_config.json with its vocabulary files) or a preset name; default each "
-                        "model's own, and a model folder without one is refused")
+    add_output_flags(p, "./figures/gains under the current directory")
+    add_plotly_flag(p)
+    add_progress_flag(p)
+    add_tokenizer_flag(p)
     a = p.parse_args(argv)
     from models.tokenizers import resolve_tokenizer, tokenizer_source
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.cli import Parser, output_file
+from common.cli import Parser, add_output_flags, add_plotly_flag, output_file
 from common.errors import UserError, cli_entry
 from common.io import atomic_write
 from common.paths import figures_dir
 
-from common.plotlyjs import PLOTLY_CHOICES, include_plotlyjs, write_plotly_js
+from common.plotlyjs import include_plotlyjs, write_plotly_js
 from probes.depth_curves import PALETTE, load_results_doc, rgba
 
 DIV_ID = "length-curves"
@@ -106,12 +106,9 @@ def main(argv=None):
     p.add_argument("--model-modes", action="append", default=[], metavar="MODEL:MODES",
                    help="modes drawn for one model instead of --modes, e.g. tiny-std-track:std (repeatable; MODEL "
                         "is the model name in its eval.json)")
-    p.add_argument("--out", default=None, help="HTML output file (default ./figures/length_curves.html)")
+    add_output_flags(p, "./figures/length_curves.html", kind="file", out_extra=": the HTML page")
     p.add_argument("--png", help="also write a PNG here (needs headless Chromium)")
-    p.add_argument("--plotly", default="directory", choices=PLOTLY_CHOICES,
-                   help="plotly.js: plotly.min.js written once beside the page (directory, default; offline), "
-                        "embedded in the page (inline, 4.8 MB) or loaded from cdn.plot.ly (cdn, needs a network)")
-    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    add_plotly_flag(p)
     a = p.parse_args(argv)
     out = output_file(a.out if a.out is not None else figures_dir("length_curves.html"))
     png = output_file(a.png, "--png") if a.png else None

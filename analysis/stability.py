@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common.cli import Parser, int_in, output_dir
+from common.cli import Parser, add_output_flags, add_plotly_flag, add_task_flags, add_tokenizer_flag, int_in, output_dir
 from common.errors import UserError, cli_entry
 from common.io import atomic_write, json_text, fresh_output
 from common.paths import figures_dir
-from common.plotlyjs import PLOTLY_CHOICES, include_plotlyjs, write_plotly_js
+from common.plotlyjs import include_plotlyjs, write_plotly_js
 from analysis.evaluate import EVAL_SEED, MAX_DISTRACTORS, parse_tasks
 from engine.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
 from models.loading import load_model
@@ -95,24 +95,17 @@ OUTPUTS = ("stability.json", "stability.html")
 def main(argv=None):
     p = Parser(prog="python -m analysis.stability", description=__doc__)
     p.add_argument("--models", default="tiny-fbt,tiny-fbt-no3", help="comma-separated presets or checkpoint dirs")
-    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks of {', '.join(ALL_TASKS)} "
-                   f"(default {','.join(TASKS)})")
+    add_task_flags(p, ALL_TASKS, ",".join(TASKS), several=True, custom=False)
     p.add_argument("--distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
                    help=f"N distractor lines, 0..{MAX_DISTRACTORS} (default 8)")
     p.add_argument("--passes", type=int_in(1, MAX_FUSED_PASSES), default=30,
                    help=f"max fused passes k, 1..{MAX_FUSED_PASSES} (default 30)")
     p.add_argument("--long", action="store_true", help="also run to k = 100 and 1000")
-    p.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
-                   help="tokenize the prompts of every model with this tokenizer: a folder holding tokenizer.json "
-                        "(or tokenizer_config.json with its vocabulary files) or a preset name; default each "
-                        "model's own, and a model folder without one is refused")
+    add_tokenizer_flag(p)
     p.add_argument("--n-pairs", type=int_in(1, MAX_PAIRS), default=16,
                    help=f"held-out pairs per task, 1..{MAX_PAIRS} (default 16)")
-    p.add_argument("--out", default=None, help="output dir (default ./figures/stability under the current directory)")
-    p.add_argument("--plotly", default="directory", choices=PLOTLY_CHOICES,
-                   help="plotly.js: plotly.min.js written once beside the page (directory, default; offline), "
-                        "embedded in the page (inline, 4.8 MB) or loaded from cdn.plot.ly (cdn, needs a network)")
-    p.add_argument("--overwrite", action="store_true", help="replace existing results in --out")
+    add_output_flags(p, "./figures/stability under the current directory")
+    add_plotly_flag(p)
     a = p.parse_args(argv)
     # --- everything that can be refused is checked before any model loads
     tasks = parse_tasks(a.tasks, [a.distractors])

@@ -17,7 +17,6 @@ Human-readable lines first; the LAST line of stdout is one JSON object.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -33,18 +32,21 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere without an install
 
+from common.cli import Parser, add_model_flag, add_threads_flag, set_threads  # noqa: E402
+from common.errors import cli_entry  # noqa: E402
+
 GOAL_RATIO = 1.15
 GOAL_E2E_S = 180.0
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="checkpoint dir / preset for both parts (default: random tiny-fbt-shaped "
-                                   "model for part 1, the tiny-fbt checkpoint for part 2)")
+    p = Parser(prog="python benchmarks/collect.py", description=__doc__)
+    add_model_flag(p, None, " for both parts",
+                   default_text="a random tiny-fbt-shaped model for part 1, the tiny-fbt checkpoint for part 2")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--distractors", type=int, default=32)
     p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    add_threads_flag(p)
     p.add_argument("--skip-e2e", action="store_true")
     return p.parse_args(argv)
 
@@ -55,10 +57,10 @@ def _timed(fn):
     return time.perf_counter() - w, time.process_time() - c
 
 
+@cli_entry
 def main(argv=None):
     a = parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     from models.configs import qwen3_config
     from models.full_bandwidth import FullBandwidthLM
     from engine.prefill import pad_left

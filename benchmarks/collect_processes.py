@@ -24,18 +24,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere without an install
 
+from common.cli import DefaultsFormatter, Parser, add_model_flag, add_threads_flag, set_threads  # noqa: E402
+from common.errors import cli_entry  # noqa: E402
+
 PROCS = (1, 2)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="tiny-fbt", help="preset or checkpoint dir")
+    p = Parser(prog="python benchmarks/collect_processes.py", description=__doc__.split("\n\n")[0],
+               formatter_class=DefaultsFormatter)
+    add_model_flag(p, "tiny-fbt")
     p.add_argument("--modes", default="standard,recurrent-1", help="modes collected")
     p.add_argument("--n-pairs", type=int, default=96, help="pairs of the completion dataset")
     p.add_argument("--distractors", type=int, default=32, help="distractor lines per prompt")
     p.add_argument("--batch-size", type=int, default=32, help="rows per nnsight trace")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    add_threads_flag(p, 1, "; per process")
     p.add_argument("--repeats", type=int, default=5, help="timed collections per launch; medians over these")
     p.add_argument("--timeout", type=int, default=1800, help="seconds allowed per launch (a hang guard)")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: this process is one of a launch's workers
@@ -50,7 +53,7 @@ def worker(a) -> None:
     from tasks import make_dataset, tokenize_samples
     from models.loading import load_model
 
-    torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     procs = Processes.start()
     try:
         model, tok, _ = load_model(a.model)
@@ -82,10 +85,12 @@ def launch(a, n: int) -> dict:
                        a.threads, a.timeout)
 
 
+@cli_entry
 def main(argv=None) -> None:
     a = parse_args(argv)
     if a.worker:
         return worker(a)
+    a.threads = a.threads or set_threads(0)  # 0: torch's own default, resolved here for the launched workers
     res = {n: launch(a, n) for n in PROCS}
     med = {n: statistics.median(r["times"]) for n, r in res.items()}
     tok = res[1]["tokens"]

@@ -31,7 +31,6 @@ Human-readable lines first; the LAST line of stdout is one JSON object with all 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -43,9 +42,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
-from common.cli import Parser, int_in, int_list  # noqa: E402
+from common.cli import (Parser, add_device_flags, add_seed_flag, add_threads_flag, int_in, int_list,  # noqa: E402
+                        set_threads)
 from common.cpus import available_cpus  # noqa: E402
 from common.errors import UserError, cli_entry  # noqa: E402
+from common.placement import Placement  # noqa: E402
 from engine.prefill import DECODINGS, generate, prefill  # noqa: E402
 from models.full_bandwidth import FullBandwidthLM  # noqa: E402
 
@@ -57,9 +58,9 @@ SMOL_SHAPE = dict(vocab=49152, layers=30, d_model=576, heads=9, kv_heads=3, head
 assert "std" in DECODINGS and "soft" in DECODINGS
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = Parser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None):
+    p = Parser(prog="python benchmarks/decode.py", description=__doc__.split("\n\n")[0],
+               epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--models", default=f"{SMOL},tiny-fbt",
                    help=f"comma-separated: '{SMOL}' (random-init SmolLM2-135M shape) and/or preset names or "
                         "checkpoint dirs with a fusion module (default: %(default)s)")
@@ -73,8 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="interleaved pairs per figure, their order alternating (default: %(default)s)")
     p.add_argument("--parts", default="decode,recurrent-full",
                    help="which measurements: decode, recurrent-full or both (default: %(default)s)")
-    p.add_argument("--threads", type=int_in(1, 4096), default=available_cpus(),
-                   help="torch.set_num_threads value (default: all CPUs available to this process, %(default)s)")
+    add_threads_flag(p, available_cpus(), default_text=f"{available_cpus()}, the CPUs available to this process")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="'wall': elapsed time; 'cpu': this process's CPU time, much less disturbed by other busy "
                         "processes (meaningful with --threads 1 on CPU) (default: %(default)s)")
@@ -84,8 +84,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smol-layers", type=int_in(1, 1000), default=SMOL_SHAPE["layers"],
                    help="decoder blocks of the SmolLM2-shaped model; fewer for a quick check, the decode goal "
                         "then does not apply (default: %(default)s)")
-    p.add_argument("--seed", type=int_in(0), default=0, help="seed for the random weights and tokens (default: 0)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_seed_flag(p, "the random weights and tokens")
+    add_device_flags(p, dtype=False, device_map=False)
     a = p.parse_args(argv)
     a.models = [m.strip() for m in a.models.split(",") if m.strip()]
     if not a.models:
@@ -247,8 +247,8 @@ def verdict(x: float, goal: float | None) -> str:
 def main(argv=None) -> dict:
     a = parse_args(argv)
     clock = time.perf_counter if a.clock == "wall" else time.process_time
-    torch.set_num_threads(a.threads)
-    device = torch.device(a.device)
+    a.threads = set_threads(a.threads)
+    device = Placement.from_args(a).torch_device
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     print(f"torch threads {torch.get_num_threads()}; clock {a.clock}; device {device}; T={a.prompt_len} prompt "
           f"tokens, N={a.new_tokens} new tokens; {a.repeats} interleaved pairs per figure")

@@ -16,7 +16,6 @@ Human-readable lines first; the LAST line of stdout is one JSON object with all 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -26,35 +25,38 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
+from common.cli import DefaultsFormatter, Parser, add_model_flag, add_threads_flag, set_threads  # noqa: E402
 from common.cpus import available_cpus  # noqa: E402
+from common.errors import UserError, cli_entry  # noqa: E402
 from engine.prefill import fixed_point_top, shift_state  # noqa: E402
 from models.loading import load_model  # noqa: E402
 from training.presets import PRESETS  # noqa: E402
 from training.data import make_batches  # noqa: E402
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="tiny-fbt", help="preset name or checkpoint dir with a fusion module")
+def parse_args(argv=None):
+    p = Parser(prog="python benchmarks/fixed_point.py", description=__doc__.split("\n\n")[0],
+               formatter_class=DefaultsFormatter)
+    add_model_flag(p, "tiny-fbt", ", with a fusion module")
     p.add_argument("--preset", default="tiny-fbt", choices=list(PRESETS), help="whose batches are drawn")
     p.add_argument("--tol", type=float, default=1e-3, help="relative state-change tolerance of the Jacobi path")
     p.add_argument("--first-step", type=int, default=3000, help="first training step whose batches are used")
     p.add_argument("--steps", type=int, default=8, help="consecutive training steps (3 micro-batches each)")
-    p.add_argument("--threads", type=int, default=available_cpus(), help="torch.set_num_threads value")
+    add_threads_flag(p, available_cpus(), default_text=f"{available_cpus()}, the CPUs available to this process")
     a = p.parse_args(argv)
-    if a.steps < 1 or a.threads < 1 or a.first_step < 0 or not 0 < a.tol < 1:
-        p.error("--steps and --threads must be >= 1, --first-step >= 0, --tol in (0, 1)")
+    if a.steps < 1 or a.first_step < 0 or not 0 < a.tol < 1:
+        p.error("--steps must be >= 1, --first-step >= 0, --tol in (0, 1)")
     return a
 
 
+@cli_entry
 @torch.no_grad()
 def main(argv=None) -> dict:
     a = parse_args(argv)
-    torch.set_num_threads(a.threads)
+    a.threads = set_threads(a.threads)
     model, tok, _ = load_model(a.model)
     if not model.has_fusion:
-        sys.exit(f"error: {a.model} has no fusion module")
+        raise UserError(f"{a.model} has no fusion module")
     model.eval()
     cfg = PRESETS[a.preset]
     t_exact = t_tol = 0.0

@@ -16,7 +16,6 @@ object.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -26,11 +25,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.cli import Parser, add_model_flag, add_task_flags  # noqa: E402
+from common.errors import cli_entry  # noqa: E402
+from tasks import ALL_TASKS  # noqa: E402
 
+
+@cli_entry
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="tiny-fbt")
-    p.add_argument("--task", default="completion")
+    p = Parser(prog="python benchmarks/interventions.py", description=__doc__.splitlines()[0])
+    add_model_flag(p, "tiny-fbt")
+    add_task_flags(p, ALL_TASKS, "completion", custom=False)
     p.add_argument("--n-pairs", default="200")
     p.add_argument("--distractors", default="8")
     p.add_argument("--control-model", default=None)

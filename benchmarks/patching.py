@@ -14,7 +14,6 @@ per-pair ratios (goal <= 0.7). The last line of stdout is one JSON object.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -23,23 +22,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.cli import Parser, add_model_flag, add_task_flags, add_threads_flag, set_threads  # noqa: E402
+from common.errors import cli_entry  # noqa: E402
+from tasks import ALL_TASKS  # noqa: E402
+
 GOAL = 0.7
 
 
+@cli_entry
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--task", default="completion")
+    p = Parser(prog="python benchmarks/patching.py", description=__doc__.splitlines()[0])
+    add_model_flag(p, "smollm2-135m")
+    add_task_flags(p, ALL_TASKS, "completion", custom=False)
     p.add_argument("--n-pairs", type=int, default=16)
     p.add_argument("--distractors", type=int, default=8)
     p.add_argument("--positions", type=int, default=12, help="patched columns, spread over the prompt")
     p.add_argument("--repeats", type=int, default=3, help="timed pairs per (position, depth)")
-    p.add_argument("--threads", type=int, default=2)
+    add_threads_flag(p, 2)
     args = p.parse_args(argv)
 
     import torch
 
-    torch.set_num_threads(args.threads)
+    args.threads = set_threads(args.threads)
     from engine.patching import Patch
     from interventions.core import Batch, CausalContext
     from interventions.run import _load

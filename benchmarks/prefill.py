@@ -22,7 +22,6 @@ Human-readable lines first; the LAST line of stdout is one JSON object with all 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -34,7 +33,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
+from common.cli import (DefaultsFormatter, Parser, add_device_flags, add_seed_flag, add_threads_flag,  # noqa: E402
+                        set_threads)
 from common.cpus import available_cpus  # noqa: E402
+from common.errors import cli_entry  # noqa: E402
+from common.placement import Placement  # noqa: E402
 from models.configs import qwen3_config  # noqa: E402
 from models.full_bandwidth import FullBandwidthLM  # noqa: E402
 from engine.prefill import prefill_many  # noqa: E402
@@ -42,11 +45,10 @@ from engine.prefill import prefill_many  # noqa: E402
 GOAL_SCALING, GOAL_SPEEDUP, GOAL_OVERHEAD = 4.5, 5.0, 1.15
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--threads", type=int, default=available_cpus(),
-                   help="torch.set_num_threads value (default: all CPUs available to this process)")
+def parse_args(argv=None):
+    p = Parser(prog="python benchmarks/prefill.py", description=__doc__.split("\n\n")[0],
+               formatter_class=DefaultsFormatter)
+    add_threads_flag(p, available_cpus(), default_text=f"{available_cpus()}, the CPUs available to this process")
     p.add_argument("--layers", type=int, default=4, help="decoder blocks of the tiny Qwen3-style model")
     p.add_argument("--d-model", type=int, default=128, help="hidden size")
     p.add_argument("--heads", type=int, default=4, help="attention heads (KV heads = heads // 2)")
@@ -64,10 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="'wall': elapsed time; 'cpu': this process's CPU time, much less disturbed by other busy "
                         "processes on the machine (meaningful with --threads 1 on CPU)")
-    p.add_argument("--seed", type=int, default=0, help="seed for weights and tokens")
-    p.add_argument("--device", default="cpu", help="torch device")
+    add_seed_flag(p, "the random weights and tokens")
+    add_device_flags(p, dtype=False, device_map=False)
     a = p.parse_args(argv)
-    if min(a.threads, a.layers, a.d_model, a.heads, a.vocab, a.batch, a.repeats, a.naive_samples, a.overhead_repeats) < 1:
+    if min(a.layers, a.d_model, a.heads, a.vocab, a.batch, a.repeats, a.naive_samples, a.overhead_repeats) < 1:
         p.error("all sizes and counts must be >= 1")
     if not 2 <= a.short <= a.long:
         p.error("need 2 <= --short <= --long")
@@ -98,12 +100,13 @@ def naive_step(model, ids, mask, state, fuse, t):
     return model(ids[:, :t + 1], mask[:, :t + 1], state=state[:, :t + 1], fuse_mask=fuse[:, :t + 1]).top[:, -1]
 
 
+@cli_entry
 def main(argv=None) -> dict:
     global CLOCK
     a = parse_args(argv)
     CLOCK = time.perf_counter if a.clock == "wall" else time.process_time
-    torch.set_num_threads(a.threads)
-    device = torch.device(a.device)
+    set_threads(a.threads)
+    device = Placement.from_args(a).torch_device
     cfg = qwen3_config(a.vocab, n_layers=a.layers, d_model=a.d_model, n_heads=a.heads, n_kv_heads=a.heads // 2,
                        max_len=max(2048, a.long))
     model = FullBandwidthLM.from_config(cfg, seed=a.seed).eval().to(device)

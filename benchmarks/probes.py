@@ -18,7 +18,6 @@ Exit 1 if a tight-tolerance solver's pooled held-out accuracy differs from ours.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -26,6 +25,9 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common.cli import Parser, add_threads_flag  # noqa: E402
+from common.errors import cli_entry  # noqa: E402
 
 
 def _objective(clf, X, y, C, classes, balanced):
@@ -48,14 +50,15 @@ def _objective(clf, X, y, C, classes, balanced):
     return pen + C * float(np.sum(w * loss))
 
 
+@cli_entry
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(prog="python benchmarks/probes.py", description=__doc__.splitlines()[0])
     p.add_argument("--depths", type=int, default=8, help="depths (SmolLM2 has 31; time scales linearly)")
     p.add_argument("--d-model", type=int, default=576)
     p.add_argument("--n-pairs", type=int, default=48)
     p.add_argument("--classes", type=int, default=2, help="label classes (3: shell_game-like pairs)")
     p.add_argument("--tight-tol", type=float, default=1e-8, help="tol of the tight scikit-learn runs")
-    p.add_argument("--threads", type=int, default=1, help="BLAS threads")
+    add_threads_flag(p, 1, "; here the BLAS / OpenMP pools of the scikit-learn fits (threadpoolctl; 0: no limit)")
     a = p.parse_args(argv)
     if a.classes < 2 or a.depths < 1 or a.n_pairs < 10:
         p.error("need --classes >= 2, --depths >= 1, --n-pairs >= 10")
@@ -69,7 +72,7 @@ def main(argv=None) -> int:
     import stats.linear as lin
     from stats.estimator import RowSpaceLogisticRegression
 
-    threadpool_limits(a.threads)
+    threadpool_limits(a.threads or None)
     rng = np.random.default_rng(0)
     k = a.classes
     # pairs of two different labels, one group each (binary: (0, 1); K classes: (c, c + 1 mod K) cycling)

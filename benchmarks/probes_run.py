@@ -14,7 +14,6 @@ is run and not counted. Human-readable lines first; the LAST line of stdout is o
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -26,13 +25,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from anywhere without an install
+
+from common.cli import Parser  # noqa: E402
+from common.errors import cli_entry  # noqa: E402
+
 BASELINE = "7e5b62d"
 GOAL = 1.15
 DEFAULT_ARGS = ["--task", "completion"]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python benchmarks/probes_run.py", description=__doc__)
     p.add_argument("--baseline-commit", default=BASELINE,
                    help=f"commit checked out into a temporary git worktree (default {BASELINE})")
     p.add_argument("--baseline-dir", default=None, help="an existing checkout of the baseline instead")
@@ -70,6 +74,7 @@ def _summary(xs):
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
+@cli_entry
 def main(argv=None):
     a = parse_args(argv)
     args = a.probes_args or DEFAULT_ARGS

@@ -15,7 +15,6 @@ Default model: a random tiny Qwen3-style model (4 layers, d_model 128) that runs
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -26,15 +25,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
+from common.cli import DefaultsFormatter, Parser, add_model_flag, add_threads_flag, set_threads  # noqa: E402
 from common.errors import UserError, cli_entry  # noqa: E402
 from engine.prefill import generate  # noqa: E402
 from engine.recirculation import RecirculatedLM, parse_recirculate  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="tiny", help="tiny (random 4-layer d128 Qwen3-style), smollm2-135m, or a dir")
+    p = Parser(prog="python benchmarks/recirculation.py", description=__doc__.split("\n\n")[0],
+               formatter_class=DefaultsFormatter)
+    add_model_flag(p, "tiny", ", or tiny (a random 4-layer d128 Qwen3-style model)")
     p.add_argument("--recirculate", default=None,
                    help="s:d:alpha[:convex|residual] (default: L:L//4:0.1:convex for the model's L layers)")
     p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens before generating")
@@ -42,7 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--prefill-len", type=int, default=256, help="prompt length of the prefill comparison")
     p.add_argument("--passes", default="1,2,4", help="blockwise pass counts")
     p.add_argument("--repeats", type=int, default=3, help="timings per measurement (median)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    add_threads_flag(p)
     return p.parse_args(argv)
 
 
@@ -69,8 +69,7 @@ def main(argv=None):
     if min(a.prompt_len, a.prefill_len, a.repeats) < 1 or a.new_tokens < 2:
         raise UserError("--prompt-len, --prefill-len, --repeats must be >= 1 and --new-tokens >= 2")
     passes = [int(x) for x in a.passes.split(",") if x.strip()]
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     model = _load(a.model)
     L = model.n_layers
     spec = parse_recirculate(a.recirculate or f"{L}:{max(1, L // 4)}:0.1:convex", L)

@@ -19,7 +19,6 @@ Human-readable lines first; the LAST line of stdout is one JSON object with all 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -31,7 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
+from common.cli import DefaultsFormatter, Parser, add_seed_flag, add_threads_flag, set_threads  # noqa: E402
 from common.cpus import available_cpus  # noqa: E402
+from common.errors import cli_entry  # noqa: E402
 from training.loss import multipass_loss  # noqa: E402
 from training.model import build_model  # noqa: E402
 from training.presets import PRESETS  # noqa: E402
@@ -40,28 +41,28 @@ GOAL_RATIO = 1.05
 PASSES = (1, 2, 3)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def parse_args(argv=None):
+    p = Parser(prog="python benchmarks/train.py", description=__doc__.split("\n\n")[0],
+               formatter_class=DefaultsFormatter)
     p.add_argument("--preset", default="tiny-fbt", choices=[k for k in PRESETS],
                    help="training preset whose architecture and loss settings are timed")
-    p.add_argument("--threads", type=int, default=available_cpus(),
-                   help="torch.set_num_threads value (default: all CPUs available to this process)")
+    add_threads_flag(p, available_cpus(), default_text=f"{available_cpus()}, the CPUs available to this process")
     p.add_argument("--rows", type=int, default=16, help="sequences per batch")
     p.add_argument("--length", type=int, default=256, help="tokens per sequence (rows x length ~ batch tokens)")
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the task tokenizer's)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds (one step of every K each)")
     p.add_argument("--repeats", type=int, default=7, help="timed rounds; medians over these")
-    p.add_argument("--seed", type=int, default=0, help="seed for weights, tokens and noise")
+    add_seed_flag(p, "the random weights, tokens and noise")
     a = p.parse_args(argv)
-    if min(a.threads, a.rows, a.repeats) < 1 or a.length < 2 or a.warmup < 0 or (a.vocab is not None and a.vocab < 2):
-        p.error("--threads, --rows, --repeats must be >= 1, --length >= 2, --warmup >= 0, --vocab >= 2")
+    if min(a.rows, a.repeats) < 1 or a.length < 2 or a.warmup < 0 or (a.vocab is not None and a.vocab < 2):
+        p.error("--rows, --repeats must be >= 1, --length >= 2, --warmup >= 0, --vocab >= 2")
     return a
 
 
+@cli_entry
 def main(argv=None) -> dict:
     a = parse_args(argv)
-    torch.set_num_threads(a.threads)
+    a.threads = set_threads(a.threads)
     cfg = replace(PRESETS[a.preset], seed=a.seed)
     if a.vocab is None:
         from tasks import build_tokenizer

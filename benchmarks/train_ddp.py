@@ -29,16 +29,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere without an install
 
+from common.cli import DefaultsFormatter, Parser, add_threads_flag, set_threads  # noqa: E402
+from common.errors import cli_entry  # noqa: E402
+
 PROCS = (1, 2)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     from training.presets import PRESETS
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog="python benchmarks/train_ddp.py", description=__doc__.split("\n\n")[0],
+               formatter_class=DefaultsFormatter)
     p.add_argument("--preset", default="tiny-fbt", choices=list(PRESETS), help="training recipe whose steps are timed")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    add_threads_flag(p, 1, "; per process")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--steps", type=int, default=10, help="timed steps; medians over these")
     p.add_argument("--first-step", type=int, default=0,
@@ -46,8 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=int, default=1800, help="seconds allowed per launch (a hang guard)")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: this process is one of a launch's workers
     a = p.parse_args(argv)
-    if min(a.threads, a.steps) < 1 or a.warmup < 0 or a.first_step < 0:
-        p.error("--threads and --steps must be >= 1, --warmup and --first-step >= 0")
+    if a.steps < 1 or a.warmup < 0 or a.first_step < 0:
+        p.error("--steps must be >= 1, --warmup and --first-step >= 0")
     return a
 
 
@@ -62,7 +65,7 @@ def worker(a: argparse.Namespace) -> None:
     from training.presets import get_preset
     from training.data import make_batches
 
-    torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     procs = Processes.start()
     try:
         cfg = get_preset(a.preset)
@@ -105,11 +108,13 @@ def launch(a: argparse.Namespace, n: int) -> dict:
                        a.threads, a.timeout)
 
 
+@cli_entry
 def main(argv=None) -> dict:
     a = parse_args(argv)
     if a.worker:
         worker(a)
         return {}
+    a.threads = a.threads or set_threads(0)  # 0: torch's own default, resolved here for the launched workers
     runs = {n: launch(a, n) for n in PROCS}
     if runs[1]["tokens"] != runs[2]["tokens"] or runs[1]["passes"] != runs[2]["passes"]:
         sys.exit("error: the process counts trained different batches")  # the data is a function of (seed, step)

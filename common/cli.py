@@ -1,17 +1,32 @@
-"""The CLI toolkit every command shares: one-line-error parser, bounded numeric arguments, output paths.
+"""The CLI toolkit every command shares: one-line-error parser, shared flag groups, bounded numeric arguments,
+output paths.
+
+Every entry point (the packages' `python -m ...` commands, benchmarks/ and scripts/) builds its parser on `Parser`
+and declares the flags it shares with others through the groups below, declared once here, so that every
+`--help` lists them in the same words and with the same bounds:
+
+    add_model_flag      --model (or a positional MODEL)       add_tokenizer_flag  --tokenizer
+    add_task_flags      --task / --tasks (or a positional)    add_seed_flag       --seed, 0..MAX_SEED
+    add_output_flags    --out, --overwrite                    add_device_flags    --device, --dtype, --device-map
+    add_threads_flag    --threads, 0..MAX_THREADS             add_progress_flag   --no-progress
+    add_plotly_flag     --plotly
 
 A malformed invocation must end in exactly one stderr line and exit code 2 *before any heavy work and before
-any file is touched*: parse with `Parser`, give every size flag a range with `int_in` / `float_in`, and check
-output locations with `output_dir` / `output_file` before loading a model.
+any file is touched*: parse with `Parser` inside a `common.errors.cli_entry` main, give every size flag a range
+with `int_in` / `float_in`, and check output locations with `output_dir` / `output_file` before loading a model.
+No module outside this one builds an `argparse.ArgumentParser` itself or reads `sys.argv` (tests/test_cli_toolkit.py).
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
+import sys
 from pathlib import Path
 
 from common.errors import UserError
+from common.placement import DEVICE_MAPS, DEVICES, DTYPES
+from common.plotlyjs import PLOTLY_CHOICES
 
 
 class Parser(argparse.ArgumentParser):
@@ -23,6 +38,24 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         raise UserError(message)
+
+
+class DefaultsFormatter(argparse.RawDescriptionHelpFormatter):
+    """`--help` with every flag's default appended, as ``(default: X)`` (argparse.ArgumentDefaultsHelpFormatter),
+    except the shared flags, whose help states its default in the shared words, and flags without a value."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if getattr(action, "shared", None) or "%(default)" in text or not action.option_strings or \
+                any(action.default is x for x in (None, False, argparse.SUPPRESS)):
+            return text
+        return text + " (default: %(default)s)"
+
+
+def command_text(prog: str, argv=None) -> str:
+    """The command as it was run, for a results file: `prog` and its arguments (the process's own when `argv` is
+    None)."""
+    return prog + " " + " ".join(sys.argv[1:] if argv is None else argv)
 
 
 def _range_text(lo, hi) -> str:
@@ -222,3 +255,154 @@ def safe_name(name_or_path: str | Path) -> str:
     if name in ("", ".", "..") or os.sep in name:
         raise UserError(f"cannot derive a model name from {str(name_or_path)!r}: give --out explicitly")
     return name
+
+
+# ----- shared flag groups -----------------------------------------------------------------------------------------
+# One bound for every --seed. The seeds reach random.Random, numpy's default_rng, torch generators (any size) and
+# scikit-learn's random_state (a numpy RandomState: 0..2**32-1), so --seed takes numpy's whole range; a second
+# stream derived from it (seed + 1000 for the random subspace of interventions.suite, seed + 1..3 in
+# analysis.recirculation) goes through `derived_seed`, which wraps into the same range.
+MAX_SEED = 2**32 - 1
+MAX_THREADS = 1024
+
+# The shared flags' help, word for word the same in every --help (a command adds its own default and, where it
+# needs one, a clause after these words). tests/test_cli_toolkit.py checks every entry point against them.
+SHARED_HELP = {
+    "--model": "the model: a preset name (tiny-fbt, smollm2-135m, ...), a full-bandwidth checkpoint directory or "
+               "any HF causal LM directory (save_pretrained)",
+    "--tokenizer": "tokenize the prompts with this tokenizer: a folder holding tokenizer.json (or "
+                   "tokenizer_config.json with its vocabulary files) or a preset name (tiny-fbt, smollm2-135m, "
+                   "...); default each model's own, and a model folder without one is refused",
+    "--task": "the task: a built-in task",
+    "--tasks": "comma-separated tasks, each a built-in task",
+    "--seed": f"random seed, 0..{MAX_SEED}, of",
+    "--out": "output",
+    "--overwrite": "replace an earlier run's results in --out (never done without it)",
+    "--device": "where the model runs: cpu, cuda, or auto (cuda when available)",
+    "--dtype": "weights and activations: float32, bfloat16, or float16 (cuda only)",
+    "--device-map": "'auto': let accelerate spread a plain HF model over the available devices (for models that "
+                    "do not fit one); none keeps it on --device",
+    "--threads": f"torch CPU threads, 0..{MAX_THREADS} (0 = torch's own default)",
+    "--no-progress": "no progress bars or stage lines on stderr",
+    "--plotly": "plotly.js for the pages: directory (one plotly.min.js written beside them; offline), inline "
+                "(embedded in each page, 4.8 MB) or cdn (loaded from cdn.plot.ly, needs a network)",
+}
+
+
+def derived_seed(seed: int, offset: int) -> int:
+    """The seed of a second random stream drawn from --seed: (seed + offset) mod 2**32, inside 0..MAX_SEED for
+    every seed --seed accepts (and equal to seed + offset wherever that already fits)."""
+    return (int(seed) + int(offset)) % (MAX_SEED + 1)
+
+
+def _shared(action, flag: str):
+    action.shared = flag  # DefaultsFormatter leaves it alone; the toolkit's tests find the shared flags by it
+    return action
+
+
+def _with_default(stem: str, extra: str | None, default_text: str | None) -> str:
+    text = stem + (extra or "")
+    return text if default_text is None else f"{text} (default {default_text})"
+
+
+def add_model_flag(p, default: str | None = "tiny-fbt", help_extra: str | None = None, *,
+                   default_text: str | None = None, positional: bool = False, required: bool = False):
+    """--model NAME_OR_DIR (or a positional MODEL): `help_extra` is a clause after the shared words (', with a
+    fusion module'); `default_text` describes a default that is not a plain name (default None: 'default X')."""
+    text = _with_default(SHARED_HELP["--model"], help_extra,
+                         None if positional or required else (default_text or str(default)))
+    if positional:
+        return _shared(p.add_argument("model", metavar="MODEL", help=text), "--model")
+    return _shared(p.add_argument("--model", default=None if required else default, required=required,
+                                  metavar="NAME_OR_DIR", help=text), "--model")
+
+
+def add_tokenizer_flag(p):
+    """--tokenizer DIR_OR_PRESET (default None: each model's own tokenizer)."""
+    return _shared(p.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
+                                  help=SHARED_HELP["--tokenizer"]), "--tokenizer")
+
+
+def add_task_flags(p, names, default: str | None = "completion", help_extra: str | None = None, *,
+                   several: bool = False, custom: bool = True, required: bool = False, positional: bool = False,
+                   default_text: str | None = None):
+    """--task TASK (`several`: --tasks TASKS, comma-separated; `positional`: a positional TASK). `names`: the
+    built-in tasks (tasks.ALL_TASKS; common sits below tasks, so the caller names them). `custom`: it also takes a
+    samples file or a generator (tasks.custom), not only a built-in task."""
+    flag = "--tasks" if several else "--task"
+    text = f"{SHARED_HELP[flag]} ({', '.join(names)})"
+    if custom:
+        text += ", a samples file path/to/x.jsonl or a generator package.module:function (docs/tasks.md)"
+    shown = None if positional or required else (default_text or str(default))
+    text = _with_default(text, help_extra, shown)
+    if positional:
+        return _shared(p.add_argument("task", metavar="TASK", help=text), flag)
+    return _shared(p.add_argument(flag, default=None if required else default, required=required,
+                                  help=text), flag)
+
+
+def add_seed_flag(p, what: str, default: int | None = 0, *, default_text: str | None = None):
+    """--seed SEED in 0..MAX_SEED, the one bound of every command. `what`: what it seeds ('the datasets and the
+    probes'). default None (training: the preset's) needs `default_text`."""
+    text = _with_default(f"{SHARED_HELP['--seed']} {what}", None,
+                         default_text or (None if default is None else str(default)))
+    return _shared(p.add_argument("--seed", type=int_in(0, MAX_SEED), default=default, help=text), "--seed")
+
+
+def add_output_flags(p, default_text: str | None, *, kind: str = "directory", out_extra: str | None = None,
+                     overwrite_extra: str | None = None, overwrite: bool = True):
+    """--out (an output `kind`: 'directory' or 'file'; default None, the command picks `default_text`) and
+    --overwrite (`overwrite=False`: --out alone). Check the value with `output_dir` / `output_file`."""
+    if kind not in ("directory", "file"):
+        raise ValueError(f"kind must be directory or file, got {kind!r}")
+    out = _shared(p.add_argument("--out", default=None,
+                                 help=_with_default(f"{SHARED_HELP['--out']} {kind}", out_extra, default_text)),
+                  "--out")
+    if overwrite:
+        _shared(p.add_argument("--overwrite", action="store_true",
+                               help=SHARED_HELP["--overwrite"] + (overwrite_extra or "")), "--overwrite")
+    return out
+
+
+def add_device_flags(p, *, device: bool = True, dtype: bool = True, device_map: bool = True,
+                     device_extra: str | None = None, dtype_extra: str | None = None):
+    """--device (cpu, cuda, auto; default cpu), --dtype (float32, bfloat16, float16; default float32) and
+    --device-map (none, auto; default none): read them with `common.placement.Placement.from_args` (a command
+    without one of them gets its default there)."""
+    if device:
+        _shared(p.add_argument("--device", choices=DEVICES, default="cpu",
+                               help=_with_default(SHARED_HELP["--device"], device_extra, "cpu")), "--device")
+    if dtype:
+        _shared(p.add_argument("--dtype", choices=DTYPES, default="float32",
+                               help=_with_default(SHARED_HELP["--dtype"], dtype_extra, "float32")), "--dtype")
+    if device_map:
+        _shared(p.add_argument("--device-map", choices=DEVICE_MAPS, default="none",
+                               help=_with_default(SHARED_HELP["--device-map"], None, "none")), "--device-map")
+
+
+def add_threads_flag(p, default: int = 0, help_extra: str | None = None, *, default_text: str | None = None):
+    """--threads N in 0..MAX_THREADS, 0 = torch's own default; apply it with `set_threads`."""
+    text = _with_default(SHARED_HELP["--threads"], help_extra, default_text or str(default))
+    return _shared(p.add_argument("--threads", type=int_in(0, MAX_THREADS), default=default, help=text),
+                   "--threads")
+
+
+def set_threads(n: int) -> int:
+    """Apply --threads (0: leave torch's default) and return the number of threads torch now uses."""
+    import torch
+
+    if n:
+        torch.set_num_threads(int(n))
+    return torch.get_num_threads()
+
+
+def add_progress_flag(p, help_extra: str | None = None):
+    """--no-progress (args.no_progress)."""
+    return _shared(p.add_argument("--no-progress", action="store_true",
+                                  help=SHARED_HELP["--no-progress"] + (help_extra or "")), "--no-progress")
+
+
+def add_plotly_flag(p):
+    """--plotly directory | inline | cdn (default directory; common.plotlyjs)."""
+    return _shared(p.add_argument("--plotly", choices=PLOTLY_CHOICES, default="directory",
+                                  help=_with_default(SHARED_HELP["--plotly"], None, "directory")), "--plotly")

@@ -1,4 +1,5 @@
-"""Where a model runs: --device, --dtype and --device-map, one set of flags for every CLI that loads a model.
+"""Where a model runs: --device, --dtype and --device-map, one set of flags for every CLI that loads a model
+(declared by common.cli.add_device_flags, read here by `Placement.from_args`).
 
     --device cpu | cuda | auto   (auto = cuda when torch sees one, else cpu)
     --dtype float32 | bfloat16 | float16   (float16 only on cuda: CPU half matmuls are slow or missing)
@@ -18,16 +19,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 DEVICE_MAPS = ("none", "auto")
 
 
-def add_placement_flags(p) -> None:
-    p.add_argument("--device", choices=DEVICES, default="cpu",
-                   help="where the model runs: cpu (default), cuda, or auto (cuda when available)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="weights and activations: float32 (default), bfloat16, or float16 (cuda only)")
-    p.add_argument("--device-map", choices=DEVICE_MAPS, default="none",
-                   help="'auto': let accelerate spread a plain HF model over the available devices "
-                        "(for models that do not fit one; default none)")
-
-
 @dataclass(frozen=True)
 class Placement:
     device: str = "cpu"
@@ -42,7 +33,9 @@ class Placement:
 
     @classmethod
     def from_args(cls, args) -> "Placement":
-        p = cls(args.device, args.dtype, args.device_map)
+        """The placement of a command's parsed flags; a flag the command does not declare takes its default."""
+        p = cls(getattr(args, "device", "cpu"), getattr(args, "dtype", "float32"),
+                getattr(args, "device_map", "none"))
         p.torch_device  # refuse cuda without a GPU before anything loads
         if p.dtype == "float16" and p.torch_device.type == "cpu":
             raise UserError("--dtype float16 needs --device cuda (use bfloat16 on CPU)")

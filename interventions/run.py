@@ -23,14 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-from common.cli import Parser, int_in, output_dir, safe_name
+from common.cli import (Parser, add_device_flags, add_model_flag, add_output_flags, add_plotly_flag,
+                        add_progress_flag, add_seed_flag, add_task_flags, add_tokenizer_flag, command_text, int_in,
+                        output_dir, safe_name)
 from common.errors import UserError, cli_entry
 from common.paths import default_output
-from common.placement import add_placement_flags
 
 N_PAIRS_RANGE = (10, 5000)
 MAX_DISTRACTORS = 1024
-MAX_SEED = 2**31 - 1  # the suite also seeds with seed + 1000
 MAX_RANK = 64
 MAX_BOOT = 100_000
 MAX_POSITIONS = 100_000
@@ -65,12 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "sweep too), with bootstrap CIs and a negative-control model. Works on any HF causal LM "
                            "in standard mode (the fed-state analyses then read 'not applicable (no feedback)'). "
                            "Writes causal_report.{json,md,html}.")
-    p.add_argument("--task", default="completion",
-                   help=f"a built-in task ({', '.join(TASKS)}), a .jsonl samples file or package.module:function "
-                        "(docs/tasks.md; default completion)")
-    p.add_argument("--model", default="tiny-fbt",
-                   help="shipped preset name (e.g. tiny-fbt), smollm2-135m, a full-bandwidth checkpoint directory "
-                        "or any HF causal LM directory with its tokenizer (default tiny-fbt)")
+    add_task_flags(p, TASKS, "completion")
+    add_model_flag(p, "tiny-fbt", " with its tokenizer")
     p.add_argument("--mode", default="recurrent-1",
                    help="prefill mode intervened on: standard, recurrent-K, recurrent-full, fused-N (default "
                         "recurrent-1; fused-N patches its last pass) or recirc-S:D:ALPHA[:convex|residual] "
@@ -100,8 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-boot", type=int_in(1, MAX_BOOT), default=None,
                    help=f"cluster-bootstrap resamples (over groups) for every 95%% CI, 1..{MAX_BOOT} (default from "
                         "--budget)")
-    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
-                   help=f"dataset / resampling / bootstrap seed, 0..{MAX_SEED} (default 0)")
+    add_seed_flag(p, "the dataset, the resampled states and the bootstrap")
     p.add_argument("--subspace-rank", type=int_in(1, MAX_RANK), default=None,
                    help=f"rank of the probe subspace, 1..min({MAX_RANK}, d_model) (default K - 1 for a K-class "
                         "label, the span of a K-class linear read-out: 1 for binary tasks, 2 for the shell game; "
@@ -122,22 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control-model", default=None,
                    help="negative-control model for the same swap (default: tiny-std when its checkpoint exists "
                         "and shares the model's tokenizer; 'none' to skip)")
-    p.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
-                   help="tokenize the prompts with this tokenizer: a folder holding tokenizer.json (or "
-                        "tokenizer_config.json with its vocabulary files) or a preset name (tiny-fbt, "
-                        "smollm2-135m, ...); default the model's own, and a model folder without one is refused")
-    add_placement_flags(p)
-    p.add_argument("--out", default=None,
-                   help="output directory (default ./figures/<model>/<task>/ of the current directory, beside "
-                        "probes.run's probes.json)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an earlier run's causal_report.* in the output directory (never done silently)")
-    p.add_argument("--plotly", choices=("directory", "inline", "cdn"), default="directory",
-                   help="plotly.js for the page: directory (default: one plotly.min.js beside it, offline), inline "
-                        "(embedded, 4.8 MB per page) or cdn (loaded from the web)")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress on stderr (by default a bar over every patched run on a terminal, one line "
-                        "per stage otherwise)")
+    add_tokenizer_flag(p)
+    add_device_flags(p)
+    add_output_flags(p, "./figures/<model>/<task>/ of the current directory, beside probes.run's probes.json",
+                     overwrite_extra="; the run's own are causal_report.*")
+    add_plotly_flag(p)
+    add_progress_flag(p, " (by default a bar over every patched run on a terminal, one line per stage otherwise)")
     return p
 
 
@@ -355,7 +340,7 @@ def main(argv=None) -> int:
                        "erase_depths": erase_depths, "erase_positions": erase_positions,
                        "leace_all": pick(args.leace_all, "leace_all"), "sweep_depth": (results.get("position_sweep") or {}).get("depth"),
                        "device": str(ctx.device), "dtype": placement.dtype,
-                       "command": "python -m interventions.run " + " ".join(sys.argv[1:] if argv is None else argv)},
+                       "command": command_text("python -m interventions.run", argv)},
             "dataset": {"fingerprint": dataset_fingerprint(samples), "n_samples": batch.size,
                         "n_pairs": n_pairs_used, "n_groups": int(len(set(batch.groups.tolist()))),
                         "tokens_min": int(lengths.min()), "tokens_max": int(lengths.max())},

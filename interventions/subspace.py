@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from sklearn.model_selection import StratifiedGroupKFold
 
+from common.cli import derived_seed
 from common.errors import UserError
 from stats.linear import LinearProbe, ProbeConfig
 
@@ -107,7 +108,7 @@ def per_fold_states(own: torch.Tensor, donor: torch.Tensor, folds: list[FoldSubs
     out = own.clone()
     for i, f in enumerate(folds):
         U = f.U if random_rank_seed is None else random_subspace(own.shape[1], f.U.shape[1],
-                                                                  random_rank_seed + i, own.dtype)
+                                                                  derived_seed(random_rank_seed, i), own.dtype)
         idx = torch.as_tensor(f.test, dtype=torch.long)
         out[idx] = swap_part(own[idx], donor[idx], U, part)
     return out

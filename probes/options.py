@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.cli import Parser, int_in, int_list
+from common.cli import (Parser, add_device_flags, add_model_flag, add_output_flags, add_progress_flag,
+                        add_seed_flag, add_task_flags, add_tokenizer_flag, int_in, int_list)
 from common.errors import UserError
-from common.placement import add_placement_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "tiny-fbt"
@@ -25,7 +25,6 @@ DEFAULT_DISTRACTORS = {"completion": (0, 32, 128), "memory": (8, 32, 128), "mult
 DEFAULT_N_PAIRS = 96
 MAX_DISTRACTORS = 256
 MIN_PAIRS, MAX_PAIRS = 5, 5000
-MAX_SEED = 2**32 - 1  # sklearn / numpy RandomState accept 0..2**32-1 (the probe's random_state)
 MAX_BATCH = 4096
 MAX_BOOT = 100_000
 MAX_ERASE_DEPTH = 10_000  # checked against the model's depth once it is loaded
@@ -36,16 +35,12 @@ SCHEMA = "fbprobe.probes/2"  # 2: logit lens, MDL, fed_state_lens, erased (docs/
 def parse_args(argv):
     import importlib
 
+    from tasks import ALL_TASKS
+
     p = Parser(prog="python -m probes.run", description=importlib.import_module("probes.run").__doc__)
-    p.add_argument("--task", required=True,
-                   help="completion, memory, multi_register, parity, shell_game, a samples file path/to/x.jsonl "
-                        "or a generator package.module:function (docs/tasks.md)")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="preset name, full-bandwidth checkpoint dir or HF model dir (default tiny-fbt)")
-    p.add_argument("--tokenizer", default=None, metavar="DIR_OR_PRESET",
-                   help="tokenize the task prompts with this tokenizer: a folder holding tokenizer.json (or "
-                        "tokenizer_config.json with its vocabulary files) or a preset name (tiny-fbt, "
-                        "smollm2-135m, ...); default the model's own, and a model folder without one is refused")
+    add_task_flags(p, ALL_TASKS, required=True)
+    add_model_flag(p, DEFAULT_MODEL)
+    add_tokenizer_flag(p)
     p.add_argument("--modes", help="comma-separated prefill modes (standard, recurrent-K, recurrent-full, "
                                    "fused-N); default: the paper's for the task")
     p.add_argument("--recirculate", action="append", default=[], metavar="S:D:ALPHA[:convex|residual]",
@@ -58,12 +53,10 @@ def parse_args(argv):
     p.add_argument("--n-pairs", type=int_in(MIN_PAIRS, MAX_PAIRS), default=None,
                    help=f"pairs per N, {MIN_PAIRS}..{MAX_PAIRS} (default {DEFAULT_N_PAIRS}; a JSONL file: all its "
                         "pairs, or its first --n-pairs pairs per N)")
-    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
-                   help=f"dataset and probe seed, 0..{MAX_SEED} (default 0)")
-    p.add_argument("--out", help="output dir (default ./figures/<model>/<task>/ of the current directory)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace results of a different run in --out (its probes.json, depth_curves.html and "
-                        "activations/; never another tool's files)")
+    add_seed_flag(p, "the datasets and the probes")
+    add_output_flags(p, "./figures/<model>/<task>/ of the current directory",
+                     overwrite_extra="; the run's own are probes.json, depth_curves.html and activations/, never "
+                                     "another tool's files")
     p.add_argument("--save-activations", action="store_true", help="export activations to <out>/activations/")
     p.add_argument("--cache-dir", default=None,
                    help="activation cache dir (default $FBPROBE_CACHE/activations, else ./.cache/activations of the "
@@ -85,8 +78,8 @@ def parse_args(argv):
                    help="also the logit lens of the state h_{T-1} fed into T under each feedback mode "
                         "(fed_state_lens rows; off by default: it runs the model once more per feedback mode, "
                         "about the cost of collecting that mode again)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    add_placement_flags(p)
+    add_progress_flag(p)
+    add_device_flags(p)
     return p.parse_args(argv)
 
 

@@ -6,17 +6,21 @@ Samples as `interventions.run --task TASK --distractors N --n-pairs 60` (seed 0)
 (K-1)/K can be one that never gives one of the answers: training pairs whose answers leave one label out (the
 shell game's, before `--all-answers`) make exactly that plateau.
 """
-import sys
 from collections import Counter
 
 import torch
 
+from common.cli import Parser, add_model_flag, add_task_flags, int_in
+from common.errors import cli_entry
 from engine.prefill import recurrent_logits
-from tasks import label_token_ids, resolve_task
+from tasks import ALL_TASKS, label_token_ids, resolve_task
 from models.loading import load_model
 
 
-def main(model_path: str, task: str, n: int, n_pairs: int = 60) -> None:
+MAX_N = 1024  # interventions.run's --distractors bound
+
+
+def run(model_path: str, task: str, n: int, n_pairs: int = 60) -> None:
     model, tok, _ = load_model(model_path)
     model = model.float().eval()
     words = torch.tensor(label_token_ids(tok, task))
@@ -32,5 +36,15 @@ def main(model_path: str, task: str, n: int, n_pairs: int = 60) -> None:
         f"answer {k}: {right[k]}/{rows[k]} right, predicted {said[k]} times" for k in sorted(rows)))
 
 
+@cli_entry
+def main(argv=None) -> None:
+    p = Parser(prog="python scripts/accuracy_by_answer.py", description=__doc__)
+    add_model_flag(p, positional=True)
+    add_task_flags(p, ALL_TASKS, positional=True)
+    p.add_argument("n", metavar="N", type=int_in(0, MAX_N), help=f"distractor lines per prompt, 0..{MAX_N}")
+    a = p.parse_args(argv)
+    run(a.model, a.task, a.n)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main()

@@ -6,11 +6,13 @@ Samples, batching and the full-vocabulary argmax at the final prompt token are a
 100 pairs = 200 samples by default), so the counts explain an eval.json cell: an accuracy of exactly 1/K can be
 a model that gives one answer to every prompt, and an accuracy of 0 one whose answer is not a label word.
 """
-import sys
 from collections import Counter
 
 from analysis.evaluate import EVAL_SEED
+from common.cli import Parser, add_model_flag, add_task_flags, int_in
+from common.errors import cli_entry
 from engine.prefill import pad_left, prefill_many
+from tasks import ALL_TASKS
 from tasks.custom import resolve_task
 from models.loading import load_model
 
@@ -27,7 +29,10 @@ def predictions(model, tok, task: str, n: int, mode: str = "recurrent-full", n_p
     return said, samples
 
 
-def main(model_path: str, task: str, n: int, mode: str = "recurrent-full", n_pairs: int = 100) -> None:
+MAX_N = 1024  # analysis.evaluate's --distractors bound
+
+
+def run(model_path: str, task: str, n: int, mode: str = "recurrent-full", n_pairs: int = 100) -> None:
     model, tok, _ = load_model(model_path)
     said, samples = predictions(model, tok, task, n, mode, n_pairs)
     labels = Counter(s.answer for s in samples)
@@ -36,5 +41,17 @@ def main(model_path: str, task: str, n: int, mode: str = "recurrent-full", n_pai
           "; labels " + ", ".join(f"{w!r} {c}" for w, c in sorted(labels.items())))
 
 
+@cli_entry
+def main(argv=None) -> None:
+    p = Parser(prog="python scripts/argmax_counts.py", description=__doc__)
+    add_model_flag(p, positional=True)
+    add_task_flags(p, ALL_TASKS, positional=True)
+    p.add_argument("n", metavar="N", type=int_in(0, MAX_N), help=f"distractor lines per prompt, 0..{MAX_N}")
+    p.add_argument("mode", metavar="MODE", nargs="?", default="recurrent-full",
+                   help="prefill mode (default recurrent-full)")
+    a = p.parse_args(argv)
+    run(a.model, a.task, a.n, a.mode)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:5])
+    main()

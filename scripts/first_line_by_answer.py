@@ -6,18 +6,21 @@ Samples as `interventions.run --task TASK --distractors N --n-pairs 50` (seed 0)
 share of rows whose answer follows the donor's after the fed state is swapped at the row's first position of
 the line after its first differing token (the report's overall figure first, as a check).
 """
-import sys
-
 import numpy as np
 import torch
 
+from common.cli import Parser, add_model_flag, add_task_flags, int_in
+from common.errors import cli_entry
 from interventions.core import Batch, CausalContext
 from interventions.suite import Suite, first_line_after_positions
-from tasks import resolve_task
+from tasks import ALL_TASKS, resolve_task
 from models.loading import load_model
 
 
-def main(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:
+MAX_N = 1024  # interventions.run's --distractors bound
+
+
+def run(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:
     model, tok, _ = load_model(model_path)
     model = model.float().eval()
     source = resolve_task(task)
@@ -47,5 +50,15 @@ def main(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:
                 print(f"  own {yy}, donor {rr}: {follow[m].mean():.2f} ({m.sum()} rows)")
 
 
+@cli_entry
+def main(argv=None) -> None:
+    p = Parser(prog="python scripts/first_line_by_answer.py", description=__doc__)
+    add_model_flag(p, positional=True)
+    add_task_flags(p, ALL_TASKS, positional=True)
+    p.add_argument("n", metavar="N", type=int_in(0, MAX_N), help=f"distractor lines per prompt, 0..{MAX_N}")
+    a = p.parse_args(argv)
+    run(a.model, a.task, a.n)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main()

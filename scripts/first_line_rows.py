@@ -9,28 +9,32 @@ report's `first_line_after` position, and the first of the next POSITIONS (defau
 makes the answer follow the donor. The report's per-bin figures are means over rows; this shows whether a bin's
 50% is every row at a tie or half the rows flipping outright.
 """
-import sys
-
 import numpy as np
 
+from common.cli import Parser, add_model_flag, add_task_flags, int_in
+from common.errors import UserError, cli_entry
 from interventions.core import Batch, CausalContext
 from interventions.suite import first_line_after_positions
-from tasks import resolve_task
+from tasks import ALL_TASKS, resolve_task
 from models.loading import load_model
 
 
-def main(model_path: str, task: str, n: int, line: int = 0, positions: int = 16, n_pairs: int = 50) -> None:
+MAX_N = 1024  # interventions.run's --distractors bound
+
+
+def run(model_path: str, task: str, n: int, line: int = 0, positions: int = 16, n_pairs: int = 50) -> None:
     model, tok, _ = load_model(model_path)
     source = resolve_task(task)
     rows = [s for s in source.make(n_pairs, n, 0) if s.diff_line == line]
     if not rows:
-        sys.exit(f"no pair of {n_pairs} differs in update line {line}")
+        raise UserError(f"no pair of {n_pairs} differs in update line {line}")
     b = Batch.from_samples(rows, tok, source)
     ctx = CausalContext(model, b, modes=("recurrent-full",))
     # prompt line index of update line `line` is line + 1 (line 0 of the prompt sets the start value)
     start, _ = first_line_after_positions(b, np.full(b.size, line + 1))
     if len(set(start.tolist())) != 1:  # the built-in tracking tasks' lines have fixed token counts
-        sys.exit("the rows' first positions after the line differ; this script swaps them all at one position")
+        raise UserError("the rows' first positions after the line differ; this script swaps them all at one "
+                        "position")
     start = int(start[0])
     y, r, ids = b.labels, b.labels[b.pair], b.label_ids
 
@@ -55,5 +59,21 @@ def main(model_path: str, task: str, n: int, line: int = 0, positions: int = 16,
               f"LD after the first-line swap {at_start[i]:+.3f}; first position whose swap flips it: {where}")
 
 
+@cli_entry
+def main(argv=None) -> None:
+    p = Parser(prog="python scripts/first_line_rows.py", description=__doc__)
+    add_model_flag(p, positional=True)
+    add_task_flags(p, ALL_TASKS, positional=True)
+    p.add_argument("n", metavar="N", type=int_in(0, MAX_N), help=f"distractor lines per prompt, 0..{MAX_N}")
+    p.add_argument("line", metavar="LINE", nargs="?", type=int_in(0), default=0,
+                   help="the differing update line, 0-based (default 0: the first)")
+    p.add_argument("positions", metavar="POSITIONS", nargs="?", type=int_in(1), default=16,
+                   help="positions after it searched for a flip (default 16)")
+    p.add_argument("n_pairs", metavar="N_PAIRS", nargs="?", type=int_in(1), default=50,
+                   help="sample pairs (default 50)")
+    a = p.parse_args(argv)
+    run(a.model, a.task, a.n, a.line, a.positions, a.n_pairs)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *map(int, sys.argv[4:7]))
+    main()

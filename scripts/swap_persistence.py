@@ -12,17 +12,21 @@ differing line the two always differ: both tasks' updates are bijections). A mod
 in the fed vector follows the donor at every k; one that recovers its own value from the cached columns shows
 where it does so.
 """
-import sys
 from collections import defaultdict
 
 import torch
 
+from common.cli import Parser, add_model_flag, add_task_flags, int_in
+from common.errors import cli_entry
 from engine.prefill import recurrent_logits
-from tasks import label_token_ids, resolve_task
+from tasks import ALL_TASKS, label_token_ids, resolve_task
 from models.loading import load_model
 
 
-def main(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:
+MAX_N = 1024  # interventions.run's --distractors bound
+
+
+def run(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:
     model, tok, _ = load_model(model_path)
     model = model.float().eval()
     samples = resolve_task(task).make(n_pairs, n, 0)
@@ -54,5 +58,15 @@ def main(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:
                   f"other {1 - (f + o) / m:.2f} ({m} rows)")
 
 
+@cli_entry
+def main(argv=None) -> None:
+    p = Parser(prog="python scripts/swap_persistence.py", description=__doc__)
+    add_model_flag(p, positional=True)
+    add_task_flags(p, ALL_TASKS, positional=True)
+    p.add_argument("n", metavar="N", type=int_in(0, MAX_N), help=f"distractor lines per prompt, 0..{MAX_N}")
+    a = p.parse_args(argv)
+    run(a.model, a.task, a.n)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main()

@@ -23,6 +23,9 @@ SPECIAL = ("[PAD]", "[UNK]")
 if str(ROOT) not in sys.path:  # run as `python scripts/task_vocab.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
+from common.cli import Parser  # noqa: E402
+from common.errors import cli_entry  # noqa: E402
+
 
 def task_vocab() -> dict[str, int]:
     """The task tokenizer's vocabulary {token: id}."""
@@ -91,13 +94,16 @@ def doc_section(text: str) -> str | None:
     return text[i:j + len(END)] + "\n"
 
 
+@cli_entry
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv not in ([], ["--check"], ["--write"]):
-        print("error: usage: python scripts/task_vocab.py [--check | --write]", file=sys.stderr)
-        return 2
+    p = Parser(prog="python scripts/task_vocab.py", description=__doc__.split("\n\n")[0])
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--check", action="store_true",
+                   help="exit 1 (one line) if docs/tasks.md's section differs from the generated one")
+    g.add_argument("--write", action="store_true", help="rewrite the section in docs/tasks.md (atomically)")
+    a = p.parse_args(argv)
     new = section()
-    if not argv:
+    if not (a.check or a.write):
         sys.stdout.write(new)
         return 0
     text = DOC.read_text()
@@ -105,7 +111,7 @@ def main(argv=None) -> int:
     if old is None:
         print(f"error: {DOC} has no generated vocabulary section (its markers are missing)", file=sys.stderr)
         return 1
-    if argv == ["--check"]:
+    if a.check:
         if old != new:
             print(f"error: {DOC}'s vocabulary section is stale: run python scripts/task_vocab.py --write",
                   file=sys.stderr)

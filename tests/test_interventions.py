@@ -195,7 +195,7 @@ def _cli(argv, capsys):
     (["--n-pairs", "3"], "--n-pairs: must be an integer in 10..5000"),
     (["--n-pairs", "100000"], "--n-pairs: must be an integer in 10..5000"),
     (["--n-pairs", "many"], "--n-pairs: must be an integer"),
-    (["--seed", "4294967296"], "--seed: must be an integer in 0..2147483647"),
+    (["--seed", "4294967296"], "--seed: must be an integer in 0..4294967295"),  # common.cli.MAX_SEED
     (["--subspace-rank", "0"], "--subspace-rank: must be an integer in 1..64"),
     (["--distractors", "-1"], "--distractors: must be an integer in 0..1024"),
     (["--out", ""], "--out is empty"),

@@ -683,6 +683,7 @@ EARLIER_FLAGS = (
 def test_every_recipe_field_is_a_flag_with_help_and_bounds(capsys):
     from dataclasses import fields
 
+    from common.cli import MAX_SEED
     from training.config import FLOAT_LIMITS, INT_LIMITS, bounds_text
 
     parser = tcli.build_parser()
@@ -693,7 +694,9 @@ def test_every_recipe_field_is_a_flag_with_help_and_bounds(capsys):
         actions = by_dest.get(f.name)
         assert actions, f"no flag for {f.name}"
         assert all(a.help and a.default is None for a in actions), f.name  # unset: the preset's value stays
-        if f.name in INT_LIMITS or f.name in FLOAT_LIMITS:
+        if f.name == "seed":  # the shared --seed of every command (common.cli.add_seed_flag), same bound
+            assert f"0..{INT_LIMITS['seed'][1]}," in actions[0].help and INT_LIMITS["seed"][1] == MAX_SEED
+        elif f.name in INT_LIMITS or f.name in FLOAT_LIMITS:
             assert actions[0].help.endswith("; " + bounds_text(f.name)), f.name
     options = [o for a in parser._actions for o in a.option_strings]
     assert set(EARLIER_FLAGS) <= set(options), sorted(set(EARLIER_FLAGS) - set(options))

@@ -101,7 +101,7 @@ def test_float_flags_show_their_range_in_help(capsys):
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     for bound in ("lambda, weight of the later passes; [0, 1000]", "peak learning rate; (0, 1]",
-                  "1..1000000", "0..4294967295", "1..256", "1..10000000"):
+                  "1..1000000", "0..4294967295", "0..1024", "1..10000000"):
         assert bound in text, bound
 
 
@@ -330,8 +330,8 @@ def test_a_locked_output_directory_is_refused(ckpt, tmp_path, capsys, case):
     (["--save-every", "0"], "argument --save-every: must be an integer in 1..10000000"),
     (["--seed", "-1"], "argument --seed: must be an integer in 0..4294967295"),
     (["--seed", str(2**32)], "argument --seed"),
-    (["--threads", "-2"], "argument --threads: must be an integer in 1..256"),
-    (["--threads", "0"], "argument --threads"),
+    (["--threads", "-2"], "argument --threads: must be an integer in 0..1024"),  # common.cli.MAX_THREADS
+    (["--threads", "1025"], "argument --threads"),
     (["--distractors", "0:nan"], "bad --distractors '0:nan'"),
     (["--distractors", "0:inf,8:1"], "bad --distractors"),
     (["--distractors", "0:-1,8:1"], "bad --distractors"),

@@ -4,10 +4,10 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
+from common.cli import Parser
 from common.errors import UserError, cli_entry
 from engine.modes import EVAL_MODES as DEFAULT_EVAL_MODES
 from models.full_bandwidth import FullBandwidthLM
@@ -137,8 +137,7 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
 
 @cli_entry
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m training.card", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m training.card", description=__doc__)
     p.add_argument("path", help="checkpoint dir")
     p.add_argument("--command", required=True, help="the exact command that reproduces the checkpoint")
     p.add_argument("--notes", help="markdown file with recipe notes to append")

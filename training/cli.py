@@ -21,9 +21,12 @@ import os
 
 import torch
 
-from common.cli import Parser, int_in, output_dir
+from common.cli import (Parser, add_device_flags, add_output_flags, add_progress_flag, add_seed_flag, add_task_flags,
+                        add_threads_flag, int_in, output_dir)
 from common.errors import UserError, cli_entry
+from common.placement import Placement
 from models.checkpoints import checkpoint_dir
+from tasks import ALL_TASKS
 from training.config import CHOICES, FLOAT_LIMITS, INT_LIMITS, MAX_STEPS, TrainConfig, bounds_text, float_flag, int_flag
 from training.loop import train
 from training.output import check_output
@@ -37,7 +40,12 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("recipe (each overrides the preset's value)")
     for f in fields(TrainConfig):
         flag, help = "--" + f.name.replace("_", "-"), f.metadata["help"]
-        if f.name in INT_LIMITS:
+        if f.name == "seed":  # the one --seed of every command (common.cli.MAX_SEED = INT_LIMITS' bound)
+            add_seed_flag(g, "the data and the initial weights", None, default_text="the preset's")
+        elif f.name == "tasks":  # the shared --tasks words (built-in tasks only: the training mixture)
+            add_task_flags(g, ALL_TASKS, None, " to train on", several=True, custom=False,
+                           default_text="the preset's")
+        elif f.name in INT_LIMITS:
             g.add_argument(flag, type=int_flag(f.name), help=f"{help}; {bounds_text(f.name)}")
         elif f.name in FLOAT_LIMITS:
             g.add_argument(flag, type=float_flag(f.name), help=f"{help}; {bounds_text(f.name)}")
@@ -55,21 +63,20 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
 def build_parser() -> Parser:
     p = Parser(prog="python -m training.train", description=__doc__)
     p.add_argument("--preset", default="tiny-fbt", help=f"training recipe ({', '.join(PRESETS)}); default tiny-fbt")
-    p.add_argument("--out", help="output checkpoint dir (default checkpoints/<preset>)")
+    add_output_flags(p, "checkpoints/<preset>", out_extra=": the checkpoint",
+                     overwrite_extra="; the new run is built beside it and swapped in whole once its last checkpoint "
+                                     "is written (an error or interrupt leaves the earlier run as it was)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the trainer state in --out (on any number of processes)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an earlier run in --out: the new run is built beside it and swapped in whole once "
-                        "its last checkpoint is written (an error or interrupt leaves the earlier run as it was)")
     p.add_argument("--stop-at", type=int_in(1, MAX_STEPS),
                    help="stop (with a checkpoint) after this step, keeping the learning-rate schedule of --steps; "
                         "continue later with --resume, possibly under another preset (a shared 1-pass phase); "
                         "1..the total steps")
-    p.add_argument("--threads", type=int_in(1, 256), help="torch CPU threads per process (default: all); 1..256")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="where to train: cpu (default; gloo between torchrun's processes) or cuda (one GPU per "
-                        "process, LOCAL_RANK; nccl)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_threads_flag(p, help_extra="; per process")
+    add_device_flags(p, dtype=False, device_map=False,
+                     device_extra="; training: gloo between torchrun's processes on cpu, one GPU per process "
+                                  "(LOCAL_RANK) and nccl on cuda")
+    add_progress_flag(p)
     add_recipe_flags(p)
     return p
 
@@ -107,11 +114,10 @@ def main(argv=None):
     stop = cfg.steps if args.stop_at is None else args.stop_at
     if not 0 < stop <= cfg.steps:
         raise UserError(f"--stop-at must be in 1..{cfg.steps} (the total steps), got {args.stop_at}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: this torch sees no CUDA device")
+    device = Placement.from_args(args).torch_device.type  # auto resolved; cuda refused without a GPU
     cfg.check_world(int(os.environ.get("WORLD_SIZE", "1")))  # before any work; train() checks it again
     out = output_dir(args.out if args.out is not None else checkpoint_dir(args.preset), model_dir=True)
     staged = check_output(out, args.resume, args.overwrite)
     if args.threads:
         torch.set_num_threads(args.threads)
-    train(cfg, out, staged, resume=args.resume, stop=stop, progress=not args.no_progress, device=args.device)
+    train(cfg, out, staged, resume=args.resume, stop=stop, progress=not args.no_progress, device=device)

@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
-from common.cli import float_in, int_in
+from common.cli import MAX_SEED, float_in, int_in
 from common.errors import UserError
 
 
@@ -42,7 +42,7 @@ INT_LIMITS = {  # name: (lo, hi), inclusive
     "batch_tokens": (1, 1_000_000), "seq_len": (1, 1_048_576), "curriculum_seq_len": (1, 1_048_576),
     "curriculum_steps": (0, MAX_STEPS), "curriculum_max_n": (0, MAX_DISTRACTORS),
     "register_curriculum": (0, MAX_STEPS), "reads": (0, 64), "warm_passes": (0, 256),
-    "consistency_window": (0, 4096), "seed": (0, 2**32 - 1), "init_offset": (0, 2**31),
+    "consistency_window": (0, 4096), "seed": (0, MAX_SEED), "init_offset": (0, 2**31),
     "length_doubling": (0, MAX_STEPS), "length_start": (1, MAX_DISTRACTORS),
 }
 FLOAT_LIMITS = {  # name: (lo, hi, lo_open, hi_open)

@@ -8,6 +8,7 @@ import torch
 
 from analysis.recirculation.perplexity import pct
 from analysis.recirculation.study import Study
+from common.cli import derived_seed
 
 
 def random_rotation(d: int, angle: float | None = None, seed: int = 0) -> torch.Tensor:
@@ -26,8 +27,8 @@ def basis_test(st: Study, best_spec, best_test: dict) -> None:
     """(d) on the held-out split at the tuned config."""
     a, b = st.a, st.E_test.base
     D = st.model.d_model
-    small = random_rotation(D, angle=a.small_angle, seed=a.seed + 1)
-    haar = random_rotation(D, seed=a.seed + 2)
+    small = random_rotation(D, angle=a.small_angle, seed=derived_seed(a.seed, 1))
+    haar = random_rotation(D, seed=derived_seed(a.seed, 2))
     basis = {"identity": best_test["test_ppl_change_pct"]}
     kls = {"identity": best_test["test_kl"]}
     for name, R in (("small_rotation", small), ("random_orthogonal", haar)):

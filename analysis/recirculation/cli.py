@@ -2,7 +2,6 @@
 The experiments and their outputs are described in analysis/recirculation/__init__.py."""
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -18,11 +17,13 @@ from analysis.recirculation.mediation import mediation
 from analysis.recirculation.perplexity import Evaluator, load
 from analysis.recirculation.study import Study
 from analysis.recirculation.text import builtin_documents, file_documents, make_splits
-from common.cli import Parser, float_in, float_list, int_in, int_list, output_dir, safe_name
+from common.cli import (DefaultsFormatter, Parser, add_device_flags, add_model_flag, add_output_flags,
+                        add_plotly_flag, add_seed_flag, add_threads_flag, command_text, float_in, float_list, int_in,
+                        int_list, output_dir, safe_name)
 from common.errors import UserError, cli_entry
 from common.io import atomic_write, json_text, remove_owned, fresh_output
 from common.paths import default_output
-from common.placement import DTYPES, Placement
+from common.placement import Placement
 from engine.recirculation import RecircSpec, parse_recirculate
 
 _PACKAGE_DOC = sys.modules["analysis.recirculation"].__doc__
@@ -55,8 +56,6 @@ MAX_BATCH = 1024
 MAX_PASSES = 1000  # blockwise Jacobi passes of (e); passes >= the block size is already exact
 MAX_PAIRS = 5000  # --mediation-pairs
 MAX_DISTRACTORS = 1024
-MAX_THREADS = 1024
-MAX_SEED = 2**31 - 1
 MAX_TEMP = 100.0
 OUTPUTS = ("results.json", "heatmap.html", "dose.html", "temperature.html", "basis.html", "cost.html",
            "mediation.html")
@@ -64,18 +63,14 @@ OUTPUTS = ("results.json", "heatmap.html", "dose.html", "temperature.html", "bas
 
 def parse_args(argv=None):
     p = Parser(prog="python -m analysis.recirculation", description=_PACKAGE_DOC.split("\n\n")[0],
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m",
-                   help="model: smollm2-135m, a local HF model dir, or tiny-random-qwen3/-gpt2 (smoke tests)")
+               formatter_class=DefaultsFormatter)
+    add_model_flag(p, "smollm2-135m", ", or tiny-random-qwen3 / tiny-random-gpt2 (random weights, smoke tests)")
     p.add_argument("--text", nargs="+", metavar="FILE",
                    help="English text files to use instead of the built-in CPython pydoc topics (one document "
                         "per file; with one file its first half tunes and the second half is held out)")
-    p.add_argument("--out", help="output folder (default ./figures/<model>/recirculation under the current "
-                                 "directory)")
-    p.add_argument("--plotly", default="directory", choices=("directory", "inline", "cdn"),
-                   help="plotly.js: plotly.min.js written once beside the pages (directory; offline), embedded "
-                        "in each page (inline, 4.8 MB each) or loaded from cdn.plot.ly (cdn, needs a network)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing results folder")
+    add_output_flags(p, "./figures/<model>/recirculation under the current directory; with --mediation-only "
+                        "./figures/<model>/mediation-<task>")
+    add_plotly_flag(p)
     p.add_argument("--seq-len", type=int_in(2, MAX_SEQ_LEN), default=64,
                    help=f"tokens per chunk (one chunk = one sequence), 2..{MAX_SEQ_LEN}")
     p.add_argument("--n-tune", type=int_in(1, MAX_CHUNKS), default=4,
@@ -114,14 +109,12 @@ def parse_args(argv=None):
                    help=f"sample pairs of (f) (half the groups held out), 1..{MAX_PAIRS}")
     p.add_argument("--mediation-distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
                    help=f"distractor lines per prompt in (f), 0..{MAX_DISTRACTORS}")
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="weights and activations: float32 or bfloat16 (float16 is refused: it needs a GPU, and "
-                        "recirculation runs on the CPU only; its engine builds CPU index tensors, so there is no "
-                        "--device yet). Perplexities and KL are computed in float32 either way")
-    p.add_argument("--threads", type=int_in(0, MAX_THREADS), default=0,
-                   help=f"torch threads, 0..{MAX_THREADS} (0 = torch's default)")
-    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
-                   help=f"seed of the split and of the random rotations, 0..{MAX_SEED}")
+    add_device_flags(p, device=False, device_map=False,
+                     dtype_extra="; float16 is refused here: recirculation runs on the CPU only (its engine builds "
+                                 "CPU index tensors, so there is no --device yet). Perplexities and KL are computed "
+                                 "in float32 either way")
+    add_threads_flag(p)
+    add_seed_flag(p, "the split, the random rotations and the mediation samples")
     return p.parse_args(argv)
 
 
@@ -186,7 +179,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
     for s, d in pairs:
         RecircSpec(s, d, a.alpha).validate(L)
     med_spec = parse_recirculate(a.mediation_spec, L) if a.mediation_spec else None
-    command = "python -m analysis.recirculation " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_text("python -m analysis.recirculation", argv)
     if a.mediation_only:
         t_start = time.perf_counter()
         # Tuned over pairs x modes at the one --alpha: tuning alpha by effect size would just pick the most

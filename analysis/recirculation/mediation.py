@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from analysis.recirculation.text import ByteTokenizer
+from common.cli import derived_seed
 from common.errors import UserError
 from engine.prefill import pad_left, prefill
 from engine.recirculation import RecirculatedLM
@@ -73,7 +74,7 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
     probe = LinearProbe().fit(X, y[~te], groups[~te])
     u = torch.tensor(np.asarray(probe.direction), dtype=torch.float32)[:, None]  # [D, 1]
     D = u.shape[0]
-    rnd = torch.randn(1, D, generator=torch.Generator().manual_seed(seed + 3)).T  # [D, 1]
+    rnd = torch.randn(1, D, generator=torch.Generator().manual_seed(derived_seed(seed, 3))).T  # [D, 1]
     conds = {"base": None, "full": spec,
              "task_subspace": dataclasses.replace(spec, subspace=orthonormal(u)),
              "complement": dataclasses.replace(spec, subspace=orthonormal(u), subspace_complement=True),
