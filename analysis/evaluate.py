@@ -7,8 +7,9 @@ Accuracy = greedy (full-vocabulary argmax) next token at the final prompt positi
 number K of label words); ``ci_low`` / ``ci_high`` = its 95% Wilson score interval over the cell's samples
 (treated as independent draws; the interval never collapses at 0 or 1).
 --tasks takes built-in tasks (default the three probing tasks; also parity and shell_game, whose default
-N are 4..256: they need N >= 1 update lines), JSONL samples files and package.module:function generators
-(docs/tasks.md).
+N are 4..256: they need N >= 1 update lines; and the language tasks induction, ioi, lookup and binding for
+pretrained LMs, each with its own N: tasks.language), JSONL samples files and package.module:function
+generators (docs/tasks.md).
 Decoding modes reduce to a prefill for the first generated token: std = standard prefill, soft = recurrent-1
 (the last prompt token is fed like a decoding step, fused with h_{T-1}), fused = fused-1.
 `fused-1..K` evaluates every fused-k for k = 1..K in one Jacobi run and reports each k.
@@ -32,6 +33,7 @@ from engine.prefill import fused_trajectory, pad_left, prefill_many
 from common.placement import Placement
 from models.loading import load_model
 from tasks import ALL_TASKS, DISTRACTOR_COUNTS, TASKS, TRACKING_TASKS
+from tasks.language import LANGUAGE_DISTRACTORS
 from tasks.custom import TaskSource, resolve_task
 
 DEFAULT_MODES = EVAL_MODES
@@ -144,8 +146,11 @@ def load_tasks(sources: list[TaskSource]) -> list[TaskSource]:
 
 
 def default_distractors(source: TaskSource) -> list[int]:
-    """N values a task is evaluated at by default: 0,8,32,128,256; tracking tasks 4..256; a JSONL file's own."""
+    """N values a task is evaluated at by default: 0,8,32,128,256; tracking tasks 4..256; the language tasks their
+    own (tasks.language.LANGUAGE_DISTRACTORS); a JSONL file's own."""
     if source.builtin:
+        if source.default_distractors:
+            return list(source.default_distractors)
         return list(TRACKING_DISTRACTORS if source.name in TRACKING_TASKS else DISTRACTOR_COUNTS)
     return list(source.default_distractors or DISTRACTOR_COUNTS)
 
@@ -267,7 +272,9 @@ def main(argv=None):
                    default_text=f"{','.join(TASKS)}, the three probing tasks")
     p.add_argument("--distractors", default=None,
                    help=f"comma-separated N, each in 0..{MAX_DISTRACTORS} (default 0,8,32,128,256; parity and "
-                        f"shell_game {','.join(map(str, TRACKING_DISTRACTORS))}; a JSONL file: its own N values)")
+                        f"shell_game {','.join(map(str, TRACKING_DISTRACTORS))}; "
+                        + "; ".join(f"{t} {','.join(map(str, ns))}" for t, ns in LANGUAGE_DISTRACTORS.items())
+                        + "; a JSONL file: its own N values)")
     p.add_argument("--modes", default=DEFAULT_MODES,
                    help=f"decoding (std, soft, fused) and prefill modes; fused-1..K sweeps k, K in "
                         f"1..{MAX_FUSED_PASSES}; aliases (std = standard = fused-0) are evaluated once "

@@ -83,7 +83,8 @@ class TaskSource:
         self.form = form  # "builtin", "jsonl" or "function" (written as "kind" by describe())
         self.spec = spec  # as given
         self.sha256 = sha256  # jsonl: digest of the file's bytes
-        self.min_distractors = min_distractors  # 1 for the tracking tasks (a pair differs in an update line)
+        self.min_distractors = min_distractors  # 1 for the tracking tasks (a pair differs in an update line);
+        #                                         the language tasks' own lower bound (tasks.language)
         self._loaded, self._loader = loaded, loader
 
     def __repr__(self) -> str:
@@ -477,8 +478,12 @@ def resolve_task(spec) -> TaskSource:
         raise UserError("task is empty: give a built-in task, a .jsonl file or package.module:function")
     spec = spec.strip()
     if spec in ALL_TASKS:
-        return TaskSource("builtin", spec, loaded=_Loaded(spec, tuple(LABEL_WORDS[spec])),
-                          min_distractors=int(spec in TRACKING_TASKS))
+        from .language import LANGUAGE_DISTRACTORS, LANGUAGE_N_RANGE
+
+        return TaskSource("builtin", spec, loaded=_Loaded(spec, tuple(LABEL_WORDS[spec]),
+                                                          default_distractors=LANGUAGE_DISTRACTORS.get(spec)),
+                          min_distractors=LANGUAGE_N_RANGE[spec][0] if spec in LANGUAGE_N_RANGE
+                          else int(spec in TRACKING_TASKS))
     if spec.endswith(".jsonl") or (Path(spec).suffix and Path(spec).is_file()):
         return _load_jsonl(spec)
     if _FUNC_RE.match(spec):

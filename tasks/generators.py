@@ -14,6 +14,7 @@ import random
 
 from common.errors import UserError
 
+from .language import GENERATORS as LANGUAGE_GENERATORS, LANGUAGE_N_RANGE
 from .samples import ALL_TASKS, CUPS, FINAL_TOKEN, REGISTERS, TRACKING_TASKS, WRITES_CHOICES, Sample
 
 # Writes per register a training curriculum may also use: 1 = each register written once (no recency needed).
@@ -217,8 +218,11 @@ def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
     """Return ``2 * n_pairs`` samples of ``task`` with ``n_distractors`` distractor lines each.
 
     ``task`` is any of ``ALL_TASKS``; for the tracking tasks (parity, shell_game) ``n_distractors`` is the
-    number of update lines and must be at least 1 (a pair differs in one of them).
-    Pair members are adjacent (label 0 then label 1; shell_game: see ``_SHELL_LABELS``). For multi_register,
+    number of update lines and must be at least 1 (a pair differs in one of them); for the language tasks
+    (tasks.language) it is the task's own N (span length, filler sentences, table size, distractor
+    assignments), within ``LANGUAGE_N_RANGE``.
+    Pair members are adjacent (label 0 then label 1; shell_game: see ``_SHELL_LABELS``; language tasks: two
+    different labels). For multi_register,
     ``writes`` fixes the number of writes per register; ``None`` cycles 2, 4, 8 over the pair index so all
     three appear. Training curriculum only (the task itself is 8 registers, 2/4/8 writes): ``registers`` < 8
     uses a random subset of the register names, and ``writes`` may also be 1 (a plain key-value lookup).
@@ -227,6 +231,9 @@ def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
         raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(ALL_TASKS)}")
     if not _is_int(n_distractors) or n_distractors < 0:
         raise UserError(f"number of distractors must be a non-negative integer, got {n_distractors!r}")
+    if task in LANGUAGE_N_RANGE and not LANGUAGE_N_RANGE[task][0] <= n_distractors <= LANGUAGE_N_RANGE[task][1]:
+        lo, hi = LANGUAGE_N_RANGE[task]
+        raise UserError(f"task {task!r} takes N (number of distractors) in {lo}..{hi}, got {n_distractors}")
     if task in TRACKING_TASKS and n_distractors < 1:
         raise UserError(f"task {task!r} needs at least 1 update line (number of distractors >= 1) so that "
                         f"the two members of a pair can differ, got {n_distractors}")
@@ -247,6 +254,8 @@ def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
     if reads and (task != "multi_register" or not _is_int(reads) or reads < 0):
         raise UserError(f"reads must be a non-negative integer and only applies to task 'multi_register'")
     rng = random.Random(seed)
+    if task in LANGUAGE_GENERATORS:
+        return LANGUAGE_GENERATORS[task](n_pairs, n_distractors, rng)
     if task == "completion":
         return _completion(n_pairs, n_distractors, rng)
     if task == "memory":
@@ -264,7 +273,7 @@ def dataset_fingerprint(samples) -> str:
 
     ``n_tokens`` is left out: it depends on the tokenizer, not on the dataset, so the fingerprint is the
     same before and after ``tokenize_samples`` (key the tokenizer separately). The tracking fields
-    ``diff_line`` and ``running`` enter only when set, so the other tasks' fingerprints are those from
+    ``diff_line`` and ``running`` and the language tasks' ``key_char`` enter only when set, so the other tasks' fingerprints are those from
     before the fields existed.
     """
     rows = []
@@ -272,7 +281,7 @@ def dataset_fingerprint(samples) -> str:
         d = dataclasses.asdict(s)
         d.pop("n_tokens", None)
         d.pop("label_words", None)  # the task's, not the sample's (and custom tasks' fingerprints predate it)
-        for key in ("diff_line", "running"):
+        for key in ("diff_line", "running", "key_char"):
             if d[key] is None:
                 del d[key]
         rows.append(d)

@@ -2,25 +2,28 @@
 
 ``TASKS`` are the three probing tasks the shipped models were trained on (CLIs default to them);
 ``TRACKING_TASKS`` are the state-tracking tasks of issue 21 (parity, and the S3 shell game), whose words
-the shipped checkpoints' tokenizers do not know; ``ALL_TASKS`` is both.
+the shipped checkpoints' tokenizers do not know; ``LANGUAGE_TASKS`` are the natural-language tasks of issue 39
+(induction, ioi, lookup, binding: tasks.language) for pretrained LMs; ``ALL_TASKS`` is all of them.
 
-Every prompt of every task ends with the same final token ``:`` so that, under standard prefill, the
-layer-0 vector at the last position is identical for all samples and a layer-0 probe is at chance by
-construction.
+Every prompt of a task ends with the same final token (``:`` for the synthetic tasks) so that, under standard
+prefill, the layer-0 vector at the last position is identical for all samples and a layer-0 probe is at chance
+by construction.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .words import ANSWER_SEP, LANGUAGE_LABEL_WORDS, LANGUAGE_TASKS
+
 TASKS = ("completion", "memory", "multi_register")
 TRACKING_TASKS = ("parity", "shell_game")
-ALL_TASKS = TASKS + TRACKING_TASKS
+ALL_TASKS = TASKS + TRACKING_TASKS + LANGUAGE_TASKS
 DISTRACTOR_COUNTS = (0, 8, 32, 128, 256)
 # Index = label. multi_register and parity answer with the bare bit so the answer is a digit token;
 # shell_game (3 classes) answers with the cup the ball ends under.
 CUPS = ("A", "B", "C")
 LABEL_WORDS = {"completion": ("MORE", "DONE"), "memory": ("ZERO", "ONE"), "multi_register": ("0", "1"),
-               "parity": ("0", "1"), "shell_game": CUPS}
+               "parity": ("0", "1"), "shell_game": CUPS, **LANGUAGE_LABEL_WORDS}
 WRITES_CHOICES = (2, 4, 8)
 REGISTERS = ("A", "B", "C", "D", "E", "F", "G", "H")
 FINAL_TOKEN = ":"
@@ -30,7 +33,8 @@ FINAL_TOKEN = ":"
 class Sample:
     """One prompt with its label and the bookkeeping probes need (pair, CV group, N, length).
 
-    Labels are binary except for shell_game (3 classes). For the tracking tasks ``n_distractors`` is the
+    Labels are binary for the synthetic tasks except shell_game (3 classes); the language tasks have one class per
+    word of their list (``LABEL_WORDS``). For the tracking tasks ``n_distractors`` is the
     number of update lines, ``diff_line`` the 0-based update line in which the two pair members differ and
     ``running`` the tracked value (label index) after each update line; both stay ``None`` for the other
     tasks and are then left out of ``dataset_fingerprint``.
@@ -38,7 +42,7 @@ class Sample:
 
     task: str
     text: str  # the prompt; always ends with the final token ":"
-    label: int  # index into LABEL_WORDS[task]: 0/1, or 0/1/2 for shell_game
+    label: int  # index into LABEL_WORDS[task]: 0/1, 0/1/2 for shell_game, a word's index for the language tasks
     pair_id: int
     group_id: int  # cross-validation group: whole groups are held out together
     n_distractors: int
@@ -46,6 +50,7 @@ class Sample:
     n_tokens: int | None = None  # filled by tasks.tokenize_samples
     diff_line: int | None = None  # tracking tasks: update line (0-based) where the pair members differ
     running: tuple[int, ...] | None = None  # tracking tasks: value after each update line (length N)
+    key_char: int | None = None  # language tasks: character offset in `text` of the key word (tasks.language)
     # custom tasks (tasks.custom): their label words; built-in tasks look theirs up in LABEL_WORDS. Not part of
     # the sample's identity (left out of equality and of dataset_fingerprint).
     label_words: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
@@ -57,4 +62,4 @@ class Sample:
     @property
     def full_text(self) -> str:
         """Prompt plus answer: the text a model is trained on."""
-        return self.text + " " + self.answer
+        return self.text + ANSWER_SEP.get(self.task, " ") + self.answer

@@ -10,6 +10,7 @@ from transformers import PreTrainedTokenizerFast
 from common.errors import UserError
 
 from .samples import LABEL_WORDS, REGISTERS, TASKS, TRACKING_TASKS, Sample
+from .words import ANSWER_SEP, LANGUAGE_TASKS
 
 PAD_TOKEN = "[PAD]"
 UNK_TOKEN = "[UNK]"
@@ -30,16 +31,32 @@ _TASK_TOKENS = (
 _SPLIT_PATTERN = r"\w+|[^\w\s]+|\n"
 
 
-def _vocab() -> dict[str, int]:
+def _language_tokens() -> list[str]:
+    """Every token of the language tasks' texts (tasks.language), in a fixed order: their word lists, then the
+    words and marks of their templates, sorted."""
+    import re
+
+    from . import language as lang
+
+    fixed = [w for t in LANGUAGE_TASKS for w in LABEL_WORDS[t]] + list(lang.KEYS) + list(lang.VARIABLES)
+    text = " ".join([*(p for pair in lang.IOI_TEMPLATES for p in pair), *lang.IOI_FILLERS, ", . : # = print ( )"])
+    rest = sorted(set(re.findall(_SPLIT_PATTERN, text.replace("{A}", "").replace("{B}", "").replace("{S}", ""))))
+    return fixed + rest
+
+
+def _vocab(language: bool = False) -> dict[str, int]:
     vocab: dict[str, int] = {PAD_TOKEN: 0, UNK_TOKEN: 1}
-    for tok in _TASK_TOKENS:
+    for tok in _TASK_TOKENS + (_language_tokens() if language else []):
         vocab.setdefault(tok, len(vocab))  # label words "0"/"1" repeat the digits
     return vocab
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Word-level tokenizer: [PAD] = 0, [UNK] = 1, then every task token. No BOS/EOS is added."""
-    tok = Tokenizer(models.WordLevel(_vocab(), unk_token=UNK_TOKEN))
+def build_tokenizer(language: bool = False) -> PreTrainedTokenizerFast:
+    """Word-level tokenizer: [PAD] = 0, [UNK] = 1, then every task token. No BOS/EOS is added.
+
+    `language=True` also knows the words of the natural-language tasks (tasks.language), appended after the
+    synthetic tasks' tokens; the default vocabulary is the one the shipped checkpoints were trained with."""
+    tok = Tokenizer(models.WordLevel(_vocab(language), unk_token=UNK_TOKEN))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="removed", invert=True)
     # Readable decode: put a space before every token, join, then undo the spaces around "\n" and
     # before ":" so decode(encode(text)) == text for task texts.
@@ -104,8 +121,53 @@ def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]
                 f"{s.task} sample (pair {s.pair_id}, label {s.label}) ends with {got!r} "
                 f"(last token {tokenizer.decode(row[-1:])!r}), expected final token {want!r}"
             )
+    if any(s.task in LANGUAGE_TASKS for s in samples):
+        _check_one_token_pairs(samples, ids, name)
     out = [dataclasses.replace(s, n_tokens=len(row)) for s, row in zip(samples, ids)]
     return ids, out
+
+
+def _check_one_token_pairs(samples, ids, name: str) -> None:
+    """The language tasks' contract: the two members of a pair differ in exactly one token (tasks.language)."""
+    rows: dict[int, list[int]] = {}
+    for i, s in enumerate(samples):
+        rows.setdefault(s.pair_id, []).append(i)
+    for pair, members in rows.items():
+        if len(members) != 2:
+            continue
+        a, b = (ids[i] for i in members)
+        diff = len(a) != len(b) or sum(x != y for x, y in zip(a, b)) != 1
+        if diff:
+            s = samples[members[0]]
+            raise UserError(f"tokenizer {name!r} splits the {s.task} pair {pair} so that its prompts differ in "
+                            f"more than one token ({len(a)} vs {len(b)} tokens): the pair's one-token contrast "
+                            "does not hold under this tokenizer")
+
+
+def key_token_positions(samples, tokenizer) -> list[int]:
+    """The token index (0-based, within the unpadded prompt) of each sample's key word (``Sample.key_char``,
+    tasks.language): the token whose characters hold the key word's first character. UserError for samples
+    without a key (the synthetic tasks) or a tokenizer without character offsets."""
+    samples = list(samples)
+    missing = [s for s in samples if s.key_char is None]
+    if missing:
+        raise UserError(f"task {missing[0].task!r} has no key token (only the language tasks: "
+                        f"{', '.join(LANGUAGE_TASKS)})")
+    try:
+        enc = tokenizer([s.text for s in samples], add_special_tokens=False, return_offsets_mapping=True)
+    except (NotImplementedError, TypeError, ValueError):
+        raise UserError(f"tokenizer {_tokenizer_name(tokenizer)!r} gives no character offsets: key tokens need a "
+                        "fast tokenizer") from None
+    out = []
+    for s, offsets in zip(samples, enc["offset_mapping"]):
+        # The first token that ends past the key's first character (a leading-space token starts before it).
+        j = next((k for k, (a, b) in enumerate(offsets) if b > s.key_char and a <= s.key_char), None)
+        if j is None:
+            j = next((k for k, (a, b) in enumerate(offsets) if b > s.key_char), None)
+        if j is None:
+            raise UserError(f"the key word of {s.task} pair {s.pair_id} lies past the end of its tokens")
+        out.append(j)
+    return out
 
 
 def _squeeze(text: str) -> str:
@@ -134,6 +196,8 @@ def label_token_ids(tokenizer, task: str) -> list[int]:
     """
     from .generators import make_dataset
 
+    if task in LANGUAGE_TASKS:
+        return _language_label_ids(tokenizer, task)
     n_labels = len(LABEL_WORDS[task]) if task in LABEL_WORDS else 2  # unknown task: make_dataset says so
     # The tracking tasks need an update line; 3 pairs hold every shell_game cup.
     ds = make_dataset(task, n_pairs=1 if n_labels == 2 else 3, n_distractors=int(task in TRACKING_TASKS), seed=0)
@@ -148,4 +212,25 @@ def label_token_ids(tokenizer, task: str) -> list[int]:
         out.append(full[len(prompt)])
     if len(set(out)) < len(out):
         raise UserError(f"the {task} label words do not all have different first tokens under this tokenizer")
+    return out
+
+
+def _language_label_ids(tokenizer, task: str) -> list[int]:
+    """Each label word must be exactly one token after the task's prompt (joined by ``ANSWER_SEP``)."""
+    from .generators import make_dataset
+    from .language import LANGUAGE_DISTRACTORS
+
+    name = _tokenizer_name(tokenizer)
+    prompt = make_dataset(task, 1, LANGUAGE_DISTRACTORS[task][0], seed=0)[0].text
+    base = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    unk = getattr(tokenizer, "unk_token_id", None)
+    out = []
+    for w in LABEL_WORDS[task]:
+        full = tokenizer(prompt + ANSWER_SEP.get(task, " ") + w, add_special_tokens=False)["input_ids"]
+        if full[:len(base)] != base or len(full) != len(base) + 1 or (unk is not None and full[-1] == unk):
+            raise UserError(f"tokenizer {name!r}: the {task} answer {w!r} is not one known token after the prompt "
+                            f"({len(full) - len(base)} tokens)")
+        out.append(full[-1])
+    if len(set(out)) < len(out):
+        raise UserError(f"the {task} label words do not all have different tokens under tokenizer {name!r}")
     return out

@@ -62,7 +62,9 @@ def _direct(s):
 def test_task_lists():
     assert TASKS == ("completion", "memory", "multi_register")
     assert TRACKING_TASKS == ("parity", "shell_game")
-    assert ALL_TASKS == TASKS + TRACKING_TASKS
+    from tasks import LANGUAGE_TASKS
+
+    assert ALL_TASKS == TASKS + TRACKING_TASKS + LANGUAGE_TASKS
     assert {"TASKS", "TRACKING_TASKS", "ALL_TASKS"} <= set(tasks.__all__)
     assert LABEL_WORDS["parity"] == ("0", "1") and LABEL_WORDS["shell_game"] == CUPS
 
