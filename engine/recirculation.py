@@ -27,6 +27,14 @@ Engines
     base model's parallel forward and generation its own cached decoding, bit for bit
     (`bypass_identity=False` runs the machinery anyway; then it matches to float rounding).
 
+Targeted recirculation (`mix_mask`, [batch, T] bool, every engine and `recirculated_prefill`): mixing happens
+only at the columns where the mask is True (alpha is zeroed elsewhere, and alpha = 0 makes z' = z_d bit for bit
+in both modes), as in Racing Thoughts' targeted patching: with only a key token's column set, only that token's
+recirculation branch enters block d+1 with z'; every later token still attends to the recirculation branches, so
+it reads the key token's recirculated keys/values (and the knock-on changes of the branches in between). None (the
+default) mixes at every column; a mask with no real (non-padding) column set is the identity, short-circuited to
+the base model by `prefill` like alpha = 0.
+
 Extras for the analysis: `transform` (a D x D orthogonal matrix applied to z_s before mixing: the basis test) and
 `subspace` / `subspace_complement` (only the projection of the change z' - z_d onto span(U), or onto its
 orthogonal complement, is applied: the mediation experiment).
@@ -106,6 +114,9 @@ class _Injector(Hooks):
         zs = self.inject_zs if self.zs_edit is None else self.zs_edit(self.inject_zs)
         zd = h[:, self.inject_cols]
         mixed = mix(zd, zs, self.spec, self.inject_alpha)
+        # alpha = 0 (padding, a column outside a targeted mix_mask) is z_d itself, bit for bit: `mix` gives that
+        # already for finite z_s (0 * x + 1 * z_d); this also holds where a broken z_s is not finite.
+        mixed = torch.where(self.inject_alpha.to(mixed.device)[..., None] == 0, zd, mixed)
         if self.mixed_edit is not None:
             mixed = self.mixed_edit(mixed)
         if self.keep_mixed:
@@ -181,13 +192,34 @@ class RecirculatedLM(nn.Module):
     def _check(self, input_ids, attention_mask):
         check_inputs(self.base, input_ids, attention_mask)
 
+    @staticmethod
+    def _check_mix_mask(mix_mask, input_ids) -> torch.Tensor | None:
+        """`mix_mask` validated: None, or a bool tensor of the inputs' shape [batch, T] (one-line UserError)."""
+        if mix_mask is None:
+            return None
+        if not isinstance(mix_mask, torch.Tensor) or mix_mask.dtype != torch.bool \
+                or tuple(mix_mask.shape) != tuple(input_ids.shape):
+            got = (f"{mix_mask.dtype} {list(mix_mask.shape)}" if isinstance(mix_mask, torch.Tensor)
+                   else type(mix_mask).__name__)
+            raise UserError(f"mix_mask must be a bool tensor of the inputs' shape {list(input_ids.shape)} "
+                            f"([batch, T]), got {got}")
+        return mix_mask.to(input_ids.device)
+
+    def _masked_alpha(self, pos, valid, mix_mask) -> torch.Tensor:
+        """`_alpha`, zeroed where `mix_mask` is False (no mask: unchanged, bit for bit)."""
+        a = self._alpha(pos, valid)
+        return a if mix_mask is None else a * mix_mask.to(a.device)
+
     # ----- sequential (exact) -----------------------------------------------------------------------------
     @torch.no_grad()
     def sequential(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cols: torch.Tensor | None = None,
                    collect: bool = False, keep_cache: bool = False, *, start: int = 0, cache=None,
                    zs_prev: torch.Tensor | None = None, step_edit=None, edit=None, edit_depths=(),
-                   record: bool = False) -> RecircOutput:
+                   record: bool = False, mix_mask: torch.Tensor | None = None) -> RecircOutput:
         """Exact recirculated prefill; outputs of the normal branch at `cols` (default: every column).
+
+        `mix_mask` [batch, T] bool: mix only where True (targeted recirculation, module doc); None = every column.
+        The machinery always runs here (an all-False mask matches the base model to float rounding).
 
         A patched run (interventions) starts at step `start` from the clean run's `cache` cropped to r_{<start-1}
         and `zs_prev` = z_{start-1,s}; `edit(depth, h)` rewrites the residual at `edit_depths` (before mixing and
@@ -195,12 +227,13 @@ class RecirculatedLM(nn.Module):
         t = 0; c_n = n_t) to set that step's edits; it may return a context manager held for the step (hooks on
         modules inside the blocks). `record`: keep z_s, z_d and z' of every column (StepRecord)."""
         self._check(input_ids, attention_mask)
+        mix_mask = self._check_mix_mask(mix_mask, input_ids)
         B, T = input_ids.shape
         cols = torch.arange(T) if cols is None else cols
         want = {int(c): j for j, c in enumerate(cols.tolist())}
         pos_all = positions_from_mask(attention_mask, T)
         valid = attention_mask.bool()
-        alpha_all = self._alpha(pos_all, valid)
+        alpha_all = self._masked_alpha(pos_all, valid, mix_mask)
         cache = new_cache() if cache is None else cache
         inj = _Injector(self.layers, self.spec, edit, edit_depths)
         inj.keep_mixed = record
@@ -262,9 +295,14 @@ class RecirculatedLM(nn.Module):
     # ----- blockwise / Jacobi -----------------------------------------------------------------------------
     @torch.no_grad()
     def blockwise(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, passes: int = 2,
-                  block: int | None = None, cols: torch.Tensor | None = None, collect: bool = False) -> RecircOutput:
-        """Jacobi approximation: per block, pass 0 standard, then `passes` parallel [r | n] passes."""
+                  block: int | None = None, cols: torch.Tensor | None = None, collect: bool = False,
+                  mix_mask: torch.Tensor | None = None) -> RecircOutput:
+        """Jacobi approximation: per block, pass 0 standard, then `passes` parallel [r | n] passes.
+
+        `mix_mask` [batch, T] bool: mix only where True (targeted recirculation, module doc); None = every column.
+        """
         self._check(input_ids, attention_mask)
+        mix_mask = self._check_mix_mask(mix_mask, input_ids)
         if not (isinstance(passes, int) and passes >= 1):
             raise UserError(f"blockwise recirculation needs passes >= 1, got {passes!r}")
         B, T = input_ids.shape
@@ -274,7 +312,7 @@ class RecirculatedLM(nn.Module):
         cols = torch.arange(T) if cols is None else cols
         pos_all = positions_from_mask(attention_mask, T)
         valid = attention_mask.bool()
-        alpha_all = self._alpha(pos_all, valid)
+        alpha_all = self._masked_alpha(pos_all, valid, mix_mask)
         dtype = self.base.lm.dtype
         cache = new_cache()
         inj = _Injector(self.layers, self.spec)
@@ -294,6 +332,8 @@ class RecirculatedLM(nn.Module):
                 causal = torch.arange(c1)[None, :] <= torch.arange(c0, c1)[:, None]  # [b, c1]
                 # pass 0: standard forward of the block (n attends to n within the block: the first guess)
                 inj.inject_cols, inj.record_cols = None, torch.arange(b)
+                if rec is not None:
+                    rec.cols = None  # pass 0 is never recorded (the previous block's last pass left its columns)
                 self._run(ids, self._mask(kv[:, None] & causal[None], torch.arange(c0, c1), torch.arange(c1)), pos,
                           cache)
                 zs = inj.zs
@@ -346,17 +386,24 @@ class RecirculatedLM(nn.Module):
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, method: str = "sequential",
                 cols: torch.Tensor | None = None, collect: bool = False, passes: int = 2,
-                block: int | None = None) -> RecircOutput:
-        """Normal-branch outputs at `cols` (default all). method: sequential (exact) | blockwise (Jacobi)."""
+                block: int | None = None, mix_mask: torch.Tensor | None = None) -> RecircOutput:
+        """Normal-branch outputs at `cols` (default all). method: sequential (exact) | blockwise (Jacobi).
+
+        `mix_mask` [batch, T] bool: mix only where True (targeted recirculation: e.g. only the key token's column,
+        whose recirculated keys/values every later token attends to); None = every column. A mask with no real
+        column set is the identity: like alpha = 0, the base model's forward (bit for bit) unless
+        bypass_identity=False."""
         if method not in ("sequential", "blockwise"):
             raise UserError(f"unknown recirculation method {method!r} (sequential or blockwise)")
         self._check(input_ids, attention_mask)
+        mix_mask = self._check_mix_mask(mix_mask, input_ids)
         cols = torch.arange(input_ids.shape[1]) if cols is None else cols
-        if self.spec.is_identity and self.bypass_identity:
+        no_mixing = mix_mask is not None and not bool((mix_mask & attention_mask.bool()).any())
+        if (self.spec.is_identity or no_mixing) and self.bypass_identity:
             return self._base(input_ids, attention_mask, cols, collect)
         if method == "sequential":
-            return self.sequential(input_ids, attention_mask, cols, collect)
-        return self.blockwise(input_ids, attention_mask, passes, block, cols, collect)
+            return self.sequential(input_ids, attention_mask, cols, collect, mix_mask=mix_mask)
+        return self.blockwise(input_ids, attention_mask, passes, block, cols, collect, mix_mask=mix_mask)
 
     # ----- generation -------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -420,10 +467,13 @@ def recirc_calls(spec: RecircSpec, T: int) -> int:
 def recirculated_prefill(model: FullBandwidthLM | PreTrainedModel, spec: RecircSpec | str,
                          input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: tuple[int, ...] = (-1,),
                          collect: bool = True, method: str = "sequential", passes: int = 2,
-                         block: int | None = None):
+                         block: int | None = None, mix_mask: torch.Tensor | None = None):
     """Like engine.prefill.prefill for a recirculated model: a PrefillResult (normal branch) for a left-padded batch.
 
     `spec` may be the --recirculate string 's:d:alpha[:convex|residual]'. positions: negative offsets from the end.
+    `mix_mask` [batch, T] bool (columns of the padded batch): targeted recirculation, mixing only where True
+    (e.g. the key token's column only: every later token attends to its recirculated keys/values); None = every
+    column (RecirculatedLM.prefill).
     """
     from engine.result import PrefillResult
 
@@ -437,7 +487,7 @@ def recirculated_prefill(model: FullBandwidthLM | PreTrainedModel, spec: RecircS
         raise UserError(f"positions must be negative offsets in -{T}..-1, got {positions}")
     cols = torch.tensor([T + p for p in positions])
     out = rlm.prefill(input_ids, attention_mask, method=method, cols=cols, collect=collect, passes=passes,
-                      block=block)
+                      block=block, mix_mask=mix_mask)
     return PrefillResult(spec.name, positions, out.logits, out.top, out.resid)
 
 

@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default the middle of the stack, L // 2)")
     p.add_argument("--distractors", type=int_in(0, MAX_DISTRACTORS), default=None,
                    help=f"number N of distractor lines per prompt, 0..{MAX_DISTRACTORS} (default: a task file's "
-                        "or generator's own N, else 8)")
+                        "or generator's own N, a language task's first (tasks.language), else 8)")
     p.add_argument("--n-pairs", type=int_in(*N_PAIRS_RANGE), default=None,
                    help=f"number of sample pairs (2 samples each), {N_PAIRS_RANGE[0]}..{N_PAIRS_RANGE[1]}; for a "
                         "task file the first this many pairs of its N (default: every pair of a file, else from "

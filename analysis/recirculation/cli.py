@@ -1,4 +1,4 @@
-"""`python -m analysis.recirculation`: the arguments, the run folder, and the experiments (a)-(f) in order.
+"""`python -m analysis.recirculation`: the arguments, the run folder, and the experiments (a)-(g) in order.
 The experiments and their outputs are described in analysis/recirculation/__init__.py."""
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import torch
 from analysis.recirculation.basis import basis_test
 from analysis.recirculation.cost import cost
 from analysis.recirculation.dose import dose_response, heatmap, temperature
-from analysis.recirculation.figures import mediation_figure, write_figures
+from analysis.recirculation.figures import mediation_figure, targeted_figure, write_figures
 from analysis.recirculation.mediation import mediation
+from analysis.recirculation.targeted import DEFAULT_ALPHAS as TARGETED_ALPHAS, default_sd, parse_sd, targeted
 from analysis.recirculation.perplexity import Evaluator, load
 from analysis.recirculation.study import Study
-from analysis.recirculation.text import builtin_documents, file_documents, make_splits
+from analysis.recirculation.text import ByteTokenizer, builtin_documents, file_documents, make_splits
 from common.cli import (DefaultsFormatter, Parser, add_device_flags, add_model_flag, add_output_flags,
                         add_plotly_flag, add_seed_flag, add_threads_flag, command_text, float_in, float_list, int_in,
                         int_list, output_dir, safe_name)
@@ -54,11 +55,11 @@ MAX_SEQ_LEN = 4096
 MAX_CHUNKS = 1000  # --n-tune / --n-test
 MAX_BATCH = 1024
 MAX_PASSES = 1000  # blockwise Jacobi passes of (e); passes >= the block size is already exact
-MAX_PAIRS = 5000  # --mediation-pairs
+MAX_PAIRS = 5000  # --mediation-pairs, --targeted-pairs
 MAX_DISTRACTORS = 1024
 MAX_TEMP = 100.0
 OUTPUTS = ("results.json", "heatmap.html", "dose.html", "temperature.html", "basis.html", "cost.html",
-           "mediation.html")
+           "mediation.html", "targeted.html")
 
 
 def parse_args(argv=None):
@@ -69,7 +70,7 @@ def parse_args(argv=None):
                    help="English text files to use instead of the built-in CPython pydoc topics (one document "
                         "per file; with one file its first half tunes and the second half is held out)")
     add_output_flags(p, "./figures/<model>/recirculation under the current directory; with --mediation-only "
-                        "./figures/<model>/mediation-<task>")
+                        "./figures/<model>/mediation-<task>, with --targeted-only ./figures/<model>/targeted-<task>")
     add_plotly_flag(p)
     p.add_argument("--seq-len", type=int_in(2, MAX_SEQ_LEN), default=64,
                    help=f"tokens per chunk (one chunk = one sequence), 2..{MAX_SEQ_LEN}")
@@ -104,17 +105,41 @@ def parse_args(argv=None):
                    help="recirculation of (f); default: the text-tuned best, or with --mediation-only the pair and "
                         "mode (--pairs x convex/residual, at --alpha) whose full recirculation moves the label logit "
                         "difference most on the TRAINING groups")
-    p.add_argument("--mediation-task", default="memory", help="synthetic task of (f)")
+    p.add_argument("--mediation-task", default="memory",
+                   help="task of (f) (tasks.ALL_TASKS; K > 2 label words, e.g. shell_game, use the span of the "
+                        "multiclass probe's class weights, rank K - 1)")
     p.add_argument("--mediation-pairs", type=int_in(1, MAX_PAIRS), default=16,
                    help=f"sample pairs of (f) (half the groups held out), 1..{MAX_PAIRS}")
     p.add_argument("--mediation-distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
                    help=f"distractor lines per prompt in (f), 0..{MAX_DISTRACTORS}")
+    p.add_argument("--targeted", action="store_true",
+                   help="run the targeted-vs-uniform experiment (g) as well: at each --targeted-alphas, "
+                        "recirculation at every real column (uniform) vs at the key token's column only (targeted: "
+                        "later tokens attend to its recirculated keys/values) vs none, on a task with key tokens")
+    p.add_argument("--targeted-only", action="store_true",
+                   help="run only (g), without the text experiments (results go to figures/<model>/targeted-<task>; "
+                        "with --mediation, (f) runs too)")
+    p.add_argument("--targeted-task", default="ioi",
+                   help="task of (g): one with key tokens (tasks.key_token_positions): induction, ioi, lookup or "
+                        "binding")
+    p.add_argument("--targeted-pairs", type=int_in(1, MAX_PAIRS), default=100,
+                   help=f"sample pairs of (g), 1..{MAX_PAIRS} (every sample is scored; CIs resample its groups)")
+    p.add_argument("--targeted-distractors", type=int_in(0, MAX_DISTRACTORS), default=0,
+                   help=f"distractors (the task's N) per prompt in (g), 0..{MAX_DISTRACTORS} (the task may bound "
+                        "it further)")
+    p.add_argument("--targeted-spec", metavar="S:D[:MODE]",
+                   help="source and target depths (and mode, default residual) of (g); default 20:2:residual on "
+                        "a model with >= 20 layers, else source round(2L/3) (at least 2, at most L) and target "
+                        "max(1, round(L/15)) below it, residual (e.g. L = 12: 8:1:residual)")
+    p.add_argument("--targeted-alphas", default=TARGETED_ALPHAS,
+                   help="alphas of (g), each in [0, 1]; failure point: the first whose accuracy falls more than "
+                        "0.05 below base")
     add_device_flags(p, device=False, device_map=False,
                      dtype_extra="; float16 is refused here: recirculation runs on the CPU only (its engine builds "
                                  "CPU index tensors, so there is no --device yet). Perplexities and KL are computed "
                                  "in float32 either way")
     add_threads_flag(p)
-    add_seed_flag(p, "the split, the random rotations and the mediation samples")
+    add_seed_flag(p, "the split, the random rotations, the mediation and targeted samples and the bootstrap")
     return p.parse_args(argv)
 
 
@@ -146,14 +171,23 @@ def main(argv=None):
         raise UserError("--temps must be positive")
     passes_list = int_list(a.passes, "--passes", 1, MAX_PASSES)
     pairs = _pairs(a.pairs) if a.pairs else None
-    from tasks import TASKS
-    if a.mediation_task not in TASKS:
-        raise UserError(f"--mediation-task: unknown task {a.mediation_task!r} (known: {', '.join(TASKS)})")
+    from tasks import ALL_TASKS
+    if a.mediation_task not in ALL_TASKS:
+        raise UserError(f"--mediation-task: unknown task {a.mediation_task!r} (known: {', '.join(ALL_TASKS)})")
     if a.mediation_spec:
         parse_recirculate(a.mediation_spec)  # syntax and alpha now; the depths once the model is known
+    if a.mediation_only and a.targeted_only:
+        raise UserError("--mediation-only and --targeted-only exclude each other: pass one of them and --mediation "
+                        "or --targeted for the other")
+    a.targeted_alpha_list = sorted(set(float_list(a.targeted_alphas, "--targeted-alphas", 0, 1)))
+    if a.targeted_spec:
+        parse_sd(a.targeted_spec)  # syntax now; the depths once the model is known
+    if (a.targeted or a.targeted_only) and a.targeted_task not in ALL_TASKS:
+        raise UserError(f"--targeted-task: unknown task {a.targeted_task!r} (known: {', '.join(ALL_TASKS)})")
     placement = _placement(a.dtype)
     docs = file_documents(a.text) if a.text else None
-    sub = f"mediation-{a.mediation_task}" if a.mediation_only else "recirculation"
+    sub = (f"mediation-{a.mediation_task}" if a.mediation_only else f"targeted-{a.targeted_task}" if a.targeted_only
+           else "recirculation")
     out = output_dir(a.out if a.out is not None else default_output(safe_name(a.model), sub))
 
     with fresh_output(out, OUTPUTS, a.overwrite, "analysis.recirculation run",
@@ -179,20 +213,35 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
     for s, d in pairs:
         RecircSpec(s, d, a.alpha).validate(L)
     med_spec = parse_recirculate(a.mediation_spec, L) if a.mediation_spec else None
+    run_f, run_g = a.mediation or a.mediation_only, a.targeted or a.targeted_only
+    tg_sd = parse_sd(a.targeted_spec or default_sd(L), L)
+    for flag, on in (("--mediation", run_f), ("--targeted", run_g)):
+        if on and isinstance(tok, ByteTokenizer):  # refused now, not after the text experiments
+            raise UserError(f"{flag} needs a real tokenizer (not the byte stand-in of the tiny random models)")
+
+    def run_targeted():
+        return targeted(model, tok, tg_sd, a.targeted_task, a.targeted_pairs, a.targeted_distractors,
+                        a.targeted_alpha_list, a.batch, a.seed, ramp=a.ramp)
+
     command = command_text("python -m analysis.recirculation", argv)
-    if a.mediation_only:
+    if a.mediation_only or a.targeted_only:
         t_start = time.perf_counter()
-        # Tuned over pairs x modes at the one --alpha: tuning alpha by effect size would just pick the most
-        # destructive dose (alpha = 1 convex replaces z_d outright).
-        cands = [med_spec] if med_spec else [RecircSpec(s, d, a.alpha, mode, ramp=a.ramp) for s, d in pairs
-                                             for mode in ("convex", "residual")]
-        res = {"model": mname, "dtype": placement.dtype, "n_layers": L, "d_model": model.d_model,
-               "mediation": mediation(model, tok, cands, a.mediation_task, a.mediation_pairs,
-                                      a.mediation_distractors, a.batch, a.seed)}
+        res = {"model": mname, "dtype": placement.dtype, "n_layers": L, "d_model": model.d_model}
+        if run_f:
+            # Tuned over pairs x modes at the one --alpha: tuning alpha by effect size would just pick the most
+            # destructive dose (alpha = 1 convex replaces z_d outright).
+            cands = [med_spec] if med_spec else [RecircSpec(s, d, a.alpha, mode, ramp=a.ramp) for s, d in pairs
+                                                 for mode in ("convex", "residual")]
+            res["mediation"] = mediation(model, tok, cands, a.mediation_task, a.mediation_pairs,
+                                         a.mediation_distractors, a.batch, a.seed)
+        if run_g:  # (g)
+            res["targeted"] = run_targeted()
         res["seconds_total"] = time.perf_counter() - t_start
         res["command"] = command
-        _write_results(res, out, lambda: [mediation_figure(res["mediation"], out, a.plotly) or "mediation.html"])
-        print(f"wrote {out}/results.json and mediation.html ({res['seconds_total']:.0f}s)")
+        figs = [("mediation", mediation_figure), ("targeted", targeted_figure)]
+        _write_results(res, out, lambda: [f(res[k], out, a.plotly) or f"{k}.html" for k, f in figs if k in res])
+        print(f"wrote {out}/results.json and " + " and ".join(f"{k}.html" for k, _ in figs if k in res)
+              + f" ({res['seconds_total']:.0f}s)")
         return res
     docs = docs or builtin_documents()
     tune, test = make_splits(docs, tok, a.seq_len, a.n_tune, a.n_test, a.seed)
@@ -205,7 +254,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
                    "seq_len": a.seq_len, "n_tune_chunks": len(tune), "n_test_chunks": len(test),
                    "text": a.text or "pydoc_data.topics", "ramp": a.ramp,
                    "base": {"tune_ppl": st.E_tune.base.ppl, "test_ppl": st.E_test.base.ppl},
-                   "mediation": "not run (pass --mediation)"})
+                   "mediation": "not run (pass --mediation)", "targeted": "not run (pass --targeted)"})
     best_mode, best_s, best_d = heatmap(st)  # (a)
     best_test = dose_response(st, best_mode, best_s, best_d)  # (b)
     best_spec = st.spec(best_s, best_d, st.res["best"]["alpha"], best_mode)
@@ -216,6 +265,8 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
     if a.mediation:  # (f)
         res["mediation"] = mediation(model, tok, [med_spec or best_spec], a.mediation_task, a.mediation_pairs,
                                      a.mediation_distractors, a.batch, a.seed)
+    if a.targeted:  # (g)
+        res["targeted"] = run_targeted()
     res["seconds_total"] = time.perf_counter() - t_start
     res["command"] = command
     _write_results(res, out, lambda: write_figures(res, out, a.plotly))

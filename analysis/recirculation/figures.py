@@ -28,6 +28,35 @@ def mediation_figure(med: dict, out: Path, plotly: str = "directory") -> None:
     html(fig, out / "mediation.html", plotly)
 
 
+def targeted_figure(tg: dict, out: Path, plotly: str = "directory") -> None:
+    """(g): accuracy change and LD change vs alpha, uniform vs targeted, with their 95% bootstrap CI bands."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    pts = tg["points"]
+    x = [p["alpha"] for p in pts]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy change vs base", "LD change vs base"))
+    colors = {"uniform": "31, 119, 180", "targeted": "214, 39, 40"}
+    for col, key in ((1, "accuracy_change"), (2, "ld_change")):
+        for cond, rgb in colors.items():
+            cis = [p[cond][key + "_ci"] for p in pts]
+            if all(ci is not None for ci in cis):
+                fig.add_trace(go.Scatter(x=x + x[::-1], y=[ci[1] for ci in cis] + [ci[0] for ci in cis][::-1],
+                                         fill="toself", fillcolor=f"rgba({rgb}, 0.15)", line={"width": 0},
+                                         hoverinfo="skip", showlegend=False, legendgroup=cond), row=1, col=col)
+            fig.add_trace(go.Scatter(x=x, y=[p[cond][key] for p in pts], mode="lines+markers", name=cond,
+                                     line={"color": f"rgb({rgb})"}, legendgroup=cond, showlegend=col == 1),
+                          row=1, col=col)
+        fig.add_hline(y=0, line={"color": "gray", "width": 1, "dash": "dot"}, row=1, col=col)
+        fig.update_xaxes(title_text="alpha", row=1, col=col)
+    fa = tg["failure_alpha"]
+    fail = ", ".join(f"{c} {fa[c] if fa[c] is not None else 'not reached'}" for c in fa)
+    fig.update_layout(title=f"Targeted vs uniform recirculation on {tg['task']} ({tg['spec']}; base accuracy "
+                            f"{tg['base']['accuracy']:.3f}, LD {tg['base']['mean_ld']:+.3f}; failure "
+                            f"(accuracy -{tg['fail_drop']:g}) at alpha: {fail})")
+    html(fig, out / "targeted.html", plotly)
+
+
 def write_figures(res: dict, out: Path, plotly: str = "directory") -> None:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -89,6 +118,9 @@ def write_figures(res: dict, out: Path, plotly: str = "directory") -> None:
     med = res.get("mediation")
     if isinstance(med, dict):
         mediation_figure(med, out, plotly)
+    tg = res.get("targeted")
+    if isinstance(tg, dict):
+        targeted_figure(tg, out, plotly)
 
     rows = res["cost"]["rows"]
     fig = make_subplots(rows=1, cols=3, subplot_titles=("tokens/s", "peak RSS increase (MB)",
@@ -99,5 +131,5 @@ def write_figures(res: dict, out: Path, plotly: str = "directory") -> None:
     fig.update_layout(title=f"Cost of recirculated prefill ({res['cost']['config']}, block {res['cost']['block']})")
     html(fig, out / "cost.html", plotly)
     return ["heatmap.html", "dose.html", "temperature.html", "basis.html", "cost.html"] + \
-        (["mediation.html"] if isinstance(med, dict) else [])
+        (["mediation.html"] if isinstance(med, dict) else []) + (["targeted.html"] if isinstance(tg, dict) else [])
 

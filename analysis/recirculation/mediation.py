@@ -1,6 +1,17 @@
-"""(f) Mediation: recirculation only within the task-state subspace (the probe's direction at the source
-depth), only in its complement, or in a random subspace of equal rank; label logit difference on held-out groups.
-The subspace routine is the interventions' (interventions.subspace.orthonormal), the probe the probes' own."""
+"""(f) Mediation: recirculation only within the task-state subspace (the probe's subspace at the source depth),
+only in its complement, or in a random subspace of equal rank; label logit difference on held-out groups.
+The subspace routine is the interventions' (interventions.subspace.orthonormal), the probe the probes' own.
+
+Label logit difference LD_true = logit(true label word) - logit(the paired sample's label word) (the pair partner
+is the other sample with the same pair_id). Binary tasks: that is logit(true) - logit(other), and the subspace is
+the probe's unit direction (rank 1), exactly as before K > 2 tasks were supported. K > 2 label words (shell_game,
+the language tasks): the probe is multinomial and the task subspace is the orthonormalized span of its
+class-centred class weight vectors (W_k / scale in the raw input space, k = 1..K, minus their mean): a softmax
+reads only differences of class weights, so that span is the whole of what the probe reads, of rank
+min(K' - 1, D) with K' the classes present in the training groups (K' = K unless the pairs are too few to show
+every label; lower only if the weights are degenerate; `rank` reports the rank used). The complement has rank
+D - rank, the random subspace the task subspace's rank. Accuracy: binary LD_true > 0 (as before); K > 2 the
+argmax over the K label words at the last position, an m-way tie counting 1/m (interventions.metrics)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,6 +24,7 @@ from common.cli import derived_seed
 from common.errors import UserError
 from engine.prefill import pad_left, prefill
 from engine.recirculation import RecirculatedLM
+from interventions.metrics import decisions
 from interventions.subspace import orthonormal
 from stats.linear import LinearProbe
 from tasks import label_token_ids, make_dataset, tokenize_samples
@@ -30,7 +42,9 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
     samples = make_dataset(task, n_pairs=n_pairs, n_distractors=n_distractors, seed=seed)
     ids, samples = tokenize_samples(samples, tok)
     lab = label_token_ids(tok, task)
+    K = len(lab)
     y = np.array([smp.label for smp in samples])
+    other = pair_partner_labels(samples)  # the paired sample's label (binary: 1 - y)
     groups = np.array([smp.group_id for smp in samples])
     ug = np.unique(groups)
     rng = np.random.default_rng(seed)
@@ -43,7 +57,7 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
         # Residuals are only read from the base model (probe fit / probe test accuracy): the recirculated runs,
         # 2 x pairs x modes of them when tuning, skip collecting them.
         collect = spec_or_none is None
-        lds, resids = [], []
+        zs, resids = [], []
         for i in range(0, len(rows), batch):
             x, m = pad_left([ids[j] for j in rows[i:i + batch]])
             if collect:
@@ -53,17 +67,24 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
                 r = RecirculatedLM(model, spec_or_none, bypass_identity=False).prefill(
                     x, m, cols=torch.tensor([x.shape[1] - 1]), collect=False)
             lg = r.logits[:, -1].float()  # numpy has no bfloat16
-            lds.append(lg[:, lab[1]] - lg[:, lab[0]])
-        # LD(label 1 - label 0) [n]; base only: resid [n, L+1, D]
-        return torch.cat(lds).numpy(), (torch.cat(resids) if collect else None)
+            zs.append(lg[:, lab])
+        z = torch.cat(zs)  # label-word logits [n, K]
+        if K == 2:  # LD(label 1 - label 0) [n], float32 (the binary numbers of before, bit for bit)
+            ld = (z[:, 1] - z[:, 0]).numpy()
+        else:  # LD_true = logit(true) - logit(pair partner's label) [n], float32
+            ix = torch.as_tensor(rows, dtype=torch.long)
+            yt, ot = torch.as_tensor(y[ix], dtype=torch.long), torch.as_tensor(other[ix], dtype=torch.long)
+            ld = (z.gather(1, yt[:, None])[:, 0] - z.gather(1, ot[:, None])[:, 0]).numpy()
+        # base only: resid [n, L+1, D]
+        return ld, z, (torch.cat(resids) if collect else None)
 
     train_rows = np.where(~te)[0].tolist()
     test_rows = np.where(te)[0].tolist()
-    base_tr, resid_tr = run(None, train_rows)
+    base_tr, _, resid_tr = run(None, train_rows)
     tuning = []
     if len(specs) > 1:
         for sp in specs:
-            ld_tr, _ = run(sp, train_rows)
+            ld_tr, _, _ = run(sp, train_rows)
             tuning.append({"config": sp.name, "train_mean_abs_ld_change": float(np.abs(ld_tr - base_tr).mean())})
             print(f"[f] tune {sp.name:28s} train mean |LD change| {tuning[-1]['train_mean_abs_ld_change']:.4f}",
                   flush=True)
@@ -71,29 +92,70 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
     else:
         spec = specs[0]
     X = resid_tr[:, spec.source].double().numpy()
-    probe = LinearProbe().fit(X, y[~te], groups[~te])
-    u = torch.tensor(np.asarray(probe.direction), dtype=torch.float32)[:, None]  # [D, 1]
-    D = u.shape[0]
-    rnd = torch.randn(1, D, generator=torch.Generator().manual_seed(derived_seed(seed, 3))).T  # [D, 1]
+    try:
+        probe = LinearProbe().fit(X, y[~te], groups[~te])
+    except ValueError as e:  # e.g. the inner grouped CV with fewer samples of a class than folds (K > 2)
+        raise UserError(f"the mediation probe cannot be fitted on {len(X)} training samples of "
+                        f"{len(np.unique(y[~te]))} classes ({e}): raise --mediation-pairs") from None
+    u = probe_subspace(probe)  # [D, rank]
+    D, rank = u.shape
+    rnd = torch.randn(rank, D, generator=torch.Generator().manual_seed(derived_seed(seed, 3))).T  # [D, rank]
     conds = {"base": None, "full": spec,
              "task_subspace": dataclasses.replace(spec, subspace=orthonormal(u)),
              "complement": dataclasses.replace(spec, subspace=orthonormal(u), subspace_complement=True),
              "random_subspace": dataclasses.replace(spec, subspace=orthonormal(rnd))}
+    ranks = {"task_subspace": int(conds["task_subspace"].subspace.shape[1]),
+             "complement": D - int(conds["complement"].subspace.shape[1]),
+             "random_subspace": int(conds["random_subspace"].subspace.shape[1])}
     ysign = np.where(y[te] == 1, 1.0, -1.0)
-    out = {"task": task, "n_pairs": n_pairs, "n_distractors": n_distractors, "rank": 1,
-           "probe_depth": spec.source, "n_test": int(te.sum()), "n_train": int((~te).sum()),
-           "probe_train_accuracy": probe.score(X, y[~te]), "config": spec.name, "tuning": tuning, "conditions": {}}
+    out = {"task": task, "n_pairs": n_pairs, "n_distractors": n_distractors, "n_classes": K, "rank": rank,
+           "subspace_ranks": ranks, "probe_depth": spec.source, "n_test": int(te.sum()),
+           "n_train": int((~te).sum()), "probe_train_accuracy": probe.score(X, y[~te]), "config": spec.name,
+           "tuning": tuning, "conditions": {}}
     base_ld = None
     for name, sp in conds.items():
-        ld, resid_te = run(sp, test_rows)
-        ld_true = ysign * ld  # logit(true) - logit(other)
+        ld, z, resid_te = run(sp, test_rows)
+        # logit(true) - logit(the pair partner's label); binary: the sign flip of before
+        ld_true = ysign * ld if K == 2 else ld.astype(np.float64)
         if name == "base":
             base_ld = ld_true
             out["probe_test_accuracy"] = probe.score(resid_te[:, spec.source].double().numpy(), y[te])
         d = ld_true - base_ld
-        out["conditions"][name] = {"mean_ld": float(ld_true.mean()), "accuracy": float((ld_true > 0).mean()),
+        acc = float((ld_true > 0).mean()) if K == 2 else float(decisions(z, y[te], y[te], range(K))[0].mean())
+        out["conditions"][name] = {"mean_ld": float(ld_true.mean()), "accuracy": acc,
                                    "mean_ld_change": float(d.mean()),
                                    "ld_change_se": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0}
-        print(f"[f] {name:16s} LD {ld_true.mean():+.3f} (change {d.mean():+.4f}) acc {(ld_true > 0).mean():.3f}",
-              flush=True)
+        print(f"[f] {name:16s} LD {ld_true.mean():+.3f} (change {d.mean():+.4f}) acc {acc:.3f}", flush=True)
     return out
+
+
+def pair_partner_labels(samples) -> np.ndarray:
+    """Per sample, the label of the other sample with the same pair_id (UserError unless pairs are pairs)."""
+    by_pair: dict = {}
+    for i, smp in enumerate(samples):
+        by_pair.setdefault(smp.pair_id, []).append(i)
+    other = np.empty(len(samples), dtype=np.int64)
+    for pid, rows in by_pair.items():
+        if len(rows) != 2:
+            raise UserError(f"pair {pid} has {len(rows)} samples, not 2: the label logit difference needs the "
+                            "paired sample's label")
+        a, b = rows
+        other[a], other[b] = samples[b].label, samples[a].label
+    return other
+
+
+def probe_subspace(probe: LinearProbe) -> torch.Tensor:
+    """Orthonormal basis [D, rank] of what a fitted probe reads, in the raw input space (float32).
+
+    Binary: its unit direction (rank 1). K > 2: the span of the class-centred class weight vectors W_k / scale,
+    rank min(K - 1, D) for the K classes it was fitted on (singular values below 1e-8 of the largest are dropped:
+    degenerate weights)."""
+    if len(probe.classes_) == 2:
+        return torch.tensor(np.asarray(probe.direction), dtype=torch.float32)[:, None]  # [D, 1]
+    W = probe.clf_.coef_ / probe.scaler_.scale_  # [K, D]
+    W = W - W.mean(0, keepdims=True)
+    _, S, Vt = np.linalg.svd(W, full_matrices=False)
+    keep = S > 1e-8 * S.max() if S.size and S.max() > 0 else np.zeros(len(S), dtype=bool)
+    if not keep.any():
+        raise UserError("the mediation probe found no direction (constant states at the source depth?)")
+    return torch.tensor(Vt[keep].T.copy(), dtype=torch.float32)  # [D, rank]
