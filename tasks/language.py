@@ -8,8 +8,8 @@ offset of the word in the prompt whose state the answer depends on), which targe
     induction  "tiger, apple, river, chair. tiger, apple," -> " river": a random span of common words, then
                its start repeated up to a cue; the answer is the word after the cue's first occurrence. N = span
                length. The pair replaces that word (so the answer) with another. Key: the repeated cue.
-    ioi        "Mary and John went to the store. John gave a drink to" -> " Mary" (indirect-object
-               identification, Wang et al. 2022). N = filler sentences between the scene and the action. The pair
+    ioi        "When Mary and John went to the store, John gave a drink to" -> " Mary" (indirect-object
+               identification, Wang et al. 2022). N = filler sentences before it ("The weather was nice."). The pair
                swaps which name is repeated (the subject's second mention, S2), so the answer is the other name.
                Key: S2.
     lookup     a table of N "key: digit" lines, a blank line, four answered queries, then "key: " -> the digit
@@ -31,13 +31,13 @@ import random
 from .samples import Sample
 from .words import KEYS, NAMES, VARIABLES, WORDS
 
-IOI_TEMPLATES = (  # (scene, action): N filler sentences go between them
-    ("{A} and {B} went to the store.", "{S} gave a drink to"),
-    ("{A} and {B} went to the park.", "{S} gave a ball to"),
-    ("{A} and {B} were working at the office.", "Later, {S} gave a book to"),
-    ("{A} and {B} got a snack at the cafe.", "Then {S} decided to give it to"),
-    ("{A} and {B} had a long argument.", "Afterwards {S} said to"),
-    ("{A} and {B} found a bag at the station.", "Then {S} gave the bag to"),
+IOI_TEMPLATES = (  # one sentence each; N filler sentences go before it
+    "When {A} and {B} went to the store, {S} gave a drink to",
+    "When {A} and {B} went to the park, {S} gave a ball to",
+    "While {A} and {B} were working at the office, {S} gave a book to",
+    "After {A} and {B} had lunch at the cafe, {S} gave a gift to",
+    "When {A} and {B} arrived at the station, {S} handed a ticket to",
+    "After {A} and {B} finished the game, {S} passed the ball to",
 )
 IOI_FILLERS = ("It was a sunny day.", "They had been friends for years.", "The weather was nice.",
                "Nobody else was there.", "It was late in the afternoon.", "The street was quiet.")
@@ -84,12 +84,11 @@ def _ioi(n_pairs: int, n: int, rng: random.Random) -> list[Sample]:
         a, b = rng.sample(NAMES, 2)
         template = rng.choice(IOI_TEMPLATES)
         gid = groups(tuple(sorted((a, b))))
-        scene, action = template
-        head = " ".join([scene.format(A=a, B=b), *(rng.choice(IOI_FILLERS) for _ in range(n))]) + " "
-        before, after = action.split("{S}")
+        head = "".join(rng.choice(IOI_FILLERS) + " " for _ in range(n))
+        before, after = template.split("{S}")
+        before = head + before.format(A=a, B=b)
         for s, io in ((b, a), (a, b)):
-            out.append(Sample("ioi", head + before + s + after, NAMES.index(io), pair_id, gid, n,
-                              key_char=len(head + before)))
+            out.append(Sample("ioi", before + s + after, NAMES.index(io), pair_id, gid, n, key_char=len(before)))
     return out
 
 

@@ -39,7 +39,7 @@ def _language_tokens() -> list[str]:
     from . import language as lang
 
     fixed = [w for t in LANGUAGE_TASKS for w in LABEL_WORDS[t]] + list(lang.KEYS) + list(lang.VARIABLES)
-    text = " ".join([*(p for pair in lang.IOI_TEMPLATES for p in pair), *lang.IOI_FILLERS, ", . : # = print ( )"])
+    text = " ".join([*lang.IOI_TEMPLATES, *lang.IOI_FILLERS, ", . : # = print ( )"])
     rest = sorted(set(re.findall(_SPLIT_PATTERN, text.replace("{A}", "").replace("{B}", "").replace("{S}", ""))))
     return fixed + rest
 

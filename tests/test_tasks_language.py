@@ -16,7 +16,7 @@ from tasks.words import ANSWER_SEP
 # make_dataset(task, 8, N, seed=0): a change of any generator's output must be deliberate (bump FORMAT_VERSION).
 PINNED = {
     ("induction", 8): "246324b2f7a23f35822ddd12132293cba146b79240f2720a2a4201e4665be301",
-    ("ioi", 2): "75283864fe0b8020b5f5ba702f58a761e9441b856a2e1cf07b6be62eb8373cf1",
+    ("ioi", 2): "b086913bb55ddd64933be8a6970cf58e629a3edb1bff46b8e7a5db6d09b65779",
     ("lookup", 8): "ffd6848e7497011f2a82a890720c3ab6e7390d4baed5120e04688fd449bf5ba8",
     ("binding", 2): "fd2b42e2b25e61006d34f80cb6ca84b9763b74c6128ffe17a719dc522d570fa4",
 }
@@ -37,7 +37,7 @@ def _answer(s) -> str:
         assert words[:len(cue)] == cue  # the repeat is the span's start
         return words[len(cue)]
     if s.task == "ioi":
-        a, b = re.match(r"(\w+) and (\w+) ", t).groups()
+        a, b = re.search(r"(\w+) and (\w+) ", t).groups()
         subject = re.findall(r"\b(" + "|".join(map(re.escape, (a, b))) + r")\b", t)[-1]
         return b if subject == a else a
     if s.task == "lookup":
