@@ -34,6 +34,8 @@ class Batch:
     label_ids: tuple  # (token id of the label-0 word, ..., label-(K-1) word)
     diff_line: np.ndarray | None = None  # [B] or None
     line_index: np.ndarray | None = None  # [B, T] line (0-based, newlines counted before the column); -1 = pad
+    probe_labels: torch.Tensor | None = None  # [B] long: what the probes (subspace, LEACE) fit; None = `labels`
+    #   (tasks.pair_roles where the answer has too many classes for grouped CV: interventions.run)
 
     def __post_init__(self):
         B = self.input_ids.shape[0]
@@ -58,6 +60,10 @@ class Batch:
             raise UserError("pair indices out of range")
         if not bool((self.labels[self.pair] != self.labels).all()):
             raise UserError("every row's pair must have a different label")
+        self.probe_labels = self.labels if self.probe_labels is None else \
+            torch.as_tensor(self.probe_labels, dtype=torch.long)
+        if self.probe_labels.shape != (B,) or len(torch.unique(self.probe_labels)) < 2:
+            raise UserError("probe_labels need one entry per row and at least 2 classes")
         if self.diff_line is not None:
             self.diff_line = np.asarray(self.diff_line)
             if self.diff_line.shape != (B,):
@@ -86,10 +92,11 @@ class Batch:
         return (first - T).numpy()
 
     @classmethod
-    def from_samples(cls, samples, tokenizer, task) -> "Batch":
+    def from_samples(cls, samples, tokenizer, task, probe_labels=None) -> "Batch":
         """Tokenize `tasks` samples (pairs share a pair_id and have different labels) into a Batch.
 
-        `task`: a built-in task name or a `tasks.custom.TaskSource` (a researcher's own task)."""
+        `task`: a built-in task name or a `tasks.custom.TaskSource` (a researcher's own task); `probe_labels`
+        (one per sample, default the labels): what the probes fit."""
         from engine.prefill import pad_left
         from tasks import resolve_task
 
@@ -110,4 +117,4 @@ class Batch:
         line = (torch.cumsum(nl.long(), 1) - nl.long()).masked_fill(~mask.bool(), -1)  # newlines before col
         return cls(input_ids, mask, torch.tensor([s.label for s in samples]), torch.tensor(pair),
                    np.array([s.group_id for s in samples]), tuple(src.label_token_ids(tokenizer, samples[0].text)),
-                   None if any(d is None for d in dl) else np.array(dl), line.numpy())
+                   None if any(d is None for d in dl) else np.array(dl), line.numpy(), probe_labels)

@@ -203,8 +203,9 @@ def main(argv=None) -> int:
     from common.placement import Placement
     from engine.modes import parse_mode
     from models.fingerprint import weights_hash
-    from stats.linear import ProbeConfig, check_groups
-    from tasks import dataset_fingerprint, resolve_task
+    from stats.linear import ProbeConfig
+    from tasks import dataset_fingerprint, probe_labels, resolve_task
+    from tasks.samples import ANSWER_PROBE_LABEL
 
     from .progress import Progress
 
@@ -257,12 +258,19 @@ def main(argv=None) -> int:
         say(f"task file {source.spec}: N = {n_dis} (the file also has N = "
             f"{', '.join(map(str, source.default_distractors[1:]))}; choose with --distractors)")
     probe_cfg = ProbeConfig(random_state=seed)
-    check_groups([s.label for s in samples], [s.group_id for s in samples], probe_cfg.n_splits)
+    # One class per word (the language tasks) is too many for grouped-CV probes: they fit each sample's role in
+    # its pair instead (tasks.probe_labels); the metrics keep the answer.
+    probe_y, probe_label = probe_labels(samples, probe_cfg.n_splits)
+    probe_labels_ = None if probe_label == ANSWER_PROBE_LABEL else probe_y
+    if probe_labels_ is not None:
+        say(f"{source.name}: {source.n_classes} answer classes are too many for grouped-CV probes; the probes fit "
+            "each sample's role in its pair instead")
 
     say(f"loading {args.model}")
     model, tok, _ = _load(args.model, placement, args.tokenizer)
     if rank is None:  # K - 1 directions separate K class means; one would leave a 3-way label partly unswapped
-        rank = min(max(1, source.n_classes - 1), MAX_RANK, model.d_model)
+        k_probe = len(set(probe_y))
+        rank = min(max(1, k_probe - 1), MAX_RANK, model.d_model)
     if rank > model.d_model:
         raise UserError(f"--subspace-rank {rank} exceeds the model's d_model {model.d_model}")
     if erase_depths and max(erase_depths) > model.n_layers:
@@ -295,7 +303,7 @@ def main(argv=None) -> int:
         from .core import Batch, CausalContext
         from .suite import evenly, run_control, run_suite
 
-        batch = Batch.from_samples(samples, tok, source)
+        batch = Batch.from_samples(samples, tok, source, probe_labels_)
         n_pairs_used = len({s.pair_id for s in samples})
         say(f"{n_pairs_used} pairs ({batch.size} samples), N = {n_dis}, T = {batch.input_ids.shape[1]} columns, "
             f"budget {args.budget}; clean runs")
@@ -336,6 +344,7 @@ def main(argv=None) -> int:
             "config": {"task": args.task, "task_source": source.describe(), "mode": mode, "distractors": n_dis,
                        "n_pairs": n_pairs_used, "n_pairs_requested": n_pairs, "budget": args.budget, "seed": seed,
                        "subspace_rank": rank, "n_boot": n_boot, "probe": probe_cfg.to_dict(),
+                       "probe_label": probe_label,
                        "max_positions": max_positions, "layer_depths": layer_depths, "n_classes": batch.n_classes,
                        "erase_depths": erase_depths, "erase_positions": erase_positions,
                        "leace_all": pick(args.leace_all, "leace_all"), "sweep_depth": (results.get("position_sweep") or {}).get("depth"),

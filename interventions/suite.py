@@ -198,7 +198,7 @@ class Suite:
             return None
         h, donor = ctx.h_prev, ctx.h_prev[b.pair]
         t = time.perf_counter()
-        folds = fold_subspaces(h, b.labels.numpy(), b.groups, rank, probe_config)
+        folds = fold_subspaces(h, b.probe_labels.numpy(), b.groups, rank, probe_config)
         self.timings["probe_fit"] = time.perf_counter() - t
         rows = []
         for name, part, rseed in (("subspace_swap", "subspace", None), ("complement_swap", "complement", None),
@@ -226,7 +226,8 @@ class Suite:
 
         ctx, b, mode = self.ctx, self.ctx.batch, self.mode
         cfg = probe_config or ProbeConfig()
-        y, groups, K = b.labels.numpy(), b.groups, b.n_classes
+        y, groups = b.probe_labels.numpy(), b.groups
+        K = b.n_classes if b.probe_labels is b.labels else int(b.probe_labels.max()) + 1
         t0 = time.perf_counter()
         folds = grouped_folds(y, groups, cfg)
         mask = b.attention_mask.bool()

@@ -72,10 +72,12 @@ def _load(doc_or_path) -> dict:
 
 
 def chance_level(doc: dict, task: str) -> float:
-    """1/K: ``meta.labels.chance`` if the document has it, else from the built-in task's label words, else 0.5."""
+    """The probe's chance: ``meta.labels.probe_chance`` (probes that fit the pair role, tasks.probe_labels), else
+    1/K: ``meta.labels.chance`` if the document has it, else from the built-in task's label words, else 0.5."""
     labels = (doc.get("meta") or {}).get("labels") or {}
-    if isinstance(labels.get("chance"), (int, float)) and 0 < labels["chance"] < 1:
-        return float(labels["chance"])
+    for key in ("probe_chance", "chance"):
+        if isinstance(labels.get(key), (int, float)) and 0 < labels[key] < 1:
+            return float(labels[key])
     from tasks import LABEL_WORDS
 
     return 1.0 / len(LABEL_WORDS[task]) if task in LABEL_WORDS else 0.5

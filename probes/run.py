@@ -161,6 +161,8 @@ def main(argv=None):
         output_dir(cache_dir, "--cache-dir")
 
     from stats.linear import ProbeConfig, check_groups
+    from tasks import probe_labels
+    from tasks.samples import ANSWER_PROBE_LABEL
 
     config = ProbeConfig(n_boot=args.n_boot, random_state=args.seed)
     placement = Placement.from_args(args)
@@ -177,9 +179,9 @@ def main(argv=None):
     for n in distractors:
         samples = source.make(n_pairs, n, args.seed)
         groups = np.array([s.group_id for s in samples])
-        y = np.array([s.label for s in samples])
         try:
-            check_groups(y, groups, config.n_splits)
+            y_list, probe_label = probe_labels(samples, config.n_splits)  # the labels, or the pair roles
+            y = np.array(y_list)
             if task == "multi_register":
                 for w in sorted({s.writes for s in samples}):
                     sel = np.array([s.writes == w for s in samples])
@@ -273,7 +275,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
         extra = MethodFields(model, label_ids, config, not args.no_mdl, no_lens)
         for n in distractors:
             ids, samples = tokenized[n]
-            y = np.array([s.label for s in samples])
+            y = np.array(probe_labels(samples, config.n_splits)[0])
             groups = np.array([s.group_id for s in samples])
             lengths = [len(r) for r in ids]
             ds_meta[str(n)] = {"fingerprint": dataset_fingerprint(samples), "n_samples": len(samples),
@@ -336,6 +338,8 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
         if task not in TASKS:  # the three original tasks' probes.json keep their exact earlier form
             meta["labels"] = {"words": list(source.label_words), "n_classes": source.n_classes,
                               "chance": source.chance}
+            if probe_label != ANSWER_PROBE_LABEL:  # the probes fit the pair role (tasks.probe_labels): binary
+                meta["labels"].update(probe_label=probe_label, probe_chance=0.5)
         meta.update(extra.meta(args.erase))
         meta["lens"] = {**meta["lens"], "fed_state_enabled": bool(args.fed_lens and no_lens is None)}  # a copy
         doc = {"meta": meta, "results": results, "fed_state_lens": fed_lens}

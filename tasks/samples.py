@@ -63,3 +63,43 @@ class Sample:
     def full_text(self) -> str:
         """Prompt plus answer: the text a model is trained on."""
         return self.text + ANSWER_SEP.get(self.task, " ") + self.answer
+
+
+def pair_roles(samples) -> list[int]:
+    """Each sample's role in its pair: 0 for the pair's first member in dataset order, 1 for the second.
+
+    The probe label of a task whose answer has too many classes for grouped cross-validation (the language tasks:
+    one class per word). For ioi the role is a task variable (0: the answer is the first-named person, the
+    subject repeated second); for the other language tasks it is which of two random candidates the pair drew
+    first, so a probe of it sits at chance wherever nothing about the draw order is kept."""
+    seen: set = set()
+    out = []
+    for s in samples:
+        out.append(int(s.pair_id in seen))
+        seen.add(s.pair_id)
+    return out
+
+
+ANSWER_PROBE_LABEL = "the answer (the label)"
+ROLE_PROBE_LABEL = "the pair role (tasks.pair_roles)"
+
+
+def probe_labels(samples, n_splits: int) -> tuple[list[int], str]:
+    """(what a probe fits, its name): the labels where grouped cross-validation with `n_splits` folds can score
+    them; for a task with more than 3 answer classes whose classes fall in too few groups (the language tasks:
+    one class per word), each sample's role in its pair (``pair_roles``). UserError (one line) where neither
+    works (too few pairs). probes.run and interventions.run both choose this way."""
+    from stats.linear import check_groups
+
+    from common.errors import UserError
+
+    y, groups = [s.label for s in samples], [s.group_id for s in samples]
+    try:
+        check_groups(y, groups, n_splits)
+        return y, ANSWER_PROBE_LABEL
+    except UserError as e:
+        if len(set(y)) <= 3 or "label" not in str(e):
+            raise
+    roles = pair_roles(samples)
+    check_groups(roles, groups, n_splits)
+    return roles, ROLE_PROBE_LABEL

@@ -353,3 +353,20 @@ def test_first_differing_token_lies_in_the_samples_diff_line(task):
     assert (batch.line_index[:, -1] == n + 1).all()  # header line 0, update lines 1..N, the query line N+1
     # the pair's first differing token is in update line diff_line (line diff_line + 1)
     assert (batch.line_index[rows, batch.first_diff + T] == batch.diff_line + 1).all()
+
+
+def test_probes_fit_probe_labels_and_metrics_keep_the_answer(tiny_model):
+    # A many-class task (one class per word): the probes fit the pair role, the metrics score the answer.
+    import dataclasses
+
+    b = _batch(tiny_model, n_pairs=12, label_ids=tuple(range(10, 22)))
+    labels = torch.tensor([(i // 2) % 12 if i % 2 == 0 else ((i // 2) + 5) % 12 for i in range(24)])
+    roles = torch.tensor([0, 1] * 12)
+    many = dataclasses.replace(b, labels=labels, probe_labels=roles)
+    assert torch.equal(many.probe_labels, roles) and many.n_classes == 12
+    assert dataclasses.replace(b, labels=labels).probe_labels is not None  # default: the labels themselves
+    s = Suite(CausalContext(tiny_model, many, modes=("standard", "recurrent-1")), n_boot=20)
+    sub = s.subspace(rank=1)
+    assert sub["rank"] == 1 and len(sub["rows"]) == 3
+    with pytest.raises(Exception, match="probe_labels"):
+        dataclasses.replace(b, probe_labels=torch.zeros(24, dtype=torch.long))  # one class: nothing to probe

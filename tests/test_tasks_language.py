@@ -164,3 +164,16 @@ def test_one_token_pairs_under_smollm2s_tokenizer(task, smollm2):
 def test_synthetic_tasks_have_no_key_token():
     with pytest.raises(UserError, match="no key token"):
         key_token_positions(make_dataset("memory", 1, 0), build_tokenizer())
+
+
+def test_pair_roles():
+    from tasks import pair_roles
+
+    ds = make_dataset("ioi", 5, 0, seed=2)
+    roles = pair_roles(ds)
+    assert roles == [0, 1] * 5
+    # ioi's role is a task variable: role 0 answers the first-named person
+    for s, r in zip(ds, roles):
+        first = re.search(r"(\w+) and (\w+) ", s.text).group(1)
+        assert (s.answer == first) == (r == 0)
+    assert pair_roles(list(reversed(ds))) == [0, 1] * 5  # by dataset order, whatever the member
