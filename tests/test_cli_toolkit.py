@@ -55,6 +55,7 @@ ENTRY_POINTS = {
     "scripts/first_line_rows.py": {"MODEL", "TASK"},
     "scripts/swap_persistence.py": {"MODEL", "TASK"},
     "scripts/task_vocab.py": set(),
+    "scripts/verdict_table.py": set(),
 }
 # `python -m` doors that only call an entry point above.
 WRAPPERS = {"training/train.py": "training.cli", "training/__main__.py": "training.cli",

@@ -56,6 +56,7 @@ MAX_CHUNKS = 1000  # --n-tune / --n-test
 MAX_BATCH = 1024
 MAX_PASSES = 1000  # blockwise Jacobi passes of (e); passes >= the block size is already exact
 MAX_PAIRS = 5000  # --mediation-pairs, --targeted-pairs
+TEXT_BATCH, TASK_BATCH = 4, 50  # --batch defaults
 MAX_DISTRACTORS = 1024
 MAX_TEMP = 100.0
 OUTPUTS = ("results.json", "heatmap.html", "dose.html", "temperature.html", "basis.html", "cost.html",
@@ -78,7 +79,9 @@ def parse_args(argv=None):
                    help=f"chunks in the tuning split, 1..{MAX_CHUNKS}")
     p.add_argument("--n-test", type=int_in(1, MAX_CHUNKS), default=4,
                    help=f"chunks in the held-out split, 1..{MAX_CHUNKS}")
-    p.add_argument("--batch", type=int_in(1, MAX_BATCH), default=4, help=f"chunks per forward batch, 1..{MAX_BATCH}")
+    p.add_argument("--batch", type=int_in(1, MAX_BATCH), default=None,
+                   help=f"chunks (text) or prompts (tasks: (f), (g)) per forward batch, 1..{MAX_BATCH} (default 4 "
+                        f"chunks of text, {TASK_BATCH} task prompts: the prompts are short)")
     p.add_argument("--pairs", help="source:target depth pairs for the heatmap, comma-separated "
                                    "(default: a coarse 3x3 grid over L/3, 2L/3, L and ~L/15, L/4, L/2)")
     p.add_argument("--alpha", type=float_in(0, 1), default=0.1, help="alpha of the heatmap, in [0, 1]")
@@ -221,7 +224,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
 
     def run_targeted():
         return targeted(model, tok, tg_sd, a.targeted_task, a.targeted_pairs, a.targeted_distractors,
-                        a.targeted_alpha_list, a.batch, a.seed, ramp=a.ramp)
+                        a.targeted_alpha_list, a.batch or TASK_BATCH, a.seed, ramp=a.ramp)
 
     command = command_text("python -m analysis.recirculation", argv)
     if a.mediation_only or a.targeted_only:
@@ -233,7 +236,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
             cands = [med_spec] if med_spec else [RecircSpec(s, d, a.alpha, mode, ramp=a.ramp) for s, d in pairs
                                                  for mode in ("convex", "residual")]
             res["mediation"] = mediation(model, tok, cands, a.mediation_task, a.mediation_pairs,
-                                         a.mediation_distractors, a.batch, a.seed)
+                                         a.mediation_distractors, a.batch or TASK_BATCH, a.seed)
         if run_g:  # (g)
             res["targeted"] = run_targeted()
         res["seconds_total"] = time.perf_counter() - t_start
@@ -248,7 +251,8 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
     print(f"model {mname} ({placement.dtype}): L={L}, D={model.d_model}; {len(tune)}+{len(test)} chunks x "
           f"{a.seq_len} tokens; pairs {pairs}", flush=True)
     t_start = time.perf_counter()
-    st = Study(a, model, Evaluator(model, tune, a.batch, temps), Evaluator(model, test, a.batch, temps), pairs,
+    text_batch = a.batch or TEXT_BATCH
+    st = Study(a, model, Evaluator(model, tune, text_batch, temps), Evaluator(model, test, text_batch, temps), pairs,
                alphas, temps, passes_list)
     st.res.update({"model": mname, "dtype": placement.dtype, "n_layers": L, "d_model": model.d_model,
                    "seq_len": a.seq_len, "n_tune_chunks": len(tune), "n_test_chunks": len(test),
@@ -264,7 +268,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
     res = st.res
     if a.mediation:  # (f)
         res["mediation"] = mediation(model, tok, [med_spec or best_spec], a.mediation_task, a.mediation_pairs,
-                                     a.mediation_distractors, a.batch, a.seed)
+                                     a.mediation_distractors, a.batch or TASK_BATCH, a.seed)
     if a.targeted:  # (g)
         res["targeted"] = run_targeted()
     res["seconds_total"] = time.perf_counter() - t_start
