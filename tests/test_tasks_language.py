@@ -177,3 +177,17 @@ def test_pair_roles():
         first = re.search(r"(\w+) and (\w+) ", s.text).group(1)
         assert (s.answer == first) == (r == 0)
     assert pair_roles(list(reversed(ds))) == [0, 1] * 5  # by dataset order, whatever the member
+
+
+def test_probe_labels_choose_the_answer_or_the_pair_role():
+    from tasks import pair_roles, probe_labels
+    from tasks.samples import ANSWER_PROBE_LABEL, ROLE_PROBE_LABEL
+
+    ds = make_dataset("memory", 20, 8, seed=0)  # binary, enough groups: the labels themselves
+    assert probe_labels(ds, 5) == ([s.label for s in ds], ANSWER_PROBE_LABEL)
+    ioi = make_dataset("ioi", 48, 0, seed=0)  # 40 names: too few groups per name, so the pair role
+    assert probe_labels(ioi, 5) == (pair_roles(ioi), ROLE_PROBE_LABEL)
+    with pytest.raises(UserError, match="too few groups"):
+        probe_labels(make_dataset("ioi", 3, 0, seed=0), 5)  # too few pairs for either
+    with pytest.raises(UserError, match="too few groups"):
+        probe_labels(make_dataset("memory", 2, 8, seed=0), 5)  # a binary task is never relabelled

@@ -26,8 +26,9 @@ from engine.prefill import pad_left, prefill
 from engine.recirculation import RecirculatedLM
 from interventions.metrics import decisions
 from interventions.subspace import orthonormal
-from stats.linear import LinearProbe
-from tasks import label_token_ids, make_dataset, tokenize_samples
+from stats.linear import LinearProbe, ProbeConfig
+from tasks import label_token_ids, make_dataset, probe_labels, tokenize_samples
+from tasks.samples import ANSWER_PROBE_LABEL
 
 
 def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, batch: int, seed: int) -> dict:
@@ -45,6 +46,13 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
     K = len(lab)
     y = np.array([smp.label for smp in samples])
     other = pair_partner_labels(samples)  # the paired sample's label (binary: 1 - y)
+    # What the probe fits: the labels, or each sample's role in its pair where one class per word is too many
+    # for grouped CV (the language tasks; tasks.probe_labels, as probes.run and interventions.run choose)
+    try:
+        py_list, probe_label = probe_labels(samples, ProbeConfig().n_splits)
+    except UserError:  # too few groups for 5 grouped folds: the probe below needs no outer folds
+        py_list, probe_label = y, ANSWER_PROBE_LABEL
+    py = np.asarray(py_list)
     groups = np.array([smp.group_id for smp in samples])
     ug = np.unique(groups)
     rng = np.random.default_rng(seed)
@@ -93,10 +101,10 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
         spec = specs[0]
     X = resid_tr[:, spec.source].double().numpy()
     try:
-        probe = LinearProbe().fit(X, y[~te], groups[~te])
+        probe = LinearProbe().fit(X, py[~te], groups[~te])
     except ValueError as e:  # e.g. the inner grouped CV with fewer samples of a class than folds (K > 2)
         raise UserError(f"the mediation probe cannot be fitted on {len(X)} training samples of "
-                        f"{len(np.unique(y[~te]))} classes ({e}): raise --mediation-pairs") from None
+                        f"{len(np.unique(py[~te]))} classes ({e}): raise --mediation-pairs") from None
     u = probe_subspace(probe)  # [D, rank]
     D, rank = u.shape
     rnd = torch.randn(rank, D, generator=torch.Generator().manual_seed(derived_seed(seed, 3))).T  # [D, rank]
@@ -110,7 +118,8 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
     ysign = np.where(y[te] == 1, 1.0, -1.0)
     out = {"task": task, "n_pairs": n_pairs, "n_distractors": n_distractors, "n_classes": K, "rank": rank,
            "subspace_ranks": ranks, "probe_depth": spec.source, "n_test": int(te.sum()),
-           "n_train": int((~te).sum()), "probe_train_accuracy": probe.score(X, y[~te]), "config": spec.name,
+           "n_train": int((~te).sum()), "probe_label": probe_label,
+           "probe_train_accuracy": probe.score(X, py[~te]), "config": spec.name,
            "tuning": tuning, "conditions": {}}
     base_ld = None
     for name, sp in conds.items():
@@ -119,7 +128,7 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
         ld_true = ysign * ld if K == 2 else ld.astype(np.float64)
         if name == "base":
             base_ld = ld_true
-            out["probe_test_accuracy"] = probe.score(resid_te[:, spec.source].double().numpy(), y[te])
+            out["probe_test_accuracy"] = probe.score(resid_te[:, spec.source].double().numpy(), py[te])
         d = ld_true - base_ld
         acc = float((ld_true > 0).mean()) if K == 2 else float(decisions(z, y[te], y[te], range(K))[0].mean())
         out["conditions"][name] = {"mean_ld": float(ld_true.mean()), "accuracy": acc,
