@@ -9,15 +9,18 @@ class MethodFields:
         self.model, self.label_ids, self.config, self.mdl = model, label_ids, config, mdl
         self.no_lens = no_lens  # why the label words have no token ids here (the lens fields are then null)
 
-    def add(self, rows, acts, y, groups):
-        """rows of one (mode, N[, writes]) + logit_lens_* and mdl_* per depth."""
+    def add(self, rows, acts, y, groups, answers=None):
+        """rows of one (mode, N[, writes]) + logit_lens_* and mdl_* per depth. `y`: what the probes fit (the MDL
+        code too); `answers` (default `y`): the label indices the lens reads as words (they differ where the
+        probes fit the pair role, tasks.probe_labels)."""
         from threadpoolctl import threadpool_limits
 
         from probes.lens import LENS_FIELDS, depth_lens
         from probes.mdl import MDL_FIELDS, depth_mdl
 
         lens = [dict.fromkeys(LENS_FIELDS)] * acts.shape[1] if self.label_ids is None else \
-            depth_lens(self.model, acts, y, self.label_ids, groups, self.config.n_boot, self.config.random_state)
+            depth_lens(self.model, acts, y if answers is None else answers, self.label_ids, groups,
+                       self.config.n_boot, self.config.random_state)
         with threadpool_limits(limits=1, user_api="blas"):  # probe-sized fits: one BLAS thread (_score_depths)
             mdl = [m.fields() for m in depth_mdl(acts, y, groups, self.config)] if self.mdl else None
         for d, r in enumerate(rows):

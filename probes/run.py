@@ -162,7 +162,6 @@ def main(argv=None):
 
     from stats.linear import ProbeConfig, check_groups
     from tasks import probe_labels
-    from tasks.samples import ANSWER_PROBE_LABEL
 
     config = ProbeConfig(n_boot=args.n_boot, random_state=args.seed)
     placement = Placement.from_args(args)
@@ -180,8 +179,7 @@ def main(argv=None):
         samples = source.make(n_pairs, n, args.seed)
         groups = np.array([s.group_id for s in samples])
         try:
-            y_list, probe_label = probe_labels(samples, config.n_splits)  # the labels, or the pair roles
-            y = np.array(y_list)
+            y = np.array(probe_labels(samples, config.n_splits)[0])  # the labels, or the pair roles
             if task == "multi_register":
                 for w in sorted({s.writes for s in samples}):
                     sel = np.array([s.writes == w for s in samples])
@@ -254,7 +252,8 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
 
     from common.io import DirLock
     from probes.collect import ActivationCache, Collector, collect_with_cache, save_activations
-    from tasks import TASKS
+    from tasks import TASKS, probe_labels
+    from tasks.samples import ANSWER_PROBE_LABEL
 
     main_rank = procs.is_main
     with DirLock(out) if main_rank else contextlib.nullcontext():
@@ -275,7 +274,8 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
         extra = MethodFields(model, label_ids, config, not args.no_mdl, no_lens)
         for n in distractors:
             ids, samples = tokenized[n]
-            y = np.array(probe_labels(samples, config.n_splits)[0])
+            y = np.array(probe_labels(samples, config.n_splits)[0])  # as main() checked: labels or pair roles
+            answers = np.array([s.label for s in samples])  # what the logit lens reads (the label words' index)
             groups = np.array([s.group_id for s in samples])
             lengths = [len(r) for r in ids]
             ds_meta[str(n)] = {"fingerprint": dataset_fingerprint(samples), "n_samples": len(samples),
@@ -292,10 +292,10 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
             for mode in modes:  # canonical names: acts, rows and exports are keyed by the same name
                 a = acts[mode]
                 scores = _score_depths(a, y, groups, config, f"{task} N={n} {mode}")
-                results += extra.add(_result_rows(task, model_name, mode, n, scores), a, y, groups)
+                results += extra.add(_result_rows(task, model_name, mode, n, scores), a, y, groups, answers)
                 if args.fed_lens:  # one more prefill of this mode: opt-in
-                    fed_lens += extra.fed_state(task, model_name, mode, n, ids, y, groups, tok.pad_token_id or 0,
-                                                args.batch_size)
+                    fed_lens += extra.fed_state(task, model_name, mode, n, ids, answers, groups,
+                                                tok.pad_token_id or 0, args.batch_size)
                 if args.erase is not None:
                     erased += extra.erased(task, model_name, mode, n, ids, samples, a, args.erase,
                                            args.batch_size, tok.pad_token_id or 0)
@@ -315,7 +315,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
                         sel = np.array([s.writes == w for s in samples])
                         sc_w = _score_depths(a[sel], y[sel], groups[sel], config, f"{task} N={n} {mode} writes={w}")
                         results += extra.add(_result_rows(task, model_name, mode, n, sc_w, writes=w), a[sel],
-                                             y[sel], groups[sel])
+                                             y[sel], groups[sel], answers[sel])
                 if args.save_activations:
                     exports.append((f"N{n}_{mode}", a, samples, {"model": model_name, "task": task, "mode": mode,
                                                                  "n_distractors": n, "seed": args.seed}))
@@ -335,6 +335,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
             "warnings": warnings,
             "wall_time_s": None,
         }
+        probe_label = probe_labels(datasets[distractors[-1]], config.n_splits)[1]  # what the probes fit
         if task not in TASKS:  # the three original tasks' probes.json keep their exact earlier form
             meta["labels"] = {"words": list(source.label_words), "n_classes": source.n_classes,
                               "chance": source.chance}
