@@ -16,22 +16,13 @@ from common.errors import UserError
 
 from .language import GENERATORS as LANGUAGE_GENERATORS, LANGUAGE_N_RANGE
 from .samples import ALL_TASKS, CUPS, FINAL_TOKEN, REGISTERS, TRACKING_TASKS, WRITES_CHOICES, Sample
+from .samples import GroupIds as _GroupIds
 
 # Writes per register a training curriculum may also use: 1 = each register written once (no recency needed).
 CURRICULUM_WRITES = (1, *WRITES_CHOICES)
 
 # Bump when the text format changes so cached artefacts keyed by the fingerprint are invalidated.
 FORMAT_VERSION = 1
-
-
-class _GroupIds:
-    """Small ints assigned to group keys in order of first appearance."""
-
-    def __init__(self) -> None:
-        self._ids: dict = {}
-
-    def __call__(self, key) -> int:
-        return self._ids.setdefault(key, len(self._ids))
 
 
 def _completion(n_pairs: int, n: int, rng: random.Random) -> list[Sample]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 
-from .samples import Sample
+from .samples import GroupIds as _Groups, Sample
 from .words import KEYS, NAMES, VARIABLES, WORDS
 
 IOI_TEMPLATES = (  # one sentence each; N filler sentences go before it
@@ -50,14 +50,6 @@ LANGUAGE_DISTRACTORS = {"induction": (4, 8, 16, 32), "ioi": (0, 1, 2, 4), "looku
 # shots and two queried keys; binding: the variables of one block).
 LANGUAGE_N_RANGE = {"induction": (2, len(WORDS) - 1), "ioi": (0, 64), "lookup": (LOOKUP_SHOTS + 2, len(KEYS)),
                     "binding": (0, len(VARIABLES) - 2 - max(BINDING_HOPS))}
-
-
-class _Groups:
-    def __init__(self) -> None:
-        self._ids: dict = {}
-
-    def __call__(self, key) -> int:
-        return self._ids.setdefault(key, len(self._ids))
 
 
 def _induction(n_pairs: int, n: int, rng: random.Random) -> list[Sample]:

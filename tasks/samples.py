@@ -29,6 +29,16 @@ REGISTERS = ("A", "B", "C", "D", "E", "F", "G", "H")
 FINAL_TOKEN = ":"
 
 
+class GroupIds:
+    """Small ints assigned to group keys in order of first appearance (every generator's cross-validation groups)."""
+
+    def __init__(self) -> None:
+        self._ids: dict = {}
+
+    def __call__(self, key) -> int:
+        return self._ids.setdefault(key, len(self._ids))
+
+
 @dataclass(frozen=True)
 class Sample:
     """One prompt with its label and the bookkeeping probes need (pair, CV group, N, length).
