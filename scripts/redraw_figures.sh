@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Redraw every committed figure in docs/ from committed inputs (docs/usage.md, "Redrawing the committed figures").
 #
-#   scripts/redraw_figures.sh                     # all of them (~16 min on 2 shared CPU cores; SmolLM2 needs `make smollm2`)
+#   scripts/redraw_figures.sh                     # all of them (~20 min on 2 shared CPU cores; SmolLM2 needs `make smollm2`)
 #   scripts/redraw_figures.sh length_curves depth_curves_memory      # only these
 #
 # length_curves.{html,png} come from the shipped eval.json files (checkpoints/tiny-fbt-track, tiny-std-track);
@@ -17,7 +17,7 @@ FIGURES=${FIGURES:-figures}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 ALL=(length_curves depth_curves_completion depth_curves_memory depth_curves_multi_register
-     depth_curves_smollm2_completion)
+     depth_curves_smollm2_completion depth_curves_smollm2_ioi causal_smollm2_ioi)
 
 "$PY" -c "import sys; from probes.depth_curves import find_chromium; sys.exit(find_chromium() is None)" || {
   echo "error: headless Chromium not found: the PNGs need it (make chromium)" >&2; exit 2; }
@@ -42,6 +42,13 @@ draw() {
     depth_curves_smollm2_completion)
       depth depth_curves_smollm2_completion smollm2-135m completion --recirculate 20:2:0.1 --distractors 0 \
         --n-pairs 48 ;;
+    depth_curves_smollm2_ioi)
+      depth depth_curves_smollm2_ioi smollm2-135m ioi --recirculate 20:2:0.1:residual --distractors 0 --n-pairs 64 ;;
+    causal_smollm2_ioi)  # the causal page of SmolLM2 on ioi under recirculation (its plotly.min.js is docs/'s)
+      local out="$FIGURES/smollm2-135m/ioi-recirc-20:2:0.1:residual"
+      "$PY" -m interventions.run --task ioi --model smollm2-135m --mode recirc-20:2:0.1:residual --n-pairs 48 \
+        --control-model none --out "$out" --no-progress
+      cp "$out/causal_report.html" docs/causal_smollm2_ioi.html ;;
   esac
 }
 

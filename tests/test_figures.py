@@ -137,7 +137,7 @@ def test_depth_curve_pngs_have_three_panel_rows():
                  n_groups=1, fold_accuracies=[0.5], logit_lens_ld=0.0, mdl_compression=1.0) for d in range(2)]
     height = depth_curve_figure({"meta": {}, "results": rows}).layout.height  # accuracy + lens + MDL rows
     pngs = [p for p in committed_figures() if p.name.startswith("depth_curves_")]
-    assert len(pngs) == 4
+    assert len(pngs) == 5
     for p in pngs:
         w, h = png_size(p)
         assert h == height + 20 and w >= 720, (p.name, w, h)  # write_png: the page's size + 20
