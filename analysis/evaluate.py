@@ -163,9 +163,11 @@ def distractors_for(sources, spec: str | None) -> dict[str, list[int]]:
     for s in sources:
         low = [n for n in ns if n < s.min_distractors]
         if low:
-            raise UserError(f"task {s.name} needs N >= {s.min_distractors} update line(s) (a pair differs in one "
-                            f"of them), but --distractors has {low[0]}; drop it or evaluate {s.name} separately "
-                            f"(its default: {','.join(map(str, default_distractors(s)))})")
+            why = ("" if s.name in LANGUAGE_DISTRACTORS else  # the language tasks' N is their own (tasks.language)
+                   " update line(s) (a pair differs in one of them)")
+            raise UserError(f"task {s.name} needs N >= {s.min_distractors}{why}, but --distractors has {low[0]}; drop "
+                            f"it or evaluate {s.name} separately (its default: "
+                            f"{','.join(map(str, default_distractors(s)))})")
     return {s.name: list(ns) for s in sources}
 
 
