@@ -215,7 +215,8 @@ class RecirculatedLM(nn.Module):
     def sequential(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cols: torch.Tensor | None = None,
                    collect: bool = False, keep_cache: bool = False, *, start: int = 0, cache=None,
                    zs_prev: torch.Tensor | None = None, step_edit=None, edit=None, edit_depths=(),
-                   record: bool = False, mix_mask: torch.Tensor | None = None) -> RecircOutput:
+                   record: bool = False, mix_mask: torch.Tensor | None = None,
+                   skip_unmixed: bool = True) -> RecircOutput:
         """Exact recirculated prefill; outputs of the normal branch at `cols` (default: every column).
 
         `mix_mask` [batch, T] bool: mix only where True (targeted recirculation, module doc); None = every column.
@@ -225,7 +226,13 @@ class RecirculatedLM(nn.Module):
         and `zs_prev` = z_{start-1,s}; `edit(depth, h)` rewrites the residual at `edit_depths` (before mixing and
         recording), and `step_edit(t, inj, c_r, c_n)` is called before step t (chunk column c_r = r_{t-1}, None at
         t = 0; c_n = n_t) to set that step's edits; it may return a context manager held for the step (hooks on
-        modules inside the blocks). `record`: keep z_s, z_d and z' of every column (StepRecord)."""
+        modules inside the blocks). `record`: keep z_s, z_d and z' of every column (StepRecord).
+
+        `skip_unmixed`: columns before the first one mixed in any row (alpha = 0 there: a targeted mask's key
+        column, or padding) run as one parallel forward of the base model instead of one step each. Where nothing
+        was mixed yet each recirculation branch is the normal branch (z' = z_d bit for bit), so this is the same
+        computation up to float rounding of a batched forward (tested); it makes targeted recirculation at a key
+        token near the end cost a prefill, not T steps. Only on a fresh run (start = 0, no edits, no record)."""
         self._check(input_ids, attention_mask)
         mix_mask = self._check_mix_mask(mix_mask, input_ids)
         B, T = input_ids.shape
@@ -234,6 +241,7 @@ class RecirculatedLM(nn.Module):
         pos_all = positions_from_mask(attention_mask, T)
         valid = attention_mask.bool()
         alpha_all = self._masked_alpha(pos_all, valid, mix_mask)
+        fresh = start == 0 and cache is None and zs_prev is None
         cache = new_cache() if cache is None else cache
         inj = _Injector(self.layers, self.spec, edit, edit_depths)
         inj.keep_mixed = record
@@ -248,6 +256,9 @@ class RecirculatedLM(nn.Module):
             try:
                 if rec is not None:
                     rec.__enter__()
+                if skip_unmixed and fresh and not record and step_edit is None and edit is None:
+                    start, zs_prev, (logits, top, resid) = self._unmixed_prefix(
+                        input_ids, pos_all, valid, alpha_all, cache, inj, rec, want, len(cols))
                 for t in range(start, T):
                     if t == 0:
                         chunk, c_r, c_n = input_ids[:, :1], None, 0
@@ -291,6 +302,37 @@ class RecirculatedLM(nn.Module):
                     rec.__exit__(None, None, None)
         # The cache now holds r_{<T-1} only (n_{T-1} was cropped): `generate` feeds [r_{T-1}, n_T] next.
         return RecircOutput(logits, top, resid, cache if keep_cache else None, zs_prev, steps)
+
+    def _unmixed_prefix(self, input_ids, pos_all, valid, alpha_all, cache, inj, rec, want, n_cols):
+        """`sequential`'s skip_unmixed: columns 0..p (p = the first column mixed in any row, or T-1) in one
+        causal forward; the cache keeps columns < p (= r_{<p}: nothing was mixed there) and z_{p,s} is fed at
+        step p + 1. Returns (first step to run, z_{p,s}, (logits, top, resid) with the wanted columns <= p filled,
+        allocated as the loop allocates them, or Nones); (0, None, (None,) * 3) where there is nothing to skip."""
+        B, T = input_ids.shape
+        mixed_cols = (alpha_all != 0).any(0).nonzero()
+        p = min(int(mixed_cols[0]), T - 1) if len(mixed_cols) else T - 1
+        if p < 1:
+            return 0, None, (None, None, None)
+        k = p + 1
+        allowed = valid[:, None, :k] & (torch.arange(k)[None, :] <= torch.arange(k)[:, None])[None]
+        fmask = self._mask(allowed, torch.arange(k), torch.arange(k))
+        inj.inject_cols, inj.record_cols = None, torch.tensor([p])
+        here = [(t, j) for t, j in want.items() if t <= p]
+        if rec is not None:
+            rec.cols = torch.tensor([t for t, _ in here]) if here else None
+        h = self._run(input_ids[:, :k], fmask, pos_all[:, :k], cache)  # [batch, p+1, d_model]
+        cache.crop(-1)  # n_p's keys/values; r_p (mixed) replaces them at step p + 1
+        logits = top = resid = None
+        if here:
+            hn = h[:, [t for t, _ in here]]
+            logits = torch.empty(B, n_cols, self.config.vocab_size, dtype=hn.dtype)
+            top = torch.empty(B, n_cols, hn.shape[-1], dtype=hn.dtype)
+            jj = [j for _, j in here]
+            logits[:, jj], top[:, jj] = self._head(hn), hn
+            if rec is not None:
+                resid = torch.empty(B, n_cols, self.n_layers + 1, hn.shape[-1], dtype=hn.dtype)
+                resid[:, jj] = rec.take()
+        return k, inj.zs[:, 0], (logits, top, resid)
 
     # ----- blockwise / Jacobi -----------------------------------------------------------------------------
     @torch.no_grad()

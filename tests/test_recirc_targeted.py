@@ -178,6 +178,60 @@ def test_mask_on_padding_changes_nothing(base):
     assert torch.equal(r.prefill(ids, mask, mix_mask=only_pad).logits, base(ids, mask).logits)
 
 
+def _padded_batch():
+    rows = [_ids(1, 6, seed=11)[0][0].tolist(), _ids(1, 10, seed=12)[0][0].tolist(), _ids(1, 8, seed=13)[0][0].tolist()]
+    return rows, *pad_left(rows)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+@pytest.mark.parametrize("keys", [(4, 7, 6), (5, 9, 7), (0, 0, 0)], ids=["mid", "last", "first"])
+def test_skipping_the_unmixed_prefix_is_the_stepwise_run(base, spec, keys):
+    """skip_unmixed (one parallel forward up to the first mixed column) against the step-by-step loop: every
+    output (logits, top state, residual stream at columns before, at and after the skip point), the kept cache's
+    length and z_{T-1,s}, under left padding and a different key column per row; "last" mixes only columns no
+    later token reads (the loop is empty), "first" cannot skip anything."""
+    rows, ids, mask = _padded_batch()
+    T = ids.shape[1]
+    m = torch.zeros(ids.shape, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        m[i, T - len(row) + keys[i]] = True
+    r = RecirculatedLM(base, spec)
+    cols = torch.tensor([1, 5, 6, T - 1])
+    kw = dict(cols=cols, collect=True, keep_cache=True, mix_mask=m)
+    fast, slow = r.sequential(ids, mask, **kw), r.sequential(ids, mask, skip_unmixed=False, **kw)
+    real_col = mask.bool()[:, cols]  # a padding column's output is never read (and differs: no key to attend to)
+    for name in ("logits", "top", "resid"):
+        diff = (getattr(fast, name) - getattr(slow, name)).abs().flatten(2).amax(-1)
+        assert diff[real_col].max() <= TOL, name
+    assert (fast.last_zs - slow.last_zs).abs().max() <= TOL
+    assert fast.cache.get_seq_length() == slow.cache.get_seq_length() == T - 1
+    # the fast path is what the experiment runs, and it agrees with the explicit two-branch reference
+    for i, row in enumerate(rows):
+        x = torch.tensor([row])
+        ref = masked_reference(base, spec, x, {keys[i]})[0, -1]
+        assert (fast.logits[i, -1] - ref).abs().max() <= TOL, i
+    # the kept cache (r_{<T-1}, what generation continues from) agrees at every real column of every layer
+    real = mask[:, :T - 1].bool()[:, None, :, None]
+    for lf, ls in zip(fast.cache.layers, slow.cache.layers):
+        for a, b in ((lf.keys, ls.keys), (lf.values, ls.values)):
+            assert ((a - b).abs() * real).max() <= TOL
+
+
+def test_uniform_mixing_skips_nothing_but_leading_padding(base):
+    """Without a mask the first real column of the longest row mixes: the skip is a no-op there (bit for bit),
+    and a batch padded in every row skips the shared padding only."""
+    spec = RecircSpec(3, 1, 0.5, "convex")
+    r = RecirculatedLM(base, spec)
+    _, ids, mask = _padded_batch()
+    a = r.sequential(ids, mask, collect=True)
+    b = r.sequential(ids, mask, collect=True, skip_unmixed=False)
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.resid, b.resid)
+    ids2 = torch.cat([torch.zeros(3, 2, dtype=ids.dtype), ids], 1)
+    mask2 = torch.cat([torch.zeros(3, 2, dtype=mask.dtype), mask], 1)
+    c = r.sequential(ids2, mask2, cols=torch.tensor([ids2.shape[1] - 1]))
+    assert (c.logits[:, 0] - b.logits[:, -1]).abs().max() <= TOL
+
+
 @pytest.mark.parametrize("bad", [
     torch.ones(2, 7, dtype=torch.bool), torch.ones(1, 8, dtype=torch.bool), torch.ones(2, 8, 1, dtype=torch.bool),
     torch.ones(2, 8), torch.ones(2, 8, dtype=torch.long), [[True] * 8] * 2,
