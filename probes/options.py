@@ -16,12 +16,15 @@ DEFAULT_MODES = {
     "multi_register": ("standard", "recurrent-1", "recurrent-2", "recurrent-4", "recurrent-full"),
     "parity": ("standard", "recurrent-1", "recurrent-full"),
     "shell_game": ("standard", "recurrent-1", "recurrent-full"),
+    "s5": ("standard", "recurrent-1", "recurrent-full"),
+    "a5": ("standard", "recurrent-1", "recurrent-full"),
 }
 CUSTOM_MODES = ("standard", "recurrent-1", "recurrent-full")  # default modes of a custom task
 # Paper-like lengths that keep the default command within a few minutes on 2 CPU cores. memory N=0 has a
 # single CV group (every scratch context is empty), so it cannot be probed with grouped CV.
 DEFAULT_DISTRACTORS = {"completion": (0, 32, 128), "memory": (8, 32, 128), "multi_register": (0,),
-                       "parity": (8, 32, 64), "shell_game": (8, 32, 64)}
+                       "parity": (8, 32, 64), "shell_game": (8, 32, 64), "s5": (8, 32, 64),
+                       "a5": (8, 32, 64)}
 DEFAULT_N_PAIRS = 96
 MAX_DISTRACTORS = 256
 MIN_PAIRS, MAX_PAIRS = 5, 5000

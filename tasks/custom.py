@@ -79,9 +79,10 @@ class TaskSource:
     """
 
     def __init__(self, form: str, spec: str, *, loaded: _Loaded | None = None, loader: Callable | None = None,
-                 sha256: str | None = None, min_distractors: int = 0):
+                 sha256: str | None = None, min_distractors: int = 0, variant: str | None = None):
         self.form = form  # "builtin", "jsonl" or "function" (written as "kind" by describe())
         self.spec = spec  # as given
+        self.variant = variant  # a built-in tracking task's input variant ("parity@hold": tasks.tracking)
         self.sha256 = sha256  # jsonl: digest of the file's bytes
         self.min_distractors = min_distractors  # 1 for the tracking tasks (a pair differs in an update line);
         #                                         the language tasks' own lower bound (tasks.language)
@@ -99,6 +100,11 @@ class TaskSource:
     @property
     def name(self) -> str:
         return self.load()._loaded.name
+
+    @property
+    def task(self) -> str:
+        """The built-in task a variant is drawn from ("parity" for "parity@hold"); else the name."""
+        return self.name.split("@")[0] if self.variant else self.name
 
     @property
     def label_words(self) -> tuple:
@@ -136,7 +142,7 @@ class TaskSource:
         if self.form == "builtin":
             from .generators import make_dataset
 
-            return make_dataset(self.name, n_pairs, n_distractors, seed=seed)
+            return make_dataset(self.task, n_pairs, n_distractors, seed=seed, variant=self.variant or "uniform")
         if n_pairs is not None and (not _is_int(n_pairs) or n_pairs < 1):
             raise UserError(f"number of pairs must be a positive integer, got {n_pairs!r}")
         if not _is_int(n_distractors) or n_distractors < 0:
@@ -164,7 +170,7 @@ class TaskSource:
         if self.builtin:
             from .tokenizer import label_token_ids
 
-            return label_token_ids(tokenizer, self.name)
+            return label_token_ids(tokenizer, self.task)
         if prompt is None:
             n = self.default_distractors[0] if self.default_distractors else max(self.min_distractors, 1)
             prompt = self.make(1 if not self.fixed else None, n, 0)[0].text
@@ -468,7 +474,8 @@ def _function_loader(spec: str) -> Callable[[], _Loaded]:
 
 
 def resolve_task(spec) -> TaskSource:
-    """A built-in task name, a ``*.jsonl`` samples file or ``package.module:function`` -> :class:`TaskSource`.
+    """A built-in task name (a tracking task with an input variant as ``task@variant``, e.g. ``parity@hold``:
+    tasks.tracking.VARIANTS), a ``*.jsonl`` samples file or ``package.module:function`` -> :class:`TaskSource`.
 
     UserError (one line) on an unknown name or a missing or malformed file; a JSONL file is read and validated
     here. A module:function spec is checked for its syntax only: its module is imported (its code run) by
@@ -484,9 +491,19 @@ def resolve_task(spec) -> TaskSource:
                                                           default_distractors=LANGUAGE_DISTRACTORS.get(spec)),
                           min_distractors=LANGUAGE_N_RANGE[spec][0] if spec in LANGUAGE_N_RANGE
                           else int(spec in TRACKING_TASKS))
+    if "@" in spec and spec.split("@")[0] in TRACKING_TASKS:
+        from .tracking import VARIANTS
+
+        task, variant = spec.split("@", 1)
+        if variant not in VARIANTS:
+            raise UserError(f"unknown variant {variant!r} of {task}; valid: "
+                            + ", ".join(f"{task}@{v}" for v in VARIANTS))
+        return TaskSource("builtin", spec, loaded=_Loaded(spec, tuple(LABEL_WORDS[task])), min_distractors=1,
+                          variant=variant)
     if spec.endswith(".jsonl") or (Path(spec).suffix and Path(spec).is_file()):
         return _load_jsonl(spec)
     if _FUNC_RE.match(spec):
         return TaskSource("function", spec, loader=_function_loader(spec))  # imported on load()
-    raise UserError(f"unknown task {spec!r}; valid tasks: {', '.join(ALL_TASKS)}, a path to a .jsonl samples file, "
+    raise UserError(f"unknown task {spec!r}; valid tasks: {', '.join(ALL_TASKS)} (a tracking task's input variant as "
+                    f"parity@hold: tasks.tracking), a path to a .jsonl samples file, "
                     "or package.module:function (docs/tasks.md)")

@@ -15,7 +15,8 @@ import random
 from common.errors import UserError
 
 from .language import GENERATORS as LANGUAGE_GENERATORS, LANGUAGE_N_RANGE
-from .samples import ALL_TASKS, CUPS, FINAL_TOKEN, REGISTERS, TRACKING_TASKS, WRITES_CHOICES, Sample
+from .tracking import VARIANTS, tracking_pairs
+from .samples import ALL_TASKS, CUPS, FINAL_TOKEN, GROUP_TASKS, REGISTERS, TRACKING_TASKS, WRITES_CHOICES, Sample
 from .samples import GroupIds as _GroupIds
 
 # Writes per register a training curriculum may also use: 1 = each register written once (no recency needed).
@@ -205,7 +206,8 @@ def _is_int(x) -> bool:
 
 
 def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
-                 writes: int | None = None, reads: int = 0, registers: int = len(REGISTERS)) -> list[Sample]:
+                 writes: int | None = None, reads: int = 0, registers: int = len(REGISTERS),
+                 variant: str = "uniform", exclude_heldout: bool = False) -> list[Sample]:
     """Return ``2 * n_pairs`` samples of ``task`` with ``n_distractors`` distractor lines each.
 
     ``task`` is any of ``ALL_TASKS``; for the tracking tasks (parity, shell_game) ``n_distractors`` is the
@@ -217,6 +219,8 @@ def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
     ``writes`` fixes the number of writes per register; ``None`` cycles 2, 4, 8 over the pair index so all
     three appear. Training curriculum only (the task itself is 8 registers, 2/4/8 writes): ``registers`` < 8
     uses a random subset of the register names, and ``writes`` may also be 1 (a plain key-value lookup).
+    ``variant`` (tracking tasks): how the update lines are drawn, tasks.tracking.VARIANTS (uniform, hold,
+    periodic, heldout); ``exclude_heldout``: no held-out transition pair in any prompt (training data).
     """
     if task not in ALL_TASKS:
         raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(ALL_TASKS)}")
@@ -244,6 +248,9 @@ def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
                         f"'multi_register', got {registers!r}")
     if reads and (task != "multi_register" or not _is_int(reads) or reads < 0):
         raise UserError(f"reads must be a non-negative integer and only applies to task 'multi_register'")
+    if (variant != "uniform" or exclude_heldout) and (task not in TRACKING_TASKS or variant not in VARIANTS):
+        raise UserError(f"variant {variant!r} is not one of {task}'s: "
+                        + (", ".join(VARIANTS) if task in TRACKING_TASKS else "only tracking tasks have variants"))
     rng = random.Random(seed)
     if task in LANGUAGE_GENERATORS:
         return LANGUAGE_GENERATORS[task](n_pairs, n_distractors, rng)
@@ -251,6 +258,8 @@ def make_dataset(task: str, n_pairs: int, n_distractors: int, seed: int = 0,
         return _completion(n_pairs, n_distractors, rng)
     if task == "memory":
         return _memory(n_pairs, n_distractors, rng)
+    if task in TRACKING_TASKS and (variant != "uniform" or exclude_heldout or task in GROUP_TASKS):
+        return tracking_pairs(task, n_pairs, n_distractors, rng, variant, exclude_heldout=exclude_heldout)
     if task == "parity":
         return _parity(n_pairs, n_distractors, rng)
     if task == "shell_game":

@@ -1,7 +1,8 @@
 """Sample record and constants shared by the synthetic probing tasks (docs/design.md, Tasks).
 
 ``TASKS`` are the three probing tasks the shipped models were trained on (CLIs default to them);
-``TRACKING_TASKS`` are the state-tracking tasks of issue 21 (parity, and the S3 shell game), whose words
+``TRACKING_TASKS`` are the state-tracking tasks of issue 21 (parity, and the S3 shell game) and issue 40 (the S5 and
+A5 word problems ``s5``, ``a5``: tasks.groups), whose words
 the shipped checkpoints' tokenizers do not know; ``LANGUAGE_TASKS`` are the natural-language tasks of issue 39
 (induction, ioi, lookup, binding: tasks.language) for pretrained LMs; ``ALL_TASKS`` is all of them.
 
@@ -16,14 +17,18 @@ from dataclasses import dataclass, field
 from .words import ANSWER_SEP, LANGUAGE_LABEL_WORDS, LANGUAGE_TASKS
 
 TASKS = ("completion", "memory", "multi_register")
-TRACKING_TASKS = ("parity", "shell_game")
+# The word problems of S5 and A5 (issue 40; tasks.groups): five cups, 5 classes.
+GROUP_TASKS = ("s5", "a5")
+TRACKING_TASKS = ("parity", "shell_game", *GROUP_TASKS)
 ALL_TASKS = TASKS + TRACKING_TASKS + LANGUAGE_TASKS
 DISTRACTOR_COUNTS = (0, 8, 32, 128, 256)
 # Index = label. multi_register and parity answer with the bare bit so the answer is a digit token;
 # shell_game (3 classes) answers with the cup the ball ends under.
 CUPS = ("A", "B", "C")
+CUPS5 = ("0", "1", "2", "3", "4")  # s5 / a5 cups and label words
 LABEL_WORDS = {"completion": ("MORE", "DONE"), "memory": ("ZERO", "ONE"), "multi_register": ("0", "1"),
-               "parity": ("0", "1"), "shell_game": CUPS, **LANGUAGE_LABEL_WORDS}
+               "parity": ("0", "1"), "shell_game": CUPS, "s5": CUPS5, "a5": CUPS5,
+               **LANGUAGE_LABEL_WORDS}
 WRITES_CHOICES = (2, 4, 8)
 REGISTERS = ("A", "B", "C", "D", "E", "F", "G", "H")
 FINAL_TOKEN = ":"

@@ -25,6 +25,7 @@ _TASK_TOKENS = (
     # Tracking tasks (issue 21); their label words ("0"/"1", cups "A"/"B"/"C") are already in.
     + ["x", "parity", "ball", "under", "swap"]
     + [w for task in TRACKING_TASKS for w in LABEL_WORDS[task]]
+    + ["cycle"]  # s5 / a5 (issue 40): three-cycles of five cups; their cups and labels are the digits
 )
 # Words (\w+), operator runs (+=, ^=, :, #) and newlines are tokens; other whitespace is dropped.
 # (The Whitespace pre-tokenizer would drop the newlines.)
@@ -192,15 +193,16 @@ def _first_lost(tokenizer, text: str, back: str) -> str:
 def label_token_ids(tokenizer, task: str) -> list[int]:
     """Token id of each label word (index = label) as it follows the prompt, for any tokenizer.
 
-    Two ids for the binary tasks, three for shell_game.
+    Two ids for the binary tasks, three for shell_game, five for s5 / a5.
     """
     from .generators import make_dataset
 
     if task in LANGUAGE_TASKS:
         return _language_label_ids(tokenizer, task)
     n_labels = len(LABEL_WORDS[task]) if task in LABEL_WORDS else 2  # unknown task: make_dataset says so
-    # The tracking tasks need an update line; 3 pairs hold every shell_game cup.
-    ds = make_dataset(task, n_pairs=1 if n_labels == 2 else 3, n_distractors=int(task in TRACKING_TASKS), seed=0)
+    # The tracking tasks need an update line; 3 pairs hold every shell_game cup, 5 every s5 / a5 cup.
+    ds = make_dataset(task, n_pairs=1 if n_labels == 2 else n_labels, n_distractors=int(task in TRACKING_TASKS),
+                      seed=0)
     out = []
     for label in range(n_labels):
         sample = next(s for s in ds if s.label == label)

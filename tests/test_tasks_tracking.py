@@ -13,6 +13,7 @@ from tasks import (ALL_TASKS, LABEL_WORDS, TASKS, TRACKING_TASKS, Sample, build_
                    label_token_ids, make_dataset, tokenize_samples)
 
 CUPS = ("A", "B", "C")
+S3_TASKS = ("parity", "shell_game")  # issue 21's tasks (s5 / a5, issue 40: tests/test_tasks_groups.py)
 UPDATE_PREFIX = {"parity": "x ^= ", "shell_game": "swap "}
 FIRST_LINE = {"parity": ("x = 0",), "shell_game": tuple(f"ball under {c}" for c in CUPS)}
 LAST_LINE = {"parity": "parity:", "shell_game": "ball under:"}
@@ -61,7 +62,7 @@ def _direct(s):
 
 def test_task_lists():
     assert TASKS == ("completion", "memory", "multi_register")
-    assert TRACKING_TASKS == ("parity", "shell_game")
+    assert TRACKING_TASKS == ("parity", "shell_game", "s5", "a5")  # s5 / a5: tests/test_tasks_groups.py
     from tasks import LANGUAGE_TASKS
 
     assert ALL_TASKS == TASKS + TRACKING_TASKS + LANGUAGE_TASKS
@@ -69,7 +70,7 @@ def test_task_lists():
     assert LABEL_WORDS["parity"] == ("0", "1") and LABEL_WORDS["shell_game"] == CUPS
 
 
-@pytest.mark.parametrize("task", TRACKING_TASKS)
+@pytest.mark.parametrize("task", S3_TASKS)
 @pytest.mark.parametrize("n", (1, 4, 16, 256))
 def test_shape_fields_and_final_token(task, n):
     ds = make_dataset(task, 6, n, seed=3)
@@ -89,7 +90,7 @@ def test_shape_fields_and_final_token(task, n):
         assert s.full_text == s.text + " " + s.answer
 
 
-@pytest.mark.parametrize("task", TRACKING_TASKS)
+@pytest.mark.parametrize("task", S3_TASKS)
 @pytest.mark.parametrize("n", (1, 2, 8, 64))
 def test_pairs_differ_in_exactly_one_update_line(task, n):
     for a, b in _pairs(make_dataset(task, 30, n, seed=1)):
@@ -106,7 +107,7 @@ def test_pairs_differ_in_exactly_one_update_line(task, n):
         assert all(x != y for x, y in zip(a.running[j:], b.running[j:]))
 
 
-@pytest.mark.parametrize("task", TRACKING_TASKS)
+@pytest.mark.parametrize("task", S3_TASKS)
 @pytest.mark.parametrize("n", (1, 3, 32, 256))
 def test_labels_and_running_match_direct_computation(task, n):
     for s in make_dataset(task, 40, n, seed=n):
@@ -153,7 +154,7 @@ def _template(s):
     return s.diff_line, tuple(lines[:s.diff_line + 1]), tuple(lines[s.diff_line + 2:])
 
 
-@pytest.mark.parametrize("task", TRACKING_TASKS)
+@pytest.mark.parametrize("task", S3_TASKS)
 @pytest.mark.parametrize("n", (1, 2, 3, 16))
 def test_groups_are_pair_templates(task, n):
     ds = make_dataset(task, 80, n, seed=4)
@@ -171,7 +172,7 @@ def test_groups_are_pair_templates(task, n):
         assert [s.group_id for s in ds] == [s.pair_id for s in ds]  # in practice one group per pair
 
 
-@pytest.mark.parametrize("task", TRACKING_TASKS)
+@pytest.mark.parametrize("task", S3_TASKS)
 @pytest.mark.parametrize("n", (1, 8))
 def test_tokenization_final_token_and_answers(tok, task, n):
     ds = make_dataset(task, 6, n, seed=2)
@@ -189,7 +190,7 @@ def test_tokenization_final_token_and_answers(tok, task, n):
         assert full == row + [words[s.label]]
 
 
-@pytest.mark.parametrize("task", TRACKING_TASKS)
+@pytest.mark.parametrize("task", S3_TASKS)
 def test_token_lengths_up_to_256(tok, task):
     for n in (4, 16, 64, 256):
         _, out = tokenize_samples(make_dataset(task, 4, n, seed=0), tok)
@@ -212,10 +213,10 @@ OLD_VOCAB = ["[PAD]", "[UNK]", *"0123456789", *"ABCDEFGH", "required", "complete
 def test_vocab_only_appended(tok):
     vocab = tok.get_vocab()
     assert {w: vocab[w] for w in OLD_VOCAB} == {w: i for i, w in enumerate(OLD_VOCAB)}
-    assert sorted(vocab, key=vocab.get)[len(OLD_VOCAB):] == ["x", "parity", "ball", "under", "swap"]
+    assert sorted(vocab, key=vocab.get)[len(OLD_VOCAB):] == ["x", "parity", "ball", "under", "swap", "cycle"]
 
 
-@pytest.mark.parametrize("task", TRACKING_TASKS)
+@pytest.mark.parametrize("task", S3_TASKS)
 def test_deterministic_and_fingerprint(task):
     a = make_dataset(task, 10, 8, seed=7)
     b = make_dataset(task, 10, 8, seed=7)
@@ -270,7 +271,7 @@ def test_old_task_fingerprints_unchanged(task, n, seed):
     assert dataset_fingerprint(ds) == OLD_FINGERPRINTS[task, n, seed]
 
 
-@pytest.mark.parametrize("task", TRACKING_TASKS)
+@pytest.mark.parametrize("task", S3_TASKS)
 def test_user_errors(task):
     with pytest.raises(UserError, match=r"at least 1 update line") as info:
         make_dataset(task, 2, 0)

@@ -90,6 +90,21 @@ def parse_mixture(s: str) -> dict:
                         ">= 0, e.g. 0:0.3,8:0.3,32:0.3,128:0.1") from None
 
 
+def parse_variants(s: str) -> dict:
+    """'uniform:0.6,hold:0.2,periodic:0.2' -> {variant: weight} (tasks.tracking.VARIANTS, finite weights >= 0)."""
+    from tasks.tracking import VARIANTS
+
+    try:
+        out = {k.strip(): float(v) for k, v in (part.split(":") for part in s.split(",") if part.strip())}
+    except ValueError:
+        out = None
+    if not out or any(k not in VARIANTS or not math.isfinite(v) or v < 0 for k, v in out.items()) \
+            or sum(out.values()) <= 0:
+        raise UserError(f"bad --variants {s!r}: use variant:weight pairs, variants {', '.join(VARIANTS)}, finite "
+                        "weights >= 0 with a positive sum, e.g. uniform:0.6,hold:0.2,periodic:0.2")
+    return out
+
+
 def parse_tasks(s: str) -> tuple:
     return tuple(t.strip() for t in s.split(",") if t.strip())
 
@@ -228,6 +243,13 @@ class TrainConfig:
     length_start: int = opt(4, "largest N in the first leg of the length curriculum")
     all_answers: bool = opt(False, "shell game training pairs drawn from all six ordered answer pairs (off: each "
                                    "pair's answers are cups A and B, never C, as in earlier runs)")
+    variants: dict | None = opt(None, "state-tracking tasks: how each training pair's update lines are drawn, as "
+                                      "variant:weight pairs of tasks.tracking.VARIANTS (uniform, hold, periodic, "
+                                      "heldout), e.g. uniform:0.6,hold:0.2,periodic:0.2; default: uniform only, as "
+                                      "earlier runs", parse=parse_variants)
+    heldout_split: bool = opt(False, "state-tracking tasks: no training prompt holds a held-out transition pair "
+                                     "(tasks.tracking.heldout_pairs, the split of arXiv 2606.07254), so the heldout "
+                                     "variant tests pairs of lines never seen in a row")
     pairs: bool = opt(False, "unpacked batches of both members of every pair (rows 2i and 2i+1; the same token "
                              "budget); a twin trained without --interchange sees the same rows")
     decoy: float = opt(0.0, "recurrent objective: the share of columns whose cached keys/values are computed from "
@@ -304,6 +326,14 @@ class TrainConfig:
             raise UserError("dense_every needs --dense-targets")
         if any(t in TRACKING_TASKS for t in self.tasks) and min(self.distractors) < 1:
             raise UserError("the state-tracking tasks need N >= 1 update lines: drop N = 0 from distractors")
+        if self.variants is not None:
+            self.variants = parse_variants(",".join(f"{k}:{v}" for k, v in dict(self.variants).items()))
+        if (self.variants is not None or self.heldout_split) and not any(t in TRACKING_TASKS for t in self.tasks):
+            raise UserError(f"variants and heldout_split apply to the state-tracking tasks only "
+                            f"({', '.join(TRACKING_TASKS)})")
+        if self.heldout_split and "heldout" in (self.variants or {}) and self.variants["heldout"] > 0:
+            raise UserError("heldout_split excludes the held-out pairs that the heldout variant is made of: drop "
+                            "heldout from variants")
         if self.task_weights is not None:
             try:
                 self.task_weights = tuple(float(w) for w in self.task_weights)

@@ -5,6 +5,7 @@ does not change what is trained, and a run can be resumed on another number of t
 """
 from __future__ import annotations
 
+import random
 from typing import NamedTuple
 
 import numpy as np
@@ -12,7 +13,8 @@ import torch
 
 from common.errors import UserError
 from tasks import label_token_ids, make_dataset
-from tasks.samples import REGISTERS, WRITES_CHOICES
+from tasks.samples import GROUP_TASKS, REGISTERS, TRACKING_TASKS, WRITES_CHOICES
+from tasks.tracking import tracker, tracking_pairs
 from training.config import REGISTER_LEVELS, TrainConfig
 
 SHELL_ANSWER_PAIRS = 6  # ordered pairs of different cups: one cycle of the shell game's answer rule
@@ -101,9 +103,21 @@ def _training_pair(cfg: TrainConfig, task: str, n: int, rng, **kw) -> list:
     make_dataset's first pair always has the first answers of the task's rule: labels 0 / 1, which for the
     shell game means the ball never ends under cup C (tasks.generators._SHELL_LABELS). `all_answers` draws the
     pair from a whole cycle of the rule instead (all six ordered answer pairs); off, the stream of earlier runs
-    is kept.
+    is kept. s5 / a5 and any variant (`cfg.variants`) are built by tasks.tracking, one pair at a drawn place in
+    the label cycle.
     """
     seed = int(rng.integers(2**31))
+    if task in GROUP_TASKS or (task in TRACKING_TASKS and (cfg.variants is not None or cfg.heldout_split)):
+        # the variant is drawn only when the option is on, so the batches of recipes without it are unchanged
+        variant = "uniform"
+        if cfg.variants is not None:
+            names = list(cfg.variants)
+            w = np.array([cfg.variants[v] for v in names])
+            variant = names[int(rng.choice(len(names), p=w / w.sum()))]
+        cycle = len(tracker(task).labels)
+        offset = int(rng.integers(cycle)) if cfg.all_answers else 0
+        return tracking_pairs(task, 1, n, random.Random(seed), variant, label_offset=offset,
+                              exclude_heldout=cfg.heldout_split)
     if not (cfg.all_answers and task == "shell_game"):
         return make_dataset(task, 1, n, seed=seed, **kw)
     cycle = make_dataset(task, SHELL_ANSWER_PAIRS, n, seed=seed, **kw)
