@@ -45,7 +45,7 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
 # Size bounds shared by the evaluation CLIs (checked when the arguments are parsed, before any model loads).
 MAX_PAIRS = 5000  # --n-pairs: 2 samples per pair
-MAX_DISTRACTORS = 1024  # --distractors: lines per prompt
+MAX_DISTRACTORS = 16384  # --distractors: lines per prompt (a windowed model runs 64x its trained N in linear time)
 MAX_BATCH = 4096  # --batch-size
 _SWEEP_RE = re.compile(r"^fused-1\.\.(\d+)$")
 
@@ -151,7 +151,7 @@ def default_distractors(source: TaskSource) -> list[int]:
     if source.builtin:
         if source.default_distractors:
             return list(source.default_distractors)
-        return list(TRACKING_DISTRACTORS if source.name in TRACKING_TASKS else DISTRACTOR_COUNTS)
+        return list(TRACKING_DISTRACTORS if source.task in TRACKING_TASKS else DISTRACTOR_COUNTS)
     return list(source.default_distractors or DISTRACTOR_COUNTS)
 
 

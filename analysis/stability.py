@@ -23,10 +23,12 @@ from common.errors import UserError, cli_entry
 from common.io import atomic_write, json_text, fresh_output
 from common.paths import figures_dir
 from common.plotlyjs import include_plotlyjs, write_plotly_js
-from analysis.evaluate import EVAL_SEED, MAX_DISTRACTORS, parse_tasks
+from analysis.evaluate import EVAL_SEED, parse_tasks
 from engine.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
 from models.loading import load_model
 from tasks import ALL_TASKS, TASKS, make_dataset, tokenize_samples
+
+MAX_DISTRACTORS = 1024  # fused-k passes are full-width: quadratic in the prompt
 
 
 @torch.no_grad()

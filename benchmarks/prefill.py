@@ -15,6 +15,12 @@ d_model 128, vocab 64, batch 1):
      median of the per-pair ratios (robust to background load), the ratio of the medians is printed too.
      Goal <= 1.15.
 
+  4. the window cache (engine.cache.WindowLayer) on a windowed checkpoint (--window-model, default
+     checkpoints/tiny-fbt-track: every layer attends to 64 columns): recurrent-full at T=--window-short and
+     T=--window-long (default 1024 and 4096) with the window cache and with the full cache (every column kept,
+     the engine before it), interleaved; ratio time(long)/time(short) for each. Linear is long/short (4.0);
+     goal <= 4.4 with the window cache. --window-model none skips it.
+
 Human-readable lines first; the LAST line of stdout is one JSON object with all the figures.
 
     python benchmarks/prefill.py                 # defaults
@@ -42,7 +48,7 @@ from models.configs import qwen3_config  # noqa: E402
 from models.full_bandwidth import FullBandwidthLM  # noqa: E402
 from engine.prefill import prefill_many  # noqa: E402
 
-GOAL_SCALING, GOAL_SPEEDUP, GOAL_OVERHEAD = 4.5, 5.0, 1.15
+GOAL_SCALING, GOAL_SPEEDUP, GOAL_OVERHEAD, GOAL_WINDOW = 4.5, 5.0, 1.15, 4.4
 
 
 def parse_args(argv=None):
@@ -63,6 +69,12 @@ def parse_args(argv=None):
                    help="'sample': time the naive step at --naive-samples positions and sum the interpolated "
                         "per-position costs over all T; 'full': time the whole naive recompute once")
     p.add_argument("--naive-samples", type=int, default=16, help="positions timed with --naive sample")
+    p.add_argument("--window-model", default="checkpoints/tiny-fbt-track",
+                   help="a windowed checkpoint (every layer sliding-window) for the window-cache figure; 'none' "
+                        "skips it")
+    p.add_argument("--window-short", type=int, default=1024, help="the short prompt length T of the window figure")
+    p.add_argument("--window-long", type=int, default=4096, help="the long prompt length T of the window figure")
+    p.add_argument("--window-batch", type=int, default=1, help="prompts per batch in the window figure")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="'wall': elapsed time; 'cpu': this process's CPU time, much less disturbed by other busy "
                         "processes on the machine (meaningful with --threads 1 on CPU)")
@@ -71,8 +83,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if min(a.layers, a.d_model, a.heads, a.vocab, a.batch, a.repeats, a.naive_samples, a.overhead_repeats) < 1:
         p.error("all sizes and counts must be >= 1")
-    if not 2 <= a.short <= a.long:
-        p.error("need 2 <= --short <= --long")
+    if not 2 <= a.short <= a.long or not 2 <= a.window_short <= a.window_long or a.window_batch < 1:
+        p.error("need 2 <= --short <= --long, 2 <= --window-short <= --window-long and --window-batch >= 1")
     if a.d_model % a.heads or a.heads % 2:
         p.error("--d-model must be divisible by --heads, and --heads must be even")
     return a
@@ -192,6 +204,8 @@ def main(argv=None) -> dict:
           f"{r1_s / std_s:.3f}, of minima {min(t_r1) / min(t_std):.3f})  (goal <= {GOAL_OVERHEAD})  "
           f"{'PASS' if overhead <= GOAL_OVERHEAD else 'FAIL'}")
 
+    window = window_figure(a, device, Placement.from_args(a)) if a.window_model.lower() != "none" else None
+
     result = {
         "model": {"family": "qwen3", "layers": a.layers, "d_model": a.d_model, "heads": a.heads, "vocab": a.vocab},
         "batch": a.batch, "threads": torch.get_num_threads(),
@@ -205,9 +219,55 @@ def main(argv=None) -> dict:
         "recurrent_1_over_standard": overhead, "recurrent_1_over_standard_ratio_of_medians": r1_s / std_s,
         "recurrent_1_over_standard_ratio_of_minima": min(t_r1) / min(t_std), "overhead_goal_max": GOAL_OVERHEAD,
         "overhead_pass": overhead <= GOAL_OVERHEAD,
+        "window": window,
     }
     print(json.dumps(result))
     return result
+
+
+@torch.no_grad()
+def window_figure(a, device, placement) -> dict:
+    """4.: recurrent-full on a windowed checkpoint at two lengths, window cache vs full cache, interleaved."""
+    from engine.cache import model_windows
+    from engine.prefill import recurrent_run
+    from models.loading import load_model
+
+    model, _, _ = load_model(a.window_model, placement)
+    windows = model_windows(model)
+    if not windows or any(w is None for w in windows):
+        raise SystemExit(f"--window-model {a.window_model}: not every layer is windowed ({windows})")
+    g = torch.Generator().manual_seed(a.seed)
+    ids = torch.randint(2, model.config.vocab_size, (a.window_batch, a.window_long), generator=g).to(device)
+    lengths = (a.window_short, a.window_long)
+
+    def run(T, full):
+        x = ids[:, -T:]
+        return recurrent_run(model, x, torch.ones_like(x), None, torch.tensor([T - 1]), full_std=False,
+                             full_cache=full)
+
+    run(64, False)  # warm-up
+    times = {(T, full): [] for T in lengths for full in (False, True)}
+    for _ in range(a.repeats):
+        for T in lengths:
+            for full in (False, True):
+                times[T, full].append(timed(lambda: run(T, full), device))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    short, long_ = lengths
+    ratio = {full: med[long_, full] / med[short, full] for full in (False, True)}
+    diff = float((run(short, False).logits - run(short, True).logits).abs().max())
+    print(f"window cache on {a.window_model} (windows {sorted(set(windows))}), recurrent-full, batch {a.window_batch}:")
+    for full in (False, True):
+        name = "full cache  " if full else "window cache"
+        print(f"  {name} T={short}: {med[short, full]:7.2f} s   T={long_}: {med[long_, full]:7.2f} s   "
+              f"ratio {ratio[full]:.2f}  (median of {a.repeats}; linear = {long_ / short:.2f})")
+    print(f"  window / full at T={long_}: {med[long_, False] / med[long_, True]:.2f}; goal ratio <= {GOAL_WINDOW} with "
+          f"the window cache: {'PASS' if ratio[False] <= GOAL_WINDOW else 'FAIL'}; logits agree to {diff:.1e}")
+    return {"model": a.window_model, "windows": sorted(set(windows)), "batch": a.window_batch,
+            "T_short": short, "T_long": long_,
+            "window_s": {str(T): med[T, False] for T in lengths}, "full_s": {str(T): med[T, True] for T in lengths},
+            "window_ratio": ratio[False], "full_ratio": ratio[True], "goal_max": GOAL_WINDOW,
+            "pass": ratio[False] <= GOAL_WINDOW, "window_over_full_long": med[long_, False] / med[long_, True],
+            "max_abs_logit_diff": diff}
 
 
 if __name__ == "__main__":

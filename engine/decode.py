@@ -11,7 +11,7 @@ import torch
 from common.cpus import sequential_threads
 from common.errors import UserError
 from engine.cache import new_cache
-from engine.inputs import check_inputs, context_length, to_model
+from engine.inputs import check_inputs, model_context, to_model
 
 
 def check_generation(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -22,7 +22,7 @@ def check_generation(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
         raise UserError(f"max_new_tokens must be >= 0, got {max_new_tokens!r}")
     check_inputs(model, input_ids, attention_mask, (-1,))
     input_ids, attention_mask = to_model(model, input_ids, attention_mask)
-    ctx = context_length(model.config)
+    ctx = model_context(model)
     longest = int(attention_mask.sum(-1).max())
     if ctx is not None and longest + max_new_tokens - 1 > ctx:  # the last new token is never fed back in
         raise UserError(f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the model's context ({ctx})")

@@ -21,9 +21,21 @@ def pad_left(seqs: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
-def context_length(config) -> int | None:
-    """The model's context (Llama-style max_position_embeddings, GPT-2-style n_positions), None if unbounded."""
+def context_length(config, windows=None) -> int | None:
+    """The model's context (Llama-style max_position_embeddings, GPT-2-style n_positions), None if unbounded.
+
+    `windows` (the per-layer attention windows, models.families): a rotary model whose every layer is windowed has
+    no context limit (every position attends to its last W columns, and rotary positions are relative), so it is
+    unbounded; a learned absolute position table (GPT-2's n_positions) or any full-attention layer keeps it."""
+    if windows and all(w is not None for w in windows) and getattr(config, "n_positions", None) is None:
+        return None
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def model_context(model) -> int | None:
+    """context_length of an engine model (its family gives the windows)."""
+    family = getattr(model, "family", None)
+    return context_length(model.config, None if family is None else family.windows(model.config))
 
 
 def check_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -36,7 +48,7 @@ def check_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if not bool(attention_mask[:, -1].all()):
         raise UserError("prompts must be left-padded (the last column must be a real token in every row)")
     T = input_ids.shape[1]
-    ctx = context_length(model.config)
+    ctx = model_context(model)
     longest = int(attention_mask.sum(-1).max())
     if ctx is not None and longest > ctx:
         raise UserError(f"prompt of {longest} tokens is longer than the model's context ({ctx})")

@@ -260,7 +260,7 @@ class RecurrentPatcher(Patcher):
         T = self.T
         self.r0 = recurrent_start(T, mode.n)
         with ResidualRecorder(model) as rec:
-            run = recurrent_run(model, ids, mask, mode.n, torch.arange(T), rec)
+            run = recurrent_run(model, ids, mask, mode.n, torch.arange(T), rec, full_cache=True)
         self.cache = run.cache  # every column's keys/values: the shared prefix of every patched run
         self.std_logits = run.std.logits[:, -1]
         self.clean = RunOut(run.logits[:, -1], run.top, run.resid)

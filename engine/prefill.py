@@ -26,7 +26,7 @@ from transformers import DynamicCache
 
 from common.cpus import sequential_threads
 from common.errors import UserError
-from engine.cache import cache_prefix, new_cache
+from engine.cache import WindowCache, cache_prefix, new_cache
 from engine.decode import check_generation, greedy, greedy_steps
 from engine.edits import RowSwap, apply
 from engine.hooks import maybe_record
@@ -228,12 +228,13 @@ class RecurrentRun(NamedTuple):
     logits: torch.Tensor  # [batch, n_cols, vocab] recurrent-k at `cols`
     top: torch.Tensor  # [batch, n_cols, D]
     resid: torch.Tensor | None  # [batch, n_cols, L+1, D]
-    cache: DynamicCache  # engine.cache.new_cache: every column's keys/values after the last step
+    cache: DynamicCache  # engine.cache.new_cache: the keys/values after the last step (every column with
+    #                      full_cache, else a windowed model's sliding layers keep their window only)
 
 
 def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None, full_std=True,
                   swap: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  decoy: tuple[torch.Tensor, torch.Tensor] | None = None) -> RecurrentRun:
+                  decoy: tuple[torch.Tensor, torch.Tensor] | None = None, full_cache: bool = False) -> RecurrentRun:
     """Standard prefill with cache, crop the last k columns (None = T-1), recompute them with `recurrent_step`.
 
     `fuse_mask` [B, T] (default: every real position after a real one) says where the recomputed columns are
@@ -253,6 +254,8 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     cache) and its logits at t are its own: later columns see a wrong copy of the state in the cache and the
     right one in the fed state (decoy training; no recorder). Differentiable, the donor's state included: row
     r's loss reaches the donor row's chain through the decoy as well.
+    A windowed model's sliding layers keep only their window (engine.cache.WindowLayer: O(T * W), not O(T^2));
+    `full_cache=True` keeps every column (the interventions copy prefixes of the returned cache).
     """
     if decoy is not None and rec is not None:
         raise ValueError("decoy columns are a training option: no residual recorder")
@@ -265,7 +268,8 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     short = not full_std and k > 0 and 2 * (T - k) <= T
     if rec is not None:
         rec.cols = cols[cols < s] if short else cols
-    cache = new_cache()
+    # slack: the columns a crop takes back (the k recomputed ones after a full-width prefill; a decoy's re-step)
+    cache = new_cache() if full_cache else new_cache(model, slack=(0 if short else k) + (decoy is not None))
     std = model(ids[:, :s], mask[:, :s], cache=cache, use_cache=True) if short else \
         model(ids, mask, cache=cache, use_cache=True)
     std_resid = rec.take() if rec is not None else None
@@ -285,6 +289,8 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
         return RecurrentRun(std, std_resid, logits, top, resid, cache)
     if not short:
         cache.crop(-k)
+        if isinstance(cache, WindowCache):
+            cache.set_slack(int(decoy is not None))  # the steps keep the window only (the crop is done)
     prev = std.top[:, s - 1]  # [batch, d_model]
     # Computed once for the loop, not per step: the default fuse mask and the position ids.
     if fuse_mask is None:  # recurrent_fuse at every column
