@@ -44,6 +44,10 @@ class WindowLayer(DynamicLayer):
             values[..., values.shape[-2] - min(self.keep, values.shape[-2]):, :]
         return keys, values  # this call's queries see the kept columns and the new ones
 
+    def reset(self) -> None:
+        super().reset()
+        self.seen = 0
+
     def _stored(self) -> int:
         return 0 if not self.is_initialized or self.keys.numel() == 0 else self.keys.shape[-2]
 

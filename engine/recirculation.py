@@ -228,8 +228,9 @@ class RecirculatedLM(nn.Module):
         t = 0; c_n = n_t) to set that step's edits; it may return a context manager held for the step (hooks on
         modules inside the blocks). `record`: keep z_s, z_d and z' of every column (StepRecord).
 
-        `skip_unmixed`: columns before the first one mixed in any row (alpha = 0 there: a targeted mask's key
-        column, or padding) run as one parallel forward of the base model instead of one step each. Where nothing
+        `skip_unmixed` (with a `mix_mask` only, so that an unmasked run makes T calls, as recirc_calls counts):
+        columns before the first one mixed in any row (alpha = 0 there: before a targeted mask's key column, or
+        padding) run as one parallel forward of the base model instead of one step each. Where nothing
         was mixed yet each recirculation branch is the normal branch (z' = z_d bit for bit), so this is the same
         computation up to float rounding of a batched forward (tested); it makes targeted recirculation at a key
         token near the end cost a prefill, not T steps. Only on a fresh run (start = 0, no edits, no record)."""
@@ -256,7 +257,8 @@ class RecirculatedLM(nn.Module):
             try:
                 if rec is not None:
                     rec.__enter__()
-                if skip_unmixed and fresh and not record and step_edit is None and edit is None:
+                if skip_unmixed and mix_mask is not None and fresh and not record and step_edit is None \
+                        and edit is None:
                     start, zs_prev, (logits, top, resid) = self._unmixed_prefix(
                         input_ids, pos_all, valid, alpha_all, cache, inj, rec, want, len(cols))
                 for t in range(start, T):

@@ -8,7 +8,8 @@ view, one builder makes pairs for every task under any *draw* of the template's 
     uniform    every line uniform over the generators (parity and shell_game keep their original generators in
                tasks.generators, byte for byte; s5 and a5 are built here)
     hold       one stretch of ceil(N/2)..N-1 lines that all leave the tracked value unchanged (x ^= 0; a swap or
-               cycle not touching the ball's cup), placed uniformly; the pair's differing line comes after it,
+               cycle not touching the ball's cup; N = 1 has no room for one: uniform), placed uniformly; the pair's
+               differing line comes after it,
                so both members hold through it. A stretch longer than a windowed model's attention span is where
                a state that rides on the window instead of the feedback is lost.
     periodic   a random pattern of 1..4 lines repeated to fill the N lines (one line then differs in a pair)
@@ -158,6 +159,8 @@ def _hold(rng, n, tr, start, ok):
     length = rng.randint(math.ceil(n / 2), n - 1)
     a = rng.randint(0, n - 1 - length)
     idx = _chain(rng, a, tr, ok)
+    if idx is None:
+        return None
     s = _run(tr.perms, start, idx)[-1] if idx else start
     fixing = [k for k, p in enumerate(tr.perms) if p[s] == s]
     stretch = _chain(rng, length, tr, ok, first=idx[-1] if idx else None, among=fixing)

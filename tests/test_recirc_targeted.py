@@ -217,9 +217,9 @@ def test_skipping_the_unmixed_prefix_is_the_stepwise_run(base, spec, keys):
             assert ((a - b).abs() * real).max() <= TOL
 
 
-def test_uniform_mixing_skips_nothing_but_leading_padding(base):
-    """Without a mask the first real column of the longest row mixes: the skip is a no-op there (bit for bit),
-    and a batch padded in every row skips the shared padding only."""
+def test_uniform_mixing_skips_nothing(base):
+    """Without a mask nothing is skipped (an unmasked run makes T calls, as recirc_calls counts): bit for bit the
+    stepwise run, and a batch padded in every row still gives the same logits."""
     spec = RecircSpec(3, 1, 0.5, "convex")
     r = RecirculatedLM(base, spec)
     _, ids, mask = _padded_batch()

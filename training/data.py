@@ -115,7 +115,8 @@ def _training_pair(cfg: TrainConfig, task: str, n: int, rng, **kw) -> list:
             w = np.array([cfg.variants[v] for v in names])
             variant = names[int(rng.choice(len(names), p=w / w.sum()))]
         cycle = len(tracker(task).labels)
-        offset = int(rng.integers(cycle)) if cfg.all_answers else 0
+        # s5 / a5 always: their label cycle's first entry alone would never answer cups 2-4
+        offset = int(rng.integers(cycle)) if cfg.all_answers or task in GROUP_TASKS else 0
         return tracking_pairs(task, 1, n, random.Random(seed), variant, label_offset=offset,
                               exclude_heldout=cfg.heldout_split)
     if not (cfg.all_answers and task == "shell_game"):

@@ -62,7 +62,7 @@ PRESETS["tiny-fbt-track-iit"] = replace(PRESETS["tiny-fbt-track"], steps=1200, l
 # shell game: the tracking recipe, its pairs drawn 60% uniform, 20% with a stretch of lines that leave the ball
 # where it is (hold: longer than the window from N = 32 on) and 20% periodic, so that a state which rides on the
 # window instead of the feedback is trained against; no prompt holds a held-out transition pair (heldout_split),
-# so the heldout variant is a test of unseen line pairs (docs/recipe.md item 22).
+# so the heldout variant is a test of unseen line pairs (docs/recipe.md item 23).
 _GROUP = {**_TRACK, "tasks": ("s5", "a5"), "task_weights": (0.5, 0.5), "heldout_split": True,
           "variants": {"uniform": 0.6, "hold": 0.2, "periodic": 0.2}}
 PRESETS["tiny-fbt-group"] = TrainConfig(objective="recurrent", **_GROUP)
