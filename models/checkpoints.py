@@ -11,7 +11,8 @@ from pathlib import Path
 # The names of training.presets' recipes, in its order: each one's checkpoint is found by name. Kept here, below
 # training (models/ may not import training/); training.presets refuses to import when the two lists differ.
 PRESET_NAMES = ("tiny-base", "tiny-fbt", "tiny-std", "tiny-fbt-no3", "tiny-fbt-track", "tiny-std-track",
-                "tiny-fbt-track-iit", "tiny-fbt-group", "tiny-std-group", "smoke")
+                "tiny-fbt-track-iit", "tiny-fbt-group", "tiny-std-group",
+                "tiny-fbt-track2", "tiny-std-track2", "smoke")
 
 
 def checkpoint_dir(name: str) -> Path:

@@ -48,3 +48,18 @@ done
 $PY -m analysis.length_curves checkpoints/tiny-fbt-track/eval.json checkpoints/tiny-std-track/eval.json \
   --modes std,fused-30,recurrent-full --model-modes tiny-std-track:std --out docs/length_curves.html --png docs/length_curves.png \
   --overwrite
+# The S5 / A5 pair (docs/recipe.md item 23): the tracking recipe on s5 and a5 with the hold / periodic draws and
+# the held-out transition split. recurrent-full at N = 8 ... 1024 (16x the trained length; the window cache keeps
+# it linear in the prompt), the standard pass to N = 256 (its full-width pass is quadratic).
+for p in tiny-fbt-group tiny-std-group; do
+  $PY -m training.train --preset $p --threads 2 --no-progress --overwrite
+done
+$PY -m analysis.evaluate --model checkpoints/tiny-fbt-group --tasks s5,a5 --modes recurrent-full \
+  --distractors 8,16,32,64,128,256,512,1024 --n-pairs 100 --overwrite --no-progress
+cp figures/tiny-fbt-group/eval.json checkpoints/tiny-fbt-group/eval.json
+$PY -m analysis.evaluate --model checkpoints/tiny-std-group --tasks s5,a5 --modes std \
+  --distractors 8,16,32,64,128,256 --n-pairs 100 --batch-size 16 --overwrite --no-progress
+cp figures/tiny-std-group/eval.json checkpoints/tiny-std-group/eval.json
+for p in tiny-fbt-group tiny-std-group; do
+  $PY -m training.card checkpoints/$p --command "python -m training.train --preset $p" --notes docs/cards/$p.md > /dev/null
+done

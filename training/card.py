@@ -105,7 +105,10 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                   + ("; random value symbols (digits, register names) not loss targets" if tc.get('skip_values') else "")
                   + (f"; {tc['reads']} answered reads per multi_register sample" if tc.get('reads') else "")
                   + (f"; multi_register curriculum over the first {tc['register_curriculum']} steps (2 registers "
-                     f"written once -> the task)" if tc.get('register_curriculum') else ""),
+                     f"written once -> the task)" if tc.get('register_curriculum') else "")
+                  + ("; update lines drawn " + ", ".join(f"{v} {w:g}" for v, w in tc["variants"].items())
+                     + " (tasks.tracking)" if tc.get("variants") else "")
+                  + ("; no held-out transition pair in any prompt (heldout_split)" if tc.get("heldout_split") else ""),
                   f"- warm start: {tc['base']} (fresh fusion and optimizer)" if tc.get("base") else
                   "- initialization: random (from scratch)",
                   f"- optimizer: AdamW lr {tc.get('lr')} (warm-up {tc.get('warmup')}, cosine to 10%{_legs(log)}), "
