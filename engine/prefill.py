@@ -364,12 +364,14 @@ def _distinct(modes, n_layers=None) -> list[Mode]:
 
 @torch.no_grad()
 def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 modes=("standard",), positions: tuple[int, ...] = (-1,), collect: bool = True
-                 ) -> dict[str, PrefillResult]:
+                 modes=("standard",), positions: tuple[int, ...] = (-1,), collect: bool = True,
+                 full_cache: bool = False) -> dict[str, PrefillResult]:
     """Run several modes on one left-padded batch, sharing work where modes allow.
 
     The standard result comes for free with any recurrent mode (same prefill, same KV cache). Recirc modes run
-    on the model's LM without its fusion module (engine.recirculation).
+    on the model's LM without its fusion module (engine.recirculation). `full_cache`: the recurrent modes keep
+    every column of a windowed model's caches (engine.cache), as the interventions' clean runs do, so the two
+    agree bit for bit (the window cache agrees to float rounding).
     """
     from engine.recirculation import recirculated_prefill
 
@@ -390,7 +392,7 @@ def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask
                 continue
             if m.kind == "recurrent":
                 run = recurrent_run(model, input_ids, attention_mask, m.n, cols, rec,
-                                    full_std=want_std and "standard" not in results)
+                                    full_std=want_std and "standard" not in results, full_cache=full_cache)
                 results[m.name] = PrefillResult(m.name, positions, run.logits, run.top, run.resid)
                 if want_std and "standard" not in results:
                     results["standard"] = PrefillResult("standard", positions, run.std.logits[:, cols],

@@ -74,8 +74,10 @@ class CausalContext:
         # "standard" beside the modes: the engine's recurrent modes then share one full standard pass, the
         # computation the runners keep (their patched runs restart from it)
         ids, mask = self.batch.input_ids.to(self.device), self.batch.attention_mask.to(self.device)
+        # full_cache: the runners keep every column (their patched runs copy prefixes of the clean cache), so the
+        # engine is asked for the same computation, bit for bit (its window cache agrees to float rounding)
         ref = prefill_many(self.model, ids, mask, ["standard", *self.modes], positions=tuple(range(-T, 0)),
-                           collect=False)
+                           collect=False, full_cache=True)
         for m in self.modes:
             r = self.runners[m]
             if not torch.equal(ref[m].logits[:, -1], r.clean.logits):

@@ -163,3 +163,21 @@ def test_rotary_positions_past_the_old_context_are_relative():
         with torch.no_grad():
             outs.append(prefill_many(win, ids, torch.ones_like(ids), ["recurrent-1"])["recurrent-1"].logits)
     assert (outs[0] - outs[1]).abs().max() <= 1e-4
+
+
+def test_causal_context_checks_its_clean_runs_bit_for_bit_on_a_windowed_model():
+    """The interventions' clean runs keep every column (their patched runs copy cache prefixes); the engine is asked
+    for the same computation (prefill_many(full_cache=True)), so the bit-for-bit check holds at T > W."""
+    from interventions.core import Batch, CausalContext
+    from tasks import build_tokenizer, make_dataset
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    cfg = qwen3_config(len(tok.get_vocab()), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, attn_window=W)
+    m = FullBandwidthLM.from_config(cfg).eval()
+    batch = Batch.from_samples(make_dataset("parity", 3, 12, seed=0), tok, "parity")
+    assert batch.input_ids.shape[1] > 4 * W
+    ctx = CausalContext(m, batch, modes=("standard", "recurrent-full"))
+    with torch.no_grad():
+        win = prefill_many(m, batch.input_ids, batch.attention_mask, ["recurrent-full"])["recurrent-full"]
+    assert (win.logits[:, -1] - ctx.clean["recurrent-full"].logits).abs().max() <= TOL
