@@ -19,9 +19,11 @@ from common.errors import UserError, cli_entry
 from common.io import atomic_write, json_text, fresh_output
 from common.paths import figures_dir
 from common.plotlyjs import include_plotlyjs, write_plotly_js
-from analysis.evaluate import MAX_DISTRACTORS, MAX_PAIRS, evaluate, parse_tasks
+from analysis.evaluate import MAX_PAIRS, evaluate, parse_tasks
 from models.loading import load_model
 from tasks import ALL_TASKS, TASKS
+
+MAX_DISTRACTORS = 1024  # gains runs the full-width modes too: quadratic in the prompt
 
 ARMS = (("baseline", "std_model", "std"), ("fbt/std", "fbt_model", "std"), ("fbt/soft", "fbt_model", "soft"),
         ("fbt/fused", "fbt_model", "fused"))

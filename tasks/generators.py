@@ -16,7 +16,8 @@ from common.errors import UserError
 
 from .language import GENERATORS as LANGUAGE_GENERATORS, LANGUAGE_N_RANGE
 from .tracking import VARIANTS, tracking_pairs
-from .samples import ALL_TASKS, CUPS, FINAL_TOKEN, GROUP_TASKS, REGISTERS, TRACKING_TASKS, WRITES_CHOICES, Sample
+from .samples import (ALL_TASKS, CUPS, FINAL_TOKEN, GROUP_TASKS, REGISTERS, SHELL_LABELS, SHELL_SWAPS, TRACKING_TASKS,
+                      WRITES_CHOICES, Sample)
 from .samples import GroupIds as _GroupIds
 
 # Writes per register a training curriculum may also use: 1 = each register written once (no recency needed).
@@ -152,13 +153,7 @@ def _parity(n_pairs: int, n: int, rng: random.Random) -> list[Sample]:
     return out
 
 
-# The three transpositions of S3 as cup-index pairs; line text "swap A B" etc. (always in this order).
-_SWAPS = ((0, 1), (0, 2), (1, 2))
-# shell_game labels of the two pair members, by pair_id % 6: every block of 3 consecutive pairs holds
-# each cup exactly twice (once as first member, once as second), so the dataset is exactly balanced when
-# n_pairs is a multiple of 3 and the three class counts differ by at most 1 otherwise; each ordered pair
-# of different cups appears once per 6 pairs.
-_SHELL_LABELS = ((0, 1), (1, 2), (2, 0), (1, 0), (2, 1), (0, 2))
+_SWAPS, _SHELL_LABELS = SHELL_SWAPS, SHELL_LABELS  # tasks.samples: shared with tasks.tracking
 
 
 def _shell_run(start: int, swaps) -> list[int]:

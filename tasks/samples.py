@@ -26,6 +26,13 @@ DISTRACTOR_COUNTS = (0, 8, 32, 128, 256)
 # shell_game (3 classes) answers with the cup the ball ends under.
 CUPS = ("A", "B", "C")
 CUPS5 = ("0", "1", "2", "3", "4")  # s5 / a5 cups and label words
+# The three transpositions of S3 as cup-index pairs; line text "swap A B" etc. (always in this order).
+SHELL_SWAPS = ((0, 1), (0, 2), (1, 2))
+# shell_game labels of the two pair members, by pair_id % 6: every block of 3 consecutive pairs holds
+# each cup exactly twice (once as first member, once as second), so the dataset is exactly balanced when
+# n_pairs is a multiple of 3 and the three class counts differ by at most 1 otherwise; each ordered pair
+# of different cups appears once per 6 pairs.
+SHELL_LABELS = ((0, 1), (1, 2), (2, 0), (1, 0), (2, 1), (0, 2))
 LABEL_WORDS = {"completion": ("MORE", "DONE"), "memory": ("ZERO", "ONE"), "multi_register": ("0", "1"),
                "parity": ("0", "1"), "shell_game": CUPS, "s5": CUPS5, "a5": CUPS5,
                **LANGUAGE_LABEL_WORDS}

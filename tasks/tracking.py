@@ -57,7 +57,7 @@ class Tracker:
 
 def _trackers() -> dict[str, Tracker]:
     from . import groups
-    from .generators import _SHELL_LABELS, _SWAPS
+    from .samples import SHELL_LABELS as _SHELL_LABELS, SHELL_SWAPS as _SWAPS
 
     shell = Tracker(
         "shell_game", tuple(f"swap {CUPS[a]} {CUPS[b]}" for a, b in _SWAPS),

@@ -283,8 +283,14 @@ def test_interventions_run_by_path(saved, tmp_path, mode):
     assert rep["model"]["n_layers"] == 2
     if mode == "standard":
         assert rep["verdict"]["label"] == "not applicable (no feedback)"
-        lp = rep["results"]["layer_patching"]
-        assert lp["standard"]["normalized_effect"][-1][-1] == pytest.approx(1.0, abs=1e-4), model_type
+        lp = rep["results"]["layer_patching"]["standard"]
+        # The top residual at T patched is the donor's run: normalized effect 1 up to the float rounding of the LDs
+        # (~1e-6 in float32) over its denominator, which a random tiny model makes small (~5e-4 here): the
+        # tolerance is that rounding's share of it (a cell with effect 0 holds the clean LD).
+        clean_ld = next(ld for ne_row, ld_row in zip(lp["normalized_effect"], lp["ld_mean"])
+                        for ne, ld in zip(ne_row, ld_row) if ne == 0.0)
+        denom = abs(lp["ld_mean"][-1][-1] - clean_ld)
+        assert lp["normalized_effect"][-1][-1] == pytest.approx(1.0, abs=max(1e-4, 2e-6 / denom)), model_type
     else:  # the recirculated state is a fed state: the battery runs on it
         assert rep["results"]["interventions"] and rep["results"]["dose"] is not None, model_type
 

@@ -375,7 +375,7 @@ class TrainConfig:
                           ("dense_targets", False), ("dense_every", False), ("base_fusion", False), ("length_doubling", 0),
                           ("length_start", 4), ("attn_window", 0),
                           ("pairs", False), ("interchange", 0.0), ("all_answers", False), ("init_offset", 0),
-                          ("attn_dropout", 0.0), ("decoy", 0.0)):
+                          ("attn_dropout", 0.0), ("decoy", 0.0), ("variants", None), ("heldout_split", False)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged
