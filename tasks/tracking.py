@@ -28,6 +28,7 @@ the task's label cycle (``LABEL_CYCLE``). Group = the pair's template (start, j,
 """
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass
@@ -73,17 +74,13 @@ def _trackers() -> dict[str, Tracker]:
     return out
 
 
-_TRACKERS: dict[str, Tracker] | None = None
-
-
+@functools.lru_cache(maxsize=None)
 def tracker(task: str) -> Tracker:
-    global _TRACKERS
-    if _TRACKERS is None:
-        _TRACKERS = _trackers()
-    return _TRACKERS[task]
+    return _trackers()[task]
 
 
-def _heldout(task: str) -> frozenset:
+@functools.lru_cache(maxsize=None)
+def heldout_pairs(task: str) -> frozenset:
     """The held-out ordered pairs (previous line, next line) of generator indices: parity x ^= 1 twice; the shell
     game's same swap twice (A B) and swap A C then B C; s5 / a5 a fixed 10% of all ordered pairs, every line
     keeping allowed successors."""
@@ -95,15 +92,6 @@ def _heldout(task: str) -> frozenset:
     rng = random.Random(f"heldout-{task}")  # fixed: the split is part of the task
     pairs = [(a, b) for a in range(n) for b in range(n)]
     return frozenset(rng.sample(pairs, round(HELDOUT_FRACTION * len(pairs))))
-
-
-HELDOUT_PAIRS: dict[str, frozenset] = {}
-
-
-def heldout_pairs(task: str) -> frozenset:
-    if task not in HELDOUT_PAIRS:
-        HELDOUT_PAIRS[task] = _heldout(task)
-    return HELDOUT_PAIRS[task]
 
 
 def count_heldout(task: str, sample: Sample) -> int:

@@ -72,15 +72,11 @@ def test_recurrent_run_equals_the_full_cache(model, k, padded):
 
 
 @pytest.mark.parametrize("modes", [["standard", "recurrent-1", "recurrent-full"], ["recurrent-3", "fused-2"]])
-def test_prefill_many_modes_equal_the_full_cache(model, modes, monkeypatch):
+def test_prefill_many_modes_equal_the_full_cache(model, modes):
     ids, mask = batch()
     with torch.no_grad():
         got = prefill_many(model, ids, mask, modes, collect=True, positions=(-1, -4))
-        import engine.prefill as ep
-
-        real_run = ep.recurrent_run
-        monkeypatch.setattr(ep, "recurrent_run", lambda *a, **kw: real_run(*a, **{**kw, "full_cache": True}))
-        ref = prefill_many(model, ids, mask, modes, collect=True, positions=(-1, -4))
+        ref = prefill_many(model, ids, mask, modes, collect=True, positions=(-1, -4), full_cache=True)
     for m in modes:
         assert (got[m].logits - ref[m].logits).abs().max() <= TOL, m
         assert (got[m].resid - ref[m].resid).abs().max() <= TOL, m
