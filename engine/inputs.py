@@ -21,13 +21,26 @@ def pad_left(seqs: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
+# Rotary types whose frequencies do not depend on max_position_embeddings or the sequence length: a windowed model
+# with these sees only relative positions. The others (dynamic NTK rescales past the context, YaRN / LongRoPE are
+# fitted to an original context) keep the limit.
+RELATIVE_ROPE_TYPES = frozenset({"default", "linear"})
+
+
+def _rope_type(config) -> str:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
+
+
 def context_length(config, windows=None) -> int | None:
     """The model's context (Llama-style max_position_embeddings, GPT-2-style n_positions), None if unbounded.
 
     `windows` (the per-layer attention windows, models.families): a rotary model whose every layer is windowed has
     no context limit (every position attends to its last W columns, and rotary positions are relative), so it is
-    unbounded; a learned absolute position table (GPT-2's n_positions) or any full-attention layer keeps it."""
-    if windows and all(w is not None for w in windows) and getattr(config, "n_positions", None) is None:
+    unbounded; a learned absolute position table (GPT-2's n_positions), any full-attention layer, or a scaled rotary
+    type whose frequencies depend on the context (dynamic NTK, YaRN, LongRoPE, ...) keeps it."""
+    if (windows and all(w is not None for w in windows) and getattr(config, "n_positions", None) is None
+            and _rope_type(config) in RELATIVE_ROPE_TYPES):
         return None
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 

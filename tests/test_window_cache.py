@@ -9,6 +9,7 @@ import torch
 from common.errors import UserError
 from engine.cache import WindowCache, WindowLayer, cache_prefix, new_cache
 from engine.hooks import ResidualRecorder
+from engine.inputs import context_length
 from engine.prefill import generate, pad_left, prefill_many, recurrent_logits, recurrent_run
 from models.configs import qwen3_config
 from models.full_bandwidth import FullBandwidthLM
@@ -144,6 +145,20 @@ def test_context_limit_lifted_for_windowed_rotary_models_only():
               model_of(layer_types=["sliding_attention", "full_attention", "sliding_attention"], max_len=64)):
         with pytest.raises(UserError, match="longer than the model's context"):
             prefill_many(m, ids, mask, ["recurrent-full"])
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "dynamic", "factor": 2.0}, {"rope_type": "yarn", "factor": 2.0}])
+def test_context_limit_kept_for_context_dependent_rope_scaling(rope):
+    """Dynamic NTK rescales its frequencies past max_position_embeddings and YaRN is fitted to an original context:
+    their positions are not relative past it, so a windowed model with them keeps the refusal."""
+    m = model_of(max_len=64)
+    m.config.rope_parameters = {**m.config.rope_parameters, **rope}
+    assert context_length(m.config, [W] * 3) == 64
+    ids, mask = batch((90,), seed=4)
+    with pytest.raises(UserError, match="longer than the model's context"):
+        prefill_many(m, ids, mask, ["recurrent-full"])
+    m.config.rope_parameters = {**m.config.rope_parameters, "rope_type": "linear"}
+    assert context_length(m.config, [W] * 3) is None
 
 
 def test_rotary_positions_past_the_old_context_are_relative():
