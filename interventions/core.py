@@ -112,6 +112,17 @@ class CausalContext:
             self.on_run()
         return out
 
+    def run_grad(self, mode: str, patches) -> torch.Tensor:
+        """`run` without no_grad and without the host copy: logits at T [B, V] on the model's device, differentiable
+        in the patches' tensors (an edit's parameters: interventions.das trains a rotation through it)."""
+        r = self._runner(mode)
+        patches = list(patches)
+        for p in patches:
+            r.check(p)
+        patches = [replace(p, value=p.value.to(self.device, self.dtype)) for p in patches]
+        with torch.enable_grad():  # not a progress step (CausalContext.on_run): a training loop makes many
+            return r.run(patches)
+
     # -- thin wrappers ------------------------------------------------------------------------------------
     def words(self, mode=None) -> dict:
         """How the report names `mode`'s fed state and bypass."""

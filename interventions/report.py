@@ -1,7 +1,26 @@
 """causal_report.{json,md,html}: the verdict sentence, tables, and Plotly figures (the page loads plotly.min.js
 from its folder by default: interventions.run --plotly).
 
-JSON schema {"name": "causal-report", "version": 7}. Version 7 adds recirculation modes (results.state_words: how the
+JSON schema {"name": "causal-report", "version": 8}. Version 8 keeps every field of version 7 and adds, when run
+(interventions.run --das / --attribution; absent otherwise):
+    config.das                  {ranks, steps, lr, seed, optimizer, loss, parametrization, site} or null
+    config.attribution          true / false; config.attribution_ig (M, 0 = the plain gradient)
+    results.das                 distributed alignment search at one site (interventions.das): site {site, depth,
+                                position, position_name, description}, mode, target, ranks, d (the site's width),
+                                n_folds, settings, fit_s, rows [{k, iia, iia_ci, n (held-out rows), train_iia,
+                                random_iia, random_iia_ci (a random rank-k subspace), loss_first, loss_last (mean over
+                                folds), cos_probe / cos_leace (cosines of the principal angles to the probe / LEACE
+                                subspace, mean over folds, largest first)}], probe {rank, iia, iia_ci, n}, leace {rank,
+                                iia, iia_ci, n} (the interchange of what LEACE erases), cos_probe_leace, full_swap
+                                {iia, iia_ci, n} (the whole swap at the site on the same rows: IIA at k = d equals it)
+    results.attribution         attribution patching (interventions.attribution): mode, method, metric, reference,
+                                sites ["state", "d0", ..., "dL"], positions (offsets), position_names, mean_estimate
+                                [site][position] (mean estimated LD change; null where no row is real), ci (95%
+                                cluster bootstrap), n_rows, metric_clean_mean, chunk, timings_s {gradients, total},
+                                vs_position_sweep {n, spearman, top_k, top_overlap, top_estimate, top_exact,
+                                sign_agreement, abs_error_mean, exact_abs_mean, positions, estimate, exact, exact_s} and
+                                vs_layer_patching {the same, over (depth, position) cells} where the exact patches ran.
+Version 7 adds recirculation modes (results.state_words: how the
 report names the mechanism's fed state, z_{t-1,s} under recirculation). Version 6 names the two readings of a "flip" apart:
 <metrics>.flip_rate is now follows_donor_rate (the prediction is the donor's label, over the n_donor_rows rows
 whose donor label differs from their own; formerly n_flip_rows; follows_donor, formerly flips, the count), and
@@ -65,7 +84,7 @@ import math
 from pathlib import Path
 
 REPORT_FILES = ("causal_report.json", "causal_report.md", "causal_report.html")
-SCHEMA = {"name": "causal-report", "version": 7}
+SCHEMA = {"name": "causal-report", "version": 8}
 
 
 
@@ -263,6 +282,67 @@ def _leace_markdown(res) -> list[str]:
     return out
 
 
+def _cis(x, nd=2):
+    return "" if not x else f"[{x[0]:.{nd}f}, {x[1]:.{nd}f}]"
+
+
+def _cos(xs) -> str:
+    return "n/a" if not xs else ", ".join(f"{v:.2f}" for v in xs[:4]) + (" ..." if len(xs) > 4 else "")
+
+
+def _das_markdown(res) -> list[str]:
+    das = res.get("das")
+    if not das:
+        return []
+    site = das["site"]
+    out = ["", f"## Distributed alignment search: {site['description']} at {site['position_name']} ({das['mode']})", "",
+           f"A rank-k subspace R (orthonormal, {das['settings']['parametrization']}) trained so that interchanging it "
+           f"with the paired sample's makes the answer follow {das['target']}: {das['settings']['steps']} full-batch "
+           f"Adam steps (lr {das['settings']['lr']}) per fold on the training groups, scored on the held-out groups "
+           f"of {das['n_folds']} grouped folds. IIA = interchange-intervention accuracy (the prediction is the "
+           "donor's label); random = a random rank-k subspace; cos = cosines of the principal angles to the probe / "
+           "LEACE subspaces (1 = a shared direction).", "",
+           "| k | IIA | 95% CI | train IIA | random k | cos to probe | cos to LEACE | loss first -> last |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in das["rows"]:
+        out.append(f"| {r['k']} | {_f(r['iia'])} | {_cis(r['iia_ci'])} | {_f(r['train_iia'])} | {_f(r['random_iia'])} "
+                   f"| {_cos(r.get('cos_probe'))} | {_cos(r.get('cos_leace'))} | {_f(r['loss_first'])} -> "
+                   f"{_f(r['loss_last'], 3)} |")
+    extra = []
+    for key, what in (("probe", "the probe subspace"), ("leace", "LEACE's subspace"), ("full_swap", "the whole swap")):
+        v = das.get(key)
+        if v:
+            rank = f" (rank {v['rank']})" if "rank" in v else ""
+            extra.append(f"{what}{rank} IIA {_f(v['iia'])} {_cis(v['iia_ci'])}")
+    if extra:
+        out += ["", "On the same rows: " + "; ".join(extra) + (f"; probe vs LEACE cos {_cos(das['cos_probe_leace'])}"
+                                                               if das.get("cos_probe_leace") else "") + "."]
+    return out
+
+
+def _attribution_markdown(res) -> list[str]:
+    at = res.get("attribution")
+    if not at:
+        return []
+    out = ["", f"## Attribution patching ({at['mode']}): estimated LD change per (site, position)", "",
+           f"{at['method']}; {at['metric']}. One forward and one backward ({at['timings_s']['gradients']:.1f} s). "
+           "Mean over real rows; 95% CI by a bootstrap over groups.", "",
+           "| site | " + " | ".join(at["position_names"]) + " |", "|---" * (len(at["positions"]) + 1) + "|"]
+    for site, row in zip(at["sites"], at["mean_estimate"]):
+        out.append(f"| {site} | " + " | ".join(_f(v) for v in row) + " |")
+    for key, what in (("vs_position_sweep", "the exact state sweep (per position)"),
+                      ("vs_layer_patching", "exact layer patching (per depth x position cell)")):
+        v = at.get(key)
+        if v:
+            spear = "undefined (a constant side)" if v["spearman"] is None else f"{v['spearman']:.2f}"
+            out += ["", f"Against {what}: Spearman {spear} over {v['n']} cells, top-{v['top_k']} |effect| overlap "
+                    f"{v['top_overlap']}/{v['top_k']}, sign agreement {_f(v['sign_agreement'])}, mean |estimate - exact| "
+                    f"{_f(v['abs_error_mean'])} against a mean |exact| of {_f(v['exact_abs_mean'])}."
+                    + (" The first-order estimate misses the exact effect here: the metric is not linear between "
+                       "the two values (a flip of a saturated, discrete state)." if (v["spearman"] or 0) < 0.9 else "")]
+    return out
+
+
 def markdown(report: dict) -> str:
     cfg, res = report["config"], report["results"]
     sentence = report["verdict"]["sentence"]
@@ -349,6 +429,7 @@ def markdown(report: dict) -> str:
             for i, d in enumerate(lp["depths"]):
                 lines.append(f"| {d} | " + " | ".join(_f(v) for v in lp[mode]["normalized_effect"][i]) + " |")
             lines.append("")
+    lines += _das_markdown(res) + _attribution_markdown(res)
     c = report.get("control")
     if c and c.get("interventions"):
         lines += ["## Negative control", "", _table(c["interventions"]), ""]
@@ -431,6 +512,35 @@ def html_report(report: dict, plotly: str = "directory") -> str:
             fig.update_yaxes(title_text="depth", row=1, col=j + 1)
         fig.update_layout(title="Layer patching from the paired sample: normalized effect (depth x position)",
                           height=480)
+        figs.append(fig)
+
+    das = res.get("das")
+    if das:
+        fig = go.Figure()
+        rs = das["rows"]
+        fig.add_trace(go.Scatter(x=[r["k"] for r in rs], y=[r["iia"] for r in rs], error_y=err(
+            [{"iia": r["iia"], "iia_ci": r["iia_ci"]} for r in rs], "iia"), mode="lines+markers", name="DAS"))
+        fig.add_trace(go.Scatter(x=[r["k"] for r in rs], y=[r["random_iia"] for r in rs], mode="lines+markers",
+                                 name="random subspace"))
+        for key, name in (("probe", "probe"), ("leace", "LEACE"), ("full_swap", "whole swap")):
+            if das.get(key):
+                fig.add_trace(go.Scatter(x=[das[key].get("rank", das["d"])], y=[das[key]["iia"]], mode="markers",
+                                         marker=dict(size=12, symbol="diamond"), name=name,
+                                         error_y=err([das[key]], "iia")))
+        fig.update_layout(title=f"DAS: IIA vs rank k at {das['site']['description']} ({das['mode']}; held-out groups, "
+                                "bars: 95% bootstrap CI)", xaxis_type="log", xaxis_title="k", yaxis_title="IIA",
+                          height=420)
+        figs.append(fig)
+    at = res.get("attribution")
+    if at:
+        z = at["mean_estimate"]
+        fig = go.Figure(go.Heatmap(z=z, x=at["position_names"], y=at["sites"], colorscale="RdBu_r", zmid=0,
+                                   text=[[_f(v) if v is not None else "" for v in row] for row in z],
+                                   texttemplate="%{text}",
+                                   customdata=[[_cis(c) for c in row] for row in at["ci"]],
+                                   hovertemplate="%{y} at %{x}: %{z:.3f} %{customdata}<extra></extra>"))
+        fig.update_layout(title=f"Attribution patching ({at['mode']}): estimated LD change, site x position "
+                                "(hover: 95% bootstrap CI)", height=480)
         figs.append(fig)
 
     from common.plotlyjs import include_plotlyjs

@@ -114,6 +114,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="LEACE rows: also erase the label from the fed state at each of these positions alone "
                         "(comma-separated T, T-1, T-2, ..., or negative offsets -1 = T, -2 = T-1 written "
                         "--erase-positions=-2,-5; must be fused positions of --mode; default none beyond T)")
+    p.add_argument("--das", default=None, metavar="RANKS",
+                   help="distributed alignment search at --das-site: comma-separated subspace ranks k (e.g. 1,2,4,8,128; "
+                        "'D' = the site's width). Per grouped fold and k an orthogonal rank-k subspace is trained on "
+                        "the training groups so that interchanging it with the paired sample's makes the answer follow "
+                        "the paired sample's label; its interchange-intervention accuracy (IIA) is scored on the "
+                        "held-out groups, beside the probe's and LEACE's subspaces and a random one (default: off)")
+    p.add_argument("--das-site", default=None, metavar="SITE",
+                   help="where DAS searches: 'state' (the fed state entering the fusion at T; the default in feedback "
+                        "modes), 'state@T-3' (at another fused position), 'resid:D' (the residual stream at depth D, "
+                        "position T; the default under standard is resid:L//2) or 'resid:D@T-3'")
+    p.add_argument("--das-steps", type=int_in(1, 100_000), default=100,
+                   help="full-batch Adam steps per fitted rotation (default 100)")
+    p.add_argument("--das-lr", type=float, default=0.01, help="Adam learning rate of the rotation (default 0.01)")
+    p.add_argument("--attribution", action="store_true",
+                   help="attribution patching: the first-order estimate (donor - own) . dLD/d(site) of every patch "
+                        "of the fed state (recurrent modes) and of the residual stream at every (depth, position), "
+                        "from one forward and one backward, as a heatmap with CIs, checked against the exact position "
+                        "sweep and layer patching of the same run (standard and recurrent-K modes)")
+    p.add_argument("--attribution-ig", type=int_in(0, 256), default=0, metavar="M",
+                   help="with --attribution: integrated gradients (EAP-IG) over M points of the path from each row's "
+                        "token embeddings to its paired sample's, M forwards and backwards (pairs of equal length; "
+                        "default 0 = the plain gradient at the clean run)")
     p.add_argument("--control-model", default=None,
                    help="negative-control model for the same swap (default: tiny-std when its checkpoint exists "
                         "and shares the model's tokenizer; 'none' to skip)")
@@ -180,6 +202,52 @@ def _parse_erase_positions(spec):
     from common.cli import position_list
 
     return [] if spec is None else position_list(spec, "--erase-positions", MAX_POSITIONS)
+
+
+def _parse_das(spec, width: int) -> tuple[int, ...] | None:
+    """--das '1,2,4,D' -> (1, 2, 4, width); None -> None."""
+    if spec is None:
+        return None
+    out = []
+    for part in str(spec).split(","):
+        part = part.strip()
+        if part.upper() == "D":
+            out.append(width)
+            continue
+        try:
+            k = int(part)
+        except ValueError:
+            raise UserError(f"--das: {part!r} is not a rank (positive integers or D, comma-separated)") from None
+        if not 1 <= k <= width:
+            raise UserError(f"--das rank {k} must be in 1..{width} (the site's width, d_model)")
+        out.append(k)
+    if not out:
+        raise UserError("--das needs at least one rank")
+    return tuple(sorted(set(out)))
+
+
+def _parse_das_site(spec, feedback: bool, n_layers: int) -> tuple[str, int, int]:
+    """--das-site 'state', 'state@T-3', 'resid:4', 'resid:4@T-2' -> (site, depth, position offset)."""
+    from common.cli import position_list
+
+    if spec is None:
+        return ("state", 0, -1) if feedback else ("resid", n_layers // 2, -1)
+    where, _, at = str(spec).partition("@")
+    pos = position_list(at, "--das-site position", MAX_POSITIONS)[0] if at else -1
+    kind, _, depth = where.partition(":")
+    if kind == "state" and not depth:
+        if not feedback:
+            raise UserError("--das-site state: standard prefill feeds no state (use resid:D)")
+        return "state", 0, pos
+    if kind == "resid" and depth:
+        try:
+            d = int(depth)
+        except ValueError:
+            raise UserError(f"--das-site {spec!r}: the depth must be an integer") from None
+        if not 0 <= d <= n_layers:
+            raise UserError(f"--das-site depth {d} is beyond the model's depth 0..{n_layers}")
+        return "resid", d, pos
+    raise UserError(f"--das-site {spec!r}: use state, state@T-k, resid:D or resid:D@T-k")
 
 
 def _check_erase_positions(positions, mode: str, T: int) -> None:
@@ -283,6 +351,17 @@ def main(argv=None) -> int:
                         "standard (residual patching, the residual position sweep and mean ablation by depth) "
                         "or recirc-S:D:ALPHA (training-free recirculation)")
     feedback = parsed.feeds_state
+    das_ranks = _parse_das(args.das, model.d_model)
+    das_site = _parse_das_site(args.das_site, feedback, model.n_layers)
+    das_cfg = None
+    if das_ranks is not None:
+        from .das import DasConfig
+
+        das_cfg = DasConfig(ranks=das_ranks, steps=args.das_steps, lr=args.das_lr, seed=seed)
+    if args.attribution_ig and not args.attribution:
+        raise UserError("--attribution-ig sets how --attribution integrates: add --attribution")
+    if args.attribution and parsed.kind not in ("standard", "recurrent"):
+        raise UserError(f"--attribution runs under standard and recurrent-K prefill, not {mode}")
     if not feedback and erase_positions:
         raise UserError("--erase-positions: standard prefill feeds no state")
     cmodel = None
@@ -308,6 +387,11 @@ def main(argv=None) -> int:
         say(f"{n_pairs_used} pairs ({batch.size} samples), N = {n_dis}, T = {batch.input_ids.shape[1]} columns, "
             f"budget {args.budget}; clean runs")
         _check_erase_positions(erase_positions, mode, batch.input_ids.shape[1])  # before any model run
+        if das_cfg is not None and das_site[0] == "state":
+            _check_erase_positions([das_site[2]], mode, batch.input_ids.shape[1])
+        elif das_cfg is not None and -das_site[2] > batch.input_ids.shape[1]:
+            raise UserError(f"--das-site position {das_site[2]} is beyond these {batch.input_ids.shape[1]}-column "
+                            "prompts")
         t1 = time.perf_counter()
         modes = ("standard", mode)
         ctx = CausalContext(model, batch, modes=modes)
@@ -316,7 +400,9 @@ def main(argv=None) -> int:
             results = run_suite(ctx, rank=rank, n_boot=n_boot, seed=seed, probe_config=probe_cfg,
                                 progress=progress, max_positions=max_positions, erase_depths=erase_depths,
                                 erase_positions=erase_positions, layer_depths=layer_depths,
-                                sweep_depth=args.sweep_depth, leace_all=pick(args.leace_all, "leace_all"))
+                                sweep_depth=args.sweep_depth, leace_all=pick(args.leace_all, "leace_all"),
+                                das=das_cfg, das_site=das_site, attribution=args.attribution,
+                                attribution_ig=args.attribution_ig)
             t_suite = time.perf_counter() - t1
 
             control = None
@@ -348,6 +434,8 @@ def main(argv=None) -> int:
                        "max_positions": max_positions, "layer_depths": layer_depths, "n_classes": batch.n_classes,
                        "erase_depths": erase_depths, "erase_positions": erase_positions,
                        "leace_all": pick(args.leace_all, "leace_all"), "sweep_depth": (results.get("position_sweep") or {}).get("depth"),
+                       "das": None if das_cfg is None else {**das_cfg.to_dict(), "site": list(das_site)},
+                       "attribution": bool(args.attribution), "attribution_ig": args.attribution_ig,
                        "device": str(ctx.device), "dtype": placement.dtype,
                        "command": command_text("python -m interventions.run", argv)},
             "dataset": {"fingerprint": dataset_fingerprint(samples), "n_samples": batch.size,

@@ -293,6 +293,55 @@ class Suite:
                 "settings": {"constrain_cov_trace": False, "shrinkage": True, "affine": True},
                 "rows": rows, "dose": dose}
 
+    def das(self, config, site: str = "state", depth: int = 0, pos: int = -1, rank: int = 1,
+            probe_config: ProbeConfig | None = None, on_fit=None) -> dict:
+        """Distributed alignment search at one site (interventions.das): IIA vs rank on held-out groups, beside the
+        probe subspace (rank `rank`), LEACE's and a random one, on the same grouped folds and rows. Base: every row;
+        source: its paired sample; counterfactual label: the paired sample's."""
+        from stats.erasure import FoldErasers, grouped_folds
+
+        from .core import Patch
+        from .das import das_battery
+
+        ctx, b, mode = self.ctx, self.ctx.batch, self.mode
+        cfg = probe_config or ProbeConfig()
+        T = b.input_ids.shape[1]
+        if site == "state":
+            X, ok = ctx.state(mode, pos), self._real(pos, fused=True)
+        else:
+            X, ok = ctx.resid(mode)[:, T + pos, depth], self._real(pos, fused=False)
+        y = b.probe_labels.numpy()
+        K = b.n_classes if b.probe_labels is b.labels else int(b.probe_labels.max()) + 1
+        folds = grouped_folds(y, b.groups, cfg)
+        probe_folds = fold_subspaces(X, y, b.groups, rank, cfg)
+        erasers = FoldErasers(X, y, folds, K, fit_mask=ok)
+        donor = X[b.pair]
+        full = ctx.run(mode, [Patch(site, donor, depth=depth, pos=pos)]).logits  # the whole swap at the site
+
+        def run(edit):
+            return ctx.run_grad(mode, [Patch(site, edit, depth=depth, pos=pos)])
+
+        t = time.perf_counter()
+        out = das_battery(run, X, donor, b.labels[b.pair], b.label_ids, b.groups, folds, ok, config, probe_folds,
+                          erasers, full, self.n_boot, on_fit)
+        self.timings["das"] = time.perf_counter() - t
+        where = ctx.words(mode)["state"] if site == "state" else f"the residual stream at depth {depth}"
+        return {"site": {"site": site, "depth": depth if site == "resid" else None, "position": pos,
+                         "position_name": pos_name(pos), "description": where}, "mode": mode,
+                "target": "the paired sample's label (the donor's)", **out}
+
+    def attribution(self, sweep: dict | None = None, layers: dict | None = None, chunk: int = 32,
+                    ig_steps: int = 0) -> dict:
+        """Attribution patching over every (site, position) (interventions.attribution), checked against the exact
+        sweep / layer patching when they ran."""
+        from .attribution import attribution
+
+        if sweep is not None:
+            sweep = {**sweep, "seconds": self.timings.get("position_sweep")}
+        out = attribution(self.ctx, self.n_boot, self.seed, self.max_positions, sweep, layers, chunk, ig_steps)
+        self.timings["attribution"] = out["timings_s"]["total"]
+        return out
+
     def dose(self, grid=DOSE_GRID) -> dict | None:
         ctx, b, mode = self.ctx, self.ctx.batch, self.mode
         if mode == "standard":
@@ -487,7 +536,8 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
               layers: bool = True, probe_config: ProbeConfig | None = None, progress=None,
               max_positions: int | None = None, sweep: bool = True, leace: bool = True, erase_depths=None,
               erase_positions=(), layer_depths=None, sweep_depth: int | None = None, ablation: bool = True,
-              leace_all: bool = True) -> dict:
+              leace_all: bool = True, das=None, das_site: tuple = ("state", 0, -1),
+              attribution: bool = False, attribution_ig: int = 0) -> dict:
     """Every intervention of the report on one context; returns the JSON-ready result dict.
 
     Under standard prefill, or on a model without feedback (any HF causal LM), the fed-state analyses are
@@ -495,7 +545,10 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
     position sweep of residual swaps (at `sweep_depth`) and mean ablation by depth.
     `erase_depths` (None = all) and `erase_positions` configure the LEACE rows (Suite.leace); `layer_depths`
     (None = all) the heatmap's rows. `progress` (interventions.progress.Progress or None) is told each stage and
-    its planned number of patched runs, and every patched run (CausalContext.on_run)."""
+    its planned number of patched runs, and every patched run (CausalContext.on_run).
+    `das` (interventions.das.DasConfig or None): distributed alignment search at `das_site` = (site, depth, pos)
+    (progress: one step per fitted rotation); `attribution`: attribution patching over every site and position,
+    compared with the exact sweep and layer patching of the same run (one step)."""
     s = Suite(ctx, n_boot, seed, max_positions)
     fed = ctx.mode != "standard"
     L, grid = ctx.n_layers, list(dose_grid)
@@ -519,6 +572,17 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
         n_pos = len(cap_positions(range(ctx.batch.input_ids.shape[1]), max_positions))
         steps.append(("layer_patching", lambda: s.layer_patching(depths=depths),
                       n_pos * len(depths) * len(ctx.modes)))
+    if das is not None:
+        from stats.erasure import grouped_folds
+
+        n_fits = len(set(das.ranks)) * len(grouped_folds(ctx.batch.probe_labels.numpy(), ctx.batch.groups,
+                                                         probe_config or ProbeConfig()))
+        site, depth, pos = das_site
+        steps.append(("das", lambda: s.das(das, site, depth, pos, rank, probe_config,
+                                           progress.step if progress is not None else None), n_fits + 1))
+    if attribution:
+        steps.append(("attribution", lambda: s.attribution(res.get("position_sweep"), res.get("layer_patching"),
+                                                           ig_steps=attribution_ig), 0))
     if progress is not None:
         progress.plan(sum(n for *_, n in steps))
         ctx.on_run = progress.step

@@ -265,7 +265,7 @@ def test_cli_end_to_end_in_every_mode(tiny_ckpt, tmp_path, mode, task, n):
     assert sorted(p.name for p in out.iterdir()) == ["causal_report.html", "causal_report.json",
                                                      "causal_report.md", "plotly.min.js"]
     rep = json.loads((out / "causal_report.json").read_text())
-    assert rep["schema"] == {"name": "causal-report", "version": 7}  # interventions.report.SCHEMA
+    assert rep["schema"] == {"name": "causal-report", "version": 8}  # interventions.report.SCHEMA
     assert rep["config"]["mode"] == mode and rep["config"]["n_classes"] == (3 if task == "shell_game" else 2)
     res = rep["results"]
     # default subspace rank K - 1: two orthonormal directions for the 3-way label, one for binary tasks

@@ -176,7 +176,7 @@ def test_interventions_cli_reports_leace_rows(tiny_ckpt, tmp_path):
                  "--distractors", "0", "--out", str(out), "--control-model", "none", "--no-progress",
                  "--max-positions", "3", "--erase-depths", "0,2", "--erase-positions", "T-1,T-2", "--leace-all"]) == 0
     rep = json.loads((out / "causal_report.json").read_text())
-    assert rep["schema"]["version"] == 7
+    assert rep["schema"]["version"] == 8
     assert rep["config"]["erase_depths"] == [0, 2] and rep["config"]["erase_positions"] == [-2, -3]
     le = rep["results"]["leace"]
     names = [r["name"] for r in le["rows"]]
