@@ -37,6 +37,7 @@ ENTRY_POINTS = {
     "training/cli.py": {"--out", "--overwrite", "--threads", "--device", "--no-progress", "--seed", "--tasks"},
     "training/card.py": set(),
     "models/smollm2.py": set(),
+    "benchmarks/attribution.py": {"--model", "--task", "--threads"},
     "benchmarks/collect.py": {"--model", "--threads"},
     "benchmarks/collect_processes.py": {"--model", "--threads"},
     "benchmarks/decode.py": {"--threads", "--seed", "--device"},
