@@ -37,7 +37,8 @@ from models.fusion import Fusion
 
 FORMAT = "full-bandwidth-lm"
 FORMAT_VERSION = 1
-KNOWN_FORMAT_VERSIONS = (1,)  # the config.json format_versions this code reads
+LOOP_FORMAT_VERSION = 2  # a looped model (models.looped): config.json adds "loop", the blocks are stored once
+KNOWN_FORMAT_VERSIONS = (1, 2)  # the config.json format_versions this code reads
 
 
 def one_line(e: BaseException, limit: int = 300) -> str:
@@ -241,6 +242,9 @@ class FullBandwidthLM(nn.Module):
             known = ", ".join(map(str, KNOWN_FORMAT_VERSIONS))
             raise UserError(f"{cfg_file} has format_version {version!r}; this code reads only format_version {known} "
                             f"(a checkpoint from another version of this project?)")
+        if (version == LOOP_FORMAT_VERSION) != isinstance(cfg.get("loop"), dict):
+            raise UserError(f"corrupt checkpoint config {cfg_file}: format_version {LOOP_FORMAT_VERSION} (a looped "
+                            "model) and a \"loop\" section go together")
         eps = fusion.get("eps", 1e-6)
         if fusion["enabled"] and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1):
             raise UserError(f"corrupt checkpoint config {cfg_file}: fusion.eps must be a number in (0, 1), got {eps!r}")
@@ -267,7 +271,16 @@ class FullBandwidthLM(nn.Module):
             lm = AutoModelForCausalLM.from_config(base_config)
         except Exception as e:  # a config HF accepts but cannot build (e.g. heads that do not divide the width)
             raise UserError(f"cannot build the model of {path} from its config.json: {one_line(e, 200)}") from None
-        model = cls(lm, fusion=fusion["enabled"], eps=float(fusion.get("eps", 1e-6)))
+        if "loop" in cfg:
+            from models.looped import LoopedLM, LoopSpec
+
+            try:
+                spec = LoopSpec(**cfg["loop"])
+            except TypeError as e:
+                raise UserError(f"corrupt checkpoint config {path / 'config.json'}: loop {one_line(e)}") from None
+            model = LoopedLM(lm, spec)
+        else:
+            model = cls(lm, fusion=fusion["enabled"], eps=float(fusion.get("eps", 1e-6)))
         load_weights(model, path / "model.safetensors")
         model.eval()
         return model
