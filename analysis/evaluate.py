@@ -28,7 +28,7 @@ from common.cli import (Parser, add_device_flags, add_model_flag, add_output_fla
 from common.errors import UserError, cli_entry
 from common.io import DirLock, atomic_write, json_text
 from common.paths import figures_dir
-from engine.modes import DECODINGS, EVAL_MODES, MAX_FUSED_PASSES, parse_mode
+from engine.modes import DECODINGS, EVAL_MODES, MAX_FUSED_PASSES, MAX_LOOP_ITERATIONS, parse_mode
 from engine.prefill import fused_trajectory, pad_left, prefill_many
 from common.placement import Placement
 from models.loading import load_model
@@ -324,7 +324,13 @@ def main(argv=None):
                 for src, n, samples in make_jobs(tasks, ns, a.n_pairs, seed=a.seed)]
     model, tok, name = load_model(a.model, placement)
     tok = resolve_tokenizer(model, tok, a.model, a.tokenizer)  # its own or --tokenizer's; none: refused
-    modes, sweep = parse_modes(a.modes, model.has_fusion)
+    spec = a.modes
+    if spec == DEFAULT_MODES and getattr(model, "spec", None) is not None and hasattr(model, "iterations"):
+        # a looped model (models.looped): its trained r (standard) and test-time scaling to 2r and 4r
+        r = model.spec.iterations
+        spec = ",".join(["standard"] + [f"loop-{k * r}" for k in (2, 4) if k * r <= MAX_LOOP_ITERATIONS])
+        print(f"note: a looped model: modes {spec} (standard runs its trained {r} iterations)")
+    modes, sweep = parse_modes(spec, model.has_fusion)
     t0 = time.time()
     rows = evaluate(model, tok, tasks, ns, modes, sweep, a.n_pairs, a.batch_size, not a.no_progress, seed=a.seed)
     wall = time.time() - t0

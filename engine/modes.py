@@ -7,6 +7,8 @@
     fused-N           N parallel Jacobi feedback passes after the standard one (alias: fused = fused-1)
     recirc-S:D:A[:convex|residual]
                       training-free recirculation of depth S into depth D with weight A (engine.recirculation)
+    loop-R            a looped model (models.looped) run with R iterations of its core: one parallel pass, feedback
+                      in depth, none across positions (on a looped model, standard runs its trained R)
 
 CLIs call :func:`parse_mode` / :func:`canonical_modes` at their boundary and pass :class:`Mode` values (or
 their canonical ``.name``) down; every error for a bad mode is the one message below.
@@ -25,16 +27,17 @@ RECIRC_PREFIX = "recirc-"
 # to the prompt anyway. Larger values are typos (fused-99999 grew memory until killed).
 MAX_FUSED_PASSES = 1000
 MAX_RECURRENT_K = 100_000
-_MODE_RE = re.compile(r"^(standard|recurrent-(\d+|full)|fused-(\d+))$")
-HELP = "standard, recurrent-K, recurrent-full, fused-N or recirc-S:D:ALPHA[:convex|residual]"
+MAX_LOOP_ITERATIONS = 256  # models.looped.MAX_ITERATIONS
+_MODE_RE = re.compile(r"^(standard|recurrent-(\d+|full)|fused-(\d+)|loop-(\d+))$")
+HELP = "standard, recurrent-K, recurrent-full, fused-N, loop-R or recirc-S:D:ALPHA[:convex|residual]"
 # analysis.evaluate's default --modes (here, below both, so that training.card can tell a default run apart)
 EVAL_MODES = "std,soft,fused,recurrent-full,fused-1..30"
 
 
 @dataclass(frozen=True, eq=False)
 class Mode:
-    kind: str  # "standard" | "recurrent" | "fused" | "recirc"
-    n: int | None = None  # k for recurrent (None = full), passes for fused
+    kind: str  # "standard" | "recurrent" | "fused" | "recirc" | "loop"
+    n: int | None = None  # k for recurrent (None = full), passes for fused, iterations for loop
     recirc: object | None = None  # engine.recirculation.RecircSpec for kind "recirc"
 
     @property
@@ -45,6 +48,8 @@ class Mode:
             return "recurrent-full" if self.n is None else f"recurrent-{self.n}"
         if self.kind == "fused":
             return f"fused-{self.n}"
+        if self.kind == "loop":
+            return f"loop-{self.n}"
         return self.recirc.name
 
     @property
@@ -56,7 +61,7 @@ class Mode:
     def feeds_state(self) -> bool:
         """Carries a state from earlier positions into later ones beside the tokens (the fused h_{t-1}, or
         recirculation's z_{t-1,s}): what the causal battery's fed-state analyses patch."""
-        return self.kind != "standard"
+        return self.kind not in ("standard", "loop")
 
     @property
     def is_recirculation(self) -> bool:
@@ -77,7 +82,7 @@ class Mode:
 
     def fed_positions(self, T: int) -> list[int]:
         """Negative offsets (-1 = T) of the positions that take a fed state in prompts of T columns."""
-        if self.kind == "standard":
+        if self.kind in ("standard", "loop"):
             return []
         if self.kind == "recurrent":
             k = T - 1 if self.n is None else min(self.n, T - 1)
@@ -118,6 +123,11 @@ def parse_mode(mode, n_layers: int | None = None) -> Mode:
             raise UserError(f"mode {mode!r}: k must be <= {MAX_RECURRENT_K} (recurrent-full recomputes every "
                             "position)")
         return Mode("standard") if k == 0 else Mode("recurrent", k)
+    if m.group(4) is not None:
+        r = int(m.group(4))
+        if not 1 <= r <= MAX_LOOP_ITERATIONS:
+            raise UserError(f"mode {mode!r}: a loop runs 1..{MAX_LOOP_ITERATIONS} iterations")
+        return Mode("loop", r)
     n = int(m.group(3))
     if n > MAX_FUSED_PASSES:
         raise UserError(f"mode {mode!r}: at most {MAX_FUSED_PASSES} fused passes")

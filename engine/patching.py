@@ -557,7 +557,29 @@ class RecircPatcher(Patcher):
         return out.logits[:, 0]
 
 
-PATCHERS = {"standard": StandardPatcher, "recurrent": RecurrentPatcher, "fused": FusedPatcher, "recirc": RecircPatcher}
+class LoopPatcher(StandardPatcher):
+    """A looped model (models.looped) at R iterations: the standard patcher on the model re-unrolled to R, every
+    call inside looping(R); depth d addresses the unrolled stack (LoopedLM.site_of: an iteration's block)."""
+    kind = "loop"
+
+    def __init__(self, model, ids, mask, mode):
+        from models.looped import require_looped
+
+        self._looped, self._r = require_looped(model, mode.name), mode.n
+        with self._looping():
+            super().__init__(model, ids, mask, mode)
+
+    def _looping(self):
+        from models.looped import looping
+
+        return looping(self._looped, self._r)
+
+    def run(self, patches) -> torch.Tensor:
+        with self._looping():
+            return super().run(patches)
+
+
+PATCHERS = {"standard": StandardPatcher, "loop": LoopPatcher, "recurrent": RecurrentPatcher, "fused": FusedPatcher, "recirc": RecircPatcher}
 
 
 def patcher(mode: Mode, model: FullBandwidthLM, ids: torch.Tensor, mask: torch.Tensor) -> Patcher:

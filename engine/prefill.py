@@ -341,7 +341,7 @@ def call_schedule(modes, T: int, n_layers: int | None = None) -> tuple[dict[str,
                 where["standard"] = idx
             where[m.name] = idx + k
             idx += k + 1
-        elif m.kind == "standard":
+        elif m.kind in ("standard", "loop"):
             where[m.name] = idx
             idx += 1
         elif m.kind == "fused":
@@ -403,6 +403,13 @@ def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask
                     rec.cols = None  # the recirculation engine records with its own recorder
                 results[m.name] = recirculated_prefill(model, m.recirc, input_ids, attention_mask, positions,
                                                        collect)
+                continue
+            if m.kind == "loop":  # the looped model re-unrolled to R iterations: its own recorder, depths
+                from models.looped import looping, require_looped
+
+                with looping(require_looped(model, m.name), m.n):
+                    sub = prefill_many(model, input_ids, attention_mask, ["standard"], positions, collect)["standard"]
+                results[m.name] = PrefillResult(m.name, positions, sub.logits, sub.top, sub.resid)
                 continue
             if m.kind == "standard":
                 out = _standard(model, input_ids, attention_mask, cols, rec)

@@ -59,6 +59,8 @@ class CausalContext:
             self.runners = {p.name: patcher(p, model, ids, mask) for p in parsed}
         self.clean = {m: RunOut(_host(r.clean.logits), _host(r.clean.top), _host(r.clean.resid))
                       for m, r in self.runners.items()}
+        # the depth of the mode under study's stack (a loop-R mode unrolls a looped model's core R times)
+        self.n_layers = self.runners[self.mode].L
         if check_engine:
             self._check_engine()
 

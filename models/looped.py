@@ -135,6 +135,7 @@ class LoopedLM(FullBandwidthLM):
         if self.adapter is not None:  # start as the mean of state and e: at s_0 = e the first iteration reads e
             with torch.no_grad():
                 self.adapter.weight.copy_(0.5 * torch.cat([torch.eye(D), torch.eye(D)], 1))
+        self._unrolled: dict[int, nn.ModuleList] = {}
         self.frozen_iterations = 0  # training: iterations 1..this run without gradient (truncation)
         self._e = None
         self.iterations = 0
@@ -145,7 +146,9 @@ class LoopedLM(FullBandwidthLM):
         if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= MAX_ITERATIONS:
             raise UserError(f"loop iterations must be an integer in 1..{MAX_ITERATIONS}, got {r!r}")
         base = base_model_of(self)
-        base.layers = unroll(self, r)
+        if r not in self._unrolled:  # one list per r, kept: hooks registered on an unrolling stay valid
+            self._unrolled[r] = unroll(self, r)
+        base.layers = self._unrolled[r]
         occ = list(base.layers)
         self.lm.config.num_hidden_layers = len(occ)
         if self._physical_types is not None:
@@ -194,6 +197,13 @@ class LoopedLM(FullBandwidthLM):
         atomic_write(path / "config.json", json.dumps(cfg, indent=2, sort_keys=True, default=str))
         if tokenizer is not None:
             save_tokenizer(tokenizer, path)
+
+
+def require_looped(model, what: str) -> LoopedLM:
+    """`model` if it is a LoopedLM, else a one-line UserError naming `what` (a loop-R mode)."""
+    if not isinstance(model, LoopedLM):
+        raise UserError(f"{what} runs a looped model's core R times: this model has no loop (models.looped)")
+    return model
 
 
 def base_model_of(model: LoopedLM):

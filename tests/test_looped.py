@@ -179,3 +179,58 @@ def test_truncated_backpropagation_trains_the_last_iterations_and_the_prelude_th
     model.frozen_iterations = 0
     model(ids, mask).logits.pow(2).mean().backward()
     assert not torch.allclose(model.blocks[1].mlp.down_proj.weight.grad, g_trunc)
+
+
+def test_loop_modes_rerun_the_model_at_another_r_and_refuse_plain_models(tiny_model):
+    from engine.modes import parse_mode
+    from engine.prefill import prefill_many
+
+    assert parse_mode("loop-8").name == "loop-8" and not parse_mode("loop-8").feeds_state
+    for bad in ("loop-0", "loop-999", "loop-x"):
+        with pytest.raises(UserError):
+            parse_mode(bad)
+    model = make(window=4)
+    ids, mask = ids_of(T=10)
+    res = prefill_many(model, ids, mask, ["standard", "loop-3", "loop-6"])
+    assert torch.equal(res["standard"].logits, res["loop-3"].logits)  # standard = the trained r
+    assert res["loop-6"].resid.shape[2] == model.spec.n_blocks + model.spec.core * 5 + 1
+    assert model.iterations == 3 and model.n_layers == 8
+    with looping(model, 6):
+        want = model(ids, mask).logits[:, -1]
+    assert torch.equal(res["loop-6"].logits[:, 0], want)
+    with pytest.raises(UserError, match="has no loop"):
+        prefill_many(tiny_model, ids % 30, mask, ["loop-2"])
+
+
+def test_a_loop_mode_context_patches_the_unrolled_stack_exactly():
+    from interventions.core import Batch, CausalContext, Patch
+
+    model = make()
+    ids, mask = ids_of(B=4, T=9)
+    batch = Batch(ids, mask, torch.tensor([0, 1, 0, 1]), torch.tensor([1, 0, 3, 2]), np.array([0, 0, 1, 1]), (5, 6))
+    ctx = CausalContext(model, batch, modes=("loop-6",))  # checks the clean run against the engine, bit for bit
+    assert ctx.mode == "loop-6" and model.iterations == 3
+    assert ctx.n_layers == model.spec.prelude + model.spec.core * 6 + model.spec.coda
+    resid = ctx.resid("loop-6")
+    d = model.spec.prelude + model.spec.core * 5  # s_5
+    out = ctx.run("loop-6", [Patch("resid", resid[:, -3, d], depth=d, pos=-3)]).logits
+    assert torch.equal(out, ctx.clean["loop-6"].logits)
+
+
+def test_training_recipe_of_a_looped_model_is_checked_and_draws_r_per_step():
+    from training.config import TrainConfig
+    from training.model import build_model, loop_iterations_at
+    from training.presets import get_preset
+
+    cfg = get_preset("tiny-loop-track")
+    rs = [loop_iterations_at(cfg, s) for s in range(200)]
+    assert rs == [loop_iterations_at(cfg, s) for s in range(200)]  # a function of (seed, step): every process agrees
+    assert min(rs) >= 1 and max(rs) <= 2 * cfg.loop_iterations and 3 <= np.mean(rs) <= 5
+    model = build_model(cfg, 45)
+    assert isinstance(model, LoopedLM) and model.spec == LoopSpec(2, 2, 2, 4, True) and not model.has_fusion
+    assert "loop_core" in cfg.to_dict() and "loop_core" not in TrainConfig().to_dict()
+    for bad in (dict(loop_core=2, loop_prelude=5), dict(loop_core=2, objective="recurrent"),
+                dict(loop_core=2, schedule="60/40"), dict(loop_prelude=1), dict(loop_core=2, arch="gpt2"),
+                dict(loop_core=2, loop_prelude=1, loop_truncate=1, loop_inject=False)):
+        with pytest.raises(UserError):
+            TrainConfig(**bad)

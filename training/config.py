@@ -44,6 +44,7 @@ INT_LIMITS = {  # name: (lo, hi), inclusive
     "register_curriculum": (0, MAX_STEPS), "reads": (0, 64), "warm_passes": (0, 256),
     "consistency_window": (0, 4096), "seed": (0, MAX_SEED), "init_offset": (0, 2**31),
     "length_doubling": (0, MAX_STEPS), "length_start": (1, MAX_DISTRACTORS),
+    "loop_core": (0, 1024), "loop_prelude": (0, 1024), "loop_iterations": (1, 256), "loop_truncate": (0, 256),
 }
 FLOAT_LIMITS = {  # name: (lo, hi, lo_open, hi_open)
     "lam": (0.0, 1000.0, False, False), "attn_dropout": (0.0, 1.0, False, True), "decoy": (0.0, 1.0, False, True),
@@ -261,6 +262,17 @@ class TrainConfig:
                                   "the targets from that column on being the donor's (interchange intervention "
                                   "training, Geiger et al. 2022); 0 = off")
 
+    loop_core: int = opt(0, "a looped model (models.looped): the blocks of its core, iterated r times (0 = no loop); "
+                            "the first loop_prelude of the n_layers blocks are the prelude, the rest after the core "
+                            "the coda (from scratch, qwen3, schedule 1)")
+    loop_prelude: int = opt(0, "a looped model: the blocks before the core")
+    loop_iterations: int = opt(1, "a looped model: the trained r (the checkpoint's default); each step draws its r as "
+                                  "1 + Poisson(r - 1), capped at 2r (Huginn draws r per step), the same in every process")
+    loop_truncate: int = opt(0, "a looped model: backpropagate through the last k iterations only (0 = all; the "
+                                "prelude still learns through the injection)")
+    loop_inject: bool = opt(True, "a looped model: inject the prelude's output into every iteration through an adapter "
+                                  "on [state; e] (Huginn); --no-loop-inject: plain iteration (Ouro)")
+
     def __post_init__(self):
         # Every value is checked here, whether it comes from a preset, a flag or a caller, so that a bad one is a
         # one-line error before any work (a NaN weight once trained a NaN checkpoint, a NaN task share looped
@@ -291,6 +303,21 @@ class TrainConfig:
             raise UserError(f"attn_window needs arch 'qwen3' (got {self.arch!r}: no sliding-window layers)")
         if self.attn_dropout and (self.arch != "qwen3" or self.base):
             raise UserError("attn_dropout needs a qwen3 model built by the trainer (not --base: its config is kept)")
+        if self.loop_core:
+            if self.base or self.arch != "qwen3":
+                raise UserError("a looped model (loop_core > 0) is built from scratch as qwen3 (not --base, not gpt2)")
+            if self.loop_prelude + self.loop_core > self.n_layers:
+                raise UserError(f"loop_prelude ({self.loop_prelude}) + loop_core ({self.loop_core}) must be at most "
+                                f"n_layers ({self.n_layers}); the rest is the coda")
+            if self.objective != "multipass" or self.schedule.strip() != "1":
+                raise UserError("a looped model has no fusion: train it with --objective multipass --schedule 1 (its "
+                                "feedback is in depth, not across positions)")
+            if self.loop_truncate and not self.loop_inject and self.loop_prelude:
+                raise UserError("--loop-truncate without injection would leave the prelude without gradient: keep "
+                                "--loop-inject or set --loop-prelude 0")
+        elif self.loop_prelude or self.loop_truncate or self.loop_iterations != 1 or not self.loop_inject:
+            raise UserError("loop_prelude, loop_iterations, loop_truncate and loop_inject describe a looped model: set "
+                            "loop_core > 0")
         self.probs = parse_schedule(self.schedule)
         if not all(math.isfinite(p) for p in self.probs) or len(self.probs) > MAX_PASSES:
             raise UserError(f"bad schedule {self.schedule!r}: at most {MAX_PASSES} finite weights (of 1, 2, 3... "
@@ -375,7 +402,9 @@ class TrainConfig:
                           ("dense_targets", False), ("dense_every", False), ("base_fusion", False), ("length_doubling", 0),
                           ("length_start", 4), ("attn_window", 0),
                           ("pairs", False), ("interchange", 0.0), ("all_answers", False), ("init_offset", 0),
-                          ("attn_dropout", 0.0), ("decoy", 0.0), ("variants", None), ("heldout_split", False)):
+                          ("attn_dropout", 0.0), ("decoy", 0.0), ("variants", None), ("heldout_split", False),
+                          ("loop_core", 0), ("loop_prelude", 0), ("loop_iterations", 1), ("loop_truncate", 0),
+                          ("loop_inject", True)):
             if d[name] == off:  # as lr_legs: the configs of runs without these options stay unchanged
                 d.pop(name)
         if not self.lr_legs:  # keeps the config of runs without legs (the shipped logs) unchanged

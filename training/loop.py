@@ -24,7 +24,7 @@ from training.checkpoint import load_resume, save_checkpoint
 from training.config import TrainConfig
 from training.data import ROW_FIELDS, make_batches, shard
 from training.loss import StepLoss, share_of
-from training.model import build_model, context_limit
+from training.model import build_model, context_limit, loop_iterations_at
 from training.output import RunOutput
 from training.quick_eval import quick_eval
 
@@ -145,7 +145,16 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
                 for g in opt.param_groups:
                     g["lr"] = lr_at(cfg, step)
                 opt.zero_grad(set_to_none=False)
-                loss, parts, cons_sum = _step_gradients(net, micro, cfg, gen, procs)
+                loop_r = loop_iterations_at(cfg, step) if cfg.loop_core else None
+                if loop_r is not None:  # this step's iterations (and the truncation of their backward)
+                    model.set_iterations(loop_r)
+                    model.frozen_iterations = max(0, loop_r - cfg.loop_truncate) if cfg.loop_truncate else 0
+                try:
+                    loss, parts, cons_sum = _step_gradients(net, micro, cfg, gen, procs)
+                finally:
+                    if loop_r is not None:
+                        model.set_iterations(cfg.loop_iterations)
+                        model.frozen_iterations = 0
                 k, n = micro[0].k, "; ".join(mb.desc for mb in micro)
                 mask = torch.cat([mb.mask.flatten() for mb in micro])
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
@@ -165,6 +174,7 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
                 run_loss[k] = 0.9 * run_loss.get(k, lv) + 0.1 * lv
                 if rank == 0:
                     log["history"].append({"step": step, "passes": k, "batch": n, "loss": round(lv, 5),
+                                           **({"loop_iterations": loop_r} if loop_r is not None else {}),
                                            "pass_losses": [round(x.item(), 5) for x in parts],
                                            **({"consistency": [round(cons_sum[j], 5) for j in sorted(cons_sum)]}
                                               if cons_sum else {})})

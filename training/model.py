@@ -32,6 +32,18 @@ def build_model(cfg: TrainConfig, vocab_size: int, base: str | None = None) -> F
                 raise UserError(f"--base-fusion: {base} has no fusion to keep (a plain LM); drop --base-fusion")
             return model  # every trained weight, the fusion's included; only the optimizer starts afresh
         return _init_gate(FullBandwidthLM(model.lm, fusion=True), cfg)
+    if cfg.loop_core:  # feedback in depth (models.looped): prelude / core x r / coda, no fusion
+        from transformers import AutoModelForCausalLM
+
+        from models.looped import LoopedLM, LoopSpec
+
+        lm = AutoModelForCausalLM.from_config(qwen3_config(
+            vocab_size, n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.max_len,
+            tie_word_embeddings=cfg.tie_embeddings, n_kv_heads=cfg.n_kv_heads, d_ff=cfg.d_ff,
+            attn_window=cfg.attn_window or None, attention_dropout=cfg.attn_dropout))
+        spec = LoopSpec(cfg.loop_prelude, cfg.loop_core, cfg.n_layers - cfg.loop_prelude - cfg.loop_core,
+                        cfg.loop_iterations, cfg.loop_inject)
+        return LoopedLM(lm, spec)
     mk = qwen3_config if cfg.arch == "qwen3" else gpt2_config
     kw = dict(n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=cfg.max_len,
               tie_word_embeddings=cfg.tie_embeddings)
@@ -45,6 +57,15 @@ def build_model(cfg: TrainConfig, vocab_size: int, base: str | None = None) -> F
                 if name.endswith(("o_proj.weight", "down_proj.weight", "c_proj.weight")):
                     p.mul_(1 / math.sqrt(2 * cfg.n_layers))
     return model
+
+
+def loop_iterations_at(cfg: TrainConfig, step: int) -> int:
+    """The r of a looped model's training step: 1 + Poisson(r - 1), capped at 2r, from a stream seeded by (seed,
+    step) alone, so every process of a run (and a resumed run) draws the same r."""
+    import numpy as np
+
+    r = cfg.loop_iterations
+    return int(min(2 * r, 1 + np.random.default_rng([cfg.seed, step, 0x100F]).poisson(r - 1)))
 
 
 def context_limit(lm) -> int | None:

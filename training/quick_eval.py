@@ -22,13 +22,18 @@ def label_accuracy(model, tok, task: str, n: int, modes, n_pairs: int = 32, seed
 
 
 def quick_eval(model, tok, cfg: TrainConfig) -> dict:
+    """Label accuracy at N = 8 (and, for tracking tasks, N = 64) per mode; log keys `<task>` and `<task> N=64`."""
     model.eval()
     out = {}
+    if model.has_fusion:
+        short, long = ["standard", "recurrent-1", "fused-8", "recurrent-full"], ["standard", "recurrent-full"]
+    elif cfg.loop_core:  # a looped model: its trained r (standard) and twice as many iterations
+        short = long = ["standard", f"loop-{min(256, 2 * cfg.loop_iterations)}"]
+    else:
+        short = long = ["standard"]
     for task in cfg.tasks:
-        out[task] = label_accuracy(model, tok, task, 8, ["standard", "recurrent-1", "fused-8", "recurrent-full"],
-                                   n_pairs=16)
-        if task in TRACKING_TASKS:  # past the depth: where only the recurrence can carry the state
-            out[f"{task}@64"] = label_accuracy(model, tok, task, 64, ["standard", "recurrent-full"],
-                                               n_pairs=16)
+        out[task] = label_accuracy(model, tok, task, 8, short, n_pairs=16)
+        if task in TRACKING_TASKS:  # past the depth: where only a recurrence can carry the state
+            out[f"{task} N=64"] = label_accuracy(model, tok, task, 64, long, n_pairs=16)
     model.train()
     return out
