@@ -55,6 +55,7 @@ ENTRY_POINTS = {
     "scripts/first_line_by_answer.py": {"MODEL", "TASK"},
     "scripts/first_line_rows.py": {"MODEL", "TASK"},
     "scripts/swap_persistence.py": {"MODEL", "TASK"},
+    "scripts/permutation_probe.py": {"--model", "--seed", "--threads"},
     "scripts/task_vocab.py": set(),
     "scripts/verdict_table.py": set(),
 }
