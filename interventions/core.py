@@ -115,15 +115,15 @@ class CausalContext:
         return out
 
     def run_grad(self, mode: str, patches) -> torch.Tensor:
-        """`run` without no_grad and without the host copy: logits at T [B, V] on the model's device, differentiable
-        in the patches' tensors (an edit's parameters: interventions.das trains a rotation through it)."""
+        """`run` without its no_grad and without the host copy: logits at T [B, V] on the model's device, differentiable
+        in the patches' tensors where the caller enables grad (an edit's parameters: interventions.das trains a
+        rotation through it; its evaluation runs call this under no_grad)."""
         r = self._runner(mode)
         patches = list(patches)
         for p in patches:
             r.check(p)
         patches = [replace(p, value=p.value.to(self.device, self.dtype)) for p in patches]
-        with torch.enable_grad():  # not a progress step (CausalContext.on_run): a training loop makes many
-            return r.run(patches)
+        return r.run(patches)  # not a progress step (CausalContext.on_run): a training loop makes many
 
     # -- thin wrappers ------------------------------------------------------------------------------------
     def words(self, mode=None) -> dict:

@@ -73,10 +73,14 @@ class RotatedSubspace(nn.Module):
         super().__init__()
         if not 1 <= k <= d:
             raise UserError(f"DAS rank {k} must be in 1..{d} (the site's width)")
-        lin = nn.Linear(d, k, bias=False)
-        with torch.no_grad():  # a seeded random start (the parametrization keeps whatever orthonormal W it gets)
-            lin.weight.copy_(random_subspace(d, k, seed).T)
-        self.lin = nn.utils.parametrizations.orthogonal(lin)
+        # Everything random here comes from `seed`: the start W, and the parametrization's completion of W to a
+        # d x d basis (drawn from torch's global generator when k < d), so a fit never depends on global state.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            lin = nn.Linear(d, k, bias=False)
+            with torch.no_grad():
+                lin.weight.copy_(random_subspace(d, k, seed).T)
+            self.lin = nn.utils.parametrizations.orthogonal(lin)
         self.d, self.k = d, k
 
     @property
@@ -109,17 +113,22 @@ def fit_rotation(run, source: torch.Tensor, target: torch.Tensor, train: np.ndar
     applied at the site (differentiable in the edit's tensors); `source` [B, d] the source values; `target` [B]
     the counterfactual labels (indices into label_ids)."""
     rot = RotatedSubspace(source.shape[1], k, seed)
-    opt = torch.optim.Adam(rot.parameters(), lr=config.lr)
+    params = list(rot.parameters())
+    opt = torch.optim.Adam(params, lr=config.lr)
     idx = torch.as_tensor(train, dtype=torch.long)
-    y = target[idx]
-    loss = None
     losses = []
     for _ in range(config.steps):
         opt.zero_grad()
         with torch.enable_grad():
-            z = label_logits(run(rot.edit(source)), label_ids)[idx]
-            loss = nn.functional.cross_entropy(z, y)
-            loss.backward()
+            z = label_logits(run(rot.edit(source)), label_ids)
+            if not z.requires_grad:
+                raise UserError("DAS needs a differentiable patched run at this site: this mechanism's runs are not "
+                                "(recirculation runs without gradient)")
+            loss = nn.functional.cross_entropy(z[idx.to(z.device)], target[idx].to(z.device))
+            # the rotation's gradient only: the model's parameters keep no .grad from a DAS fit
+            grads = torch.autograd.grad(loss, params)
+        for p, g in zip(params, grads):
+            p.grad = g
         opt.step()
         losses.append(loss.item())
     return rot, {"loss_first": losses[0], "loss_last": losses[-1]}
@@ -127,6 +136,7 @@ def fit_rotation(run, source: torch.Tensor, target: torch.Tensor, train: np.ndar
 
 def _iia(logits, target, label_ids, rows) -> np.ndarray:
     """Per-row IIA (1/m on an m-way tie) of `rows`."""
+    logits = logits.detach().to("cpu", torch.float32)
     _, follow = decisions(logits[rows], target[rows], target[rows], label_ids)
     return follow
 

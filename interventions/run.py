@@ -244,8 +244,8 @@ def _parse_das_site(spec, feedback: bool, n_layers: int) -> tuple[str, int, int]
             d = int(depth)
         except ValueError:
             raise UserError(f"--das-site {spec!r}: the depth must be an integer") from None
-        if not 0 <= d <= n_layers:
-            raise UserError(f"--das-site depth {d} is beyond the model's depth 0..{n_layers}")
+        if not 0 <= d <= MAX_ERASE_DEPTH:  # checked against the mode's own stack once it is built
+            raise UserError(f"--das-site depth {d} must be in 0..{MAX_ERASE_DEPTH}")
         return "resid", d, pos
     raise UserError(f"--das-site {spec!r}: use state, state@T-k, resid:D or resid:D@T-k")
 
@@ -358,6 +358,9 @@ def main(argv=None) -> int:
         from .das import DasConfig
 
         das_cfg = DasConfig(ranks=das_ranks, steps=args.das_steps, lr=args.das_lr, seed=seed)
+    if das_cfg is not None and parsed.kind == "recirc":
+        raise UserError(f"--das trains a rotation through the patched run, and {mode} runs without gradient (the "
+                        "exact sequential recirculation engine): use its other analyses")
     if args.attribution_ig and not args.attribution:
         raise UserError("--attribution-ig sets how --attribution integrates: add --attribution")
     if args.attribution and parsed.kind not in ("standard", "recurrent"):
@@ -379,6 +382,9 @@ def main(argv=None) -> int:
         from common.io import remove_stale_tmp
 
         remove_stale_tmp(out)  # temporaries a killed earlier run left (this process holds the lock)
+        import torch
+
+        from .batch import pos_name
         from .core import Batch, CausalContext
         from .suite import evenly, run_control, run_suite
 
@@ -387,15 +393,24 @@ def main(argv=None) -> int:
         say(f"{n_pairs_used} pairs ({batch.size} samples), N = {n_dis}, T = {batch.input_ids.shape[1]} columns, "
             f"budget {args.budget}; clean runs")
         _check_erase_positions(erase_positions, mode, batch.input_ids.shape[1])  # before any model run
-        if das_cfg is not None and das_site[0] == "state":
-            _check_erase_positions([das_site[2]], mode, batch.input_ids.shape[1])
-        elif das_cfg is not None and -das_site[2] > batch.input_ids.shape[1]:
-            raise UserError(f"--das-site position {das_site[2]} is beyond these {batch.input_ids.shape[1]}-column "
-                            "prompts")
+        T = batch.input_ids.shape[1]
+        if das_cfg is not None:
+            fed_at = parse_mode(mode).fed_positions(T)
+            if das_site[0] == "state" and das_site[2] not in fed_at:
+                raise UserError(f"--das-site state@{pos_name(das_site[2])}: {mode} feeds a state only at "
+                                f"{pos_name(fed_at[0])}..T of these {T}-column prompts")
+            if -das_site[2] > T:
+                raise UserError(f"--das-site position {pos_name(das_site[2])} is beyond these {T}-column prompts")
+        if args.attribution_ig and not torch.equal(batch.attention_mask, batch.attention_mask[batch.pair]):
+            raise UserError("--attribution-ig interpolates each row's token embeddings towards its paired sample's: "
+                            "the pairs must have equal lengths (this task's pairs differ)")
         t1 = time.perf_counter()
-        modes = ("standard", mode)
+        # beside standard, except a loop-R mode: the looped model's standard pass is its trained r, another stack
+        modes = (mode,) if parsed.kind == "loop" else ("standard", mode)
         ctx = CausalContext(model, batch, modes=modes)
-        layer_depths = evenly(range(model.n_layers + 1), max_depths)
+        if das_cfg is not None and das_site[0] == "resid" and das_site[1] > ctx.n_layers:
+            raise UserError(f"--das-site depth {das_site[1]} is beyond {mode}'s depth 0..{ctx.n_layers}")
+        layer_depths = evenly(range(ctx.n_layers + 1), max_depths)  # the mode's own stack (loop-R: its unrolling)
         try:
             results = run_suite(ctx, rank=rank, n_boot=n_boot, seed=seed, probe_config=probe_cfg,
                                 progress=progress, max_positions=max_positions, erase_depths=erase_depths,

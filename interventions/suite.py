@@ -34,6 +34,8 @@ import numpy as np
 import torch
 
 from common.cli import derived_seed
+from common.errors import UserError
+from engine.modes import parse_mode
 from stats.linear import ProbeConfig
 
 from .batch import Batch, pos_name
@@ -102,6 +104,7 @@ class Suite:
     def __init__(self, ctx: CausalContext, n_boot: int = 1000, seed: int = 0, max_positions: int | None = None):
         self.ctx, self.n_boot, self.seed, self.max_positions = ctx, n_boot, seed, max_positions
         self.mode = ctx.mode
+        self.fed = parse_mode(self.mode).feeds_state  # a state from earlier positions (not standard, not loop-R)
         b = ctx.batch
         self.y = b.labels
         self.timings: dict[str, float] = {}
@@ -161,7 +164,7 @@ class Suite:
 
     def state_interventions(self) -> list[dict]:
         ctx, b, mode = self.ctx, self.ctx.batch, self.mode
-        if mode == "standard":
+        if not self.fed:
             return []
         h = ctx.h_prev
         B = b.size
@@ -194,7 +197,7 @@ class Suite:
 
     def subspace(self, rank: int = 1, probe_config: ProbeConfig | None = None) -> dict | None:
         ctx, b, mode = self.ctx, self.ctx.batch, self.mode
-        if mode == "standard":
+        if not self.fed:
             return None
         h, donor = ctx.h_prev, ctx.h_prev[b.pair]
         t = time.perf_counter()
@@ -239,7 +242,7 @@ class Suite:
                     "reference": "paired sample", **extra, "relative_change": change, "probe": check,
                     **self.metrics(logits, rows=rows_ok)}
 
-        if mode != "standard":
+        if self.fed:
             h = ctx.h_prev
             fe = FoldErasers(h, y, folds, K)
             erased = fe.heldout(h)
@@ -344,7 +347,7 @@ class Suite:
 
     def dose(self, grid=DOSE_GRID) -> dict | None:
         ctx, b, mode = self.ctx, self.ctx.batch, self.mode
-        if mode == "standard":
+        if not self.fed:
             return None
         h, donor = ctx.h_prev, ctx.h_prev[b.pair]
         rows = []
@@ -358,7 +361,7 @@ class Suite:
 
     def sweep_positions(self) -> list[int]:
         """The positions the sweep patches: every fused position (fed modes) or every column (standard), capped."""
-        if self.mode == "standard":
+        if not self.fed:
             return cap_positions(range(-self.ctx.batch.input_ids.shape[1], 0), self.max_positions)
         return cap_positions(self.ctx.fused_positions(self.mode), self.max_positions)
 
@@ -371,7 +374,7 @@ class Suite:
         """The swap at every position t, effect on the answer at T: of the fed state (feedback modes), or of the
         residual stream at `depth` (standard prefill: any model, no feedback needed)."""
         ctx, b, mode = self.ctx, self.ctx.batch, self.mode
-        fed = mode != "standard"
+        fed = self.fed
         depth = None if fed else self.sweep_depth(depth)
         positions = self.sweep_positions()
         first = b.first_diff
@@ -439,7 +442,7 @@ class Suite:
     def first_line_extra_runs(self) -> int:
         """Patched runs `_first_line_after` adds (one, every row at its own position), for the progress plan."""
         fline = self._first_diff_lines()
-        if fline is None or self.mode == "standard":
+        if fline is None or not self.fed:
             return 0
         pos, has = first_line_after_positions(self.ctx.batch, fline)
         return int(bool({int(v) for v in pos[has]} & set(self.ctx.fused_positions(self.mode))))
@@ -506,6 +509,8 @@ class Suite:
         out = {"modes": modes, "positions": [pos_name(p) for p in positions], "offsets": positions,
                "depths": depths, "reference": "donor", "cells": {}}
         for mode in modes:
+            if max(depths) > ctx.runners[mode].L:  # a loop-R mode's stack is deeper than standard's (trained r)
+                raise UserError(f"layer patching depth {max(depths)} is beyond {mode}'s depth 0..{ctx.runners[mode].L}")
             grid = {k: [[None] * len(positions) for _ in depths] for k in METRIC_KEYS}
             cells = []
             t = time.perf_counter()
@@ -550,7 +555,7 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
     (progress: one step per fitted rotation); `attribution`: attribution patching over every site and position,
     compared with the exact sweep and layer patching of the same run (one step)."""
     s = Suite(ctx, n_boot, seed, max_positions)
-    fed = ctx.mode != "standard"
+    fed = s.fed
     L, grid = ctx.n_layers, list(dose_grid)
     steps = [("clean", s.clean, 0)]
     if fed:
@@ -595,7 +600,9 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
     finally:
         ctx.on_run = None
     if not fed:
-        why = ("the model has no fusion module" if not ctx.model.has_fusion else "standard prefill feeds no state")
+        why = ("standard prefill feeds no state" if ctx.model.has_fusion else "the model has no fusion module")
+        if parse_mode(ctx.mode).kind == "loop":
+            why = f"{ctx.mode} feeds no state across positions (its feedback is in depth)"
         res["fed_state"] = f"{NO_FEEDBACK}: {why}"
         res.setdefault("interventions", [])
         for k in ("subspace", "dose"):

@@ -81,8 +81,10 @@ class Occurrence(nn.Module):
         frozen = owner.training and self.iteration is not None and self.iteration <= owner.frozen_iterations
         with torch.no_grad() if frozen else nullcontext():
             if self.core_j == 0:  # entering iteration i with the state s_{i-1}
-                if self.iteration == 1 and owner.spec.prelude == 0:
-                    owner._e = hidden_states  # no prelude: e is the embedding
+                if self.iteration == 1:
+                    # s_0 = e: what enters the first iteration, after every hook on the prelude's output (a patch
+                    # or a recorder at depth P) has run, so a patch of e reaches every injection too
+                    owner._e = hidden_states
                 if owner.training and self.iteration == owner.frozen_iterations + 1 and owner.frozen_iterations:
                     hidden_states = hidden_states.detach()  # truncated backpropagation: the last k iterations
                 if owner.adapter is not None:
@@ -93,8 +95,6 @@ class Occurrence(nn.Module):
                 out = block(hidden_states, *args, **kwargs)
             finally:
                 attn.layer_idx = saved
-        if self.slot == owner.spec.prelude - 1:
-            owner._e = out[0] if isinstance(out, tuple) else out  # the prelude's output, injected every iteration
         return out
 
 
@@ -154,6 +154,12 @@ class LoopedLM(FullBandwidthLM):
         if self._physical_types is not None:
             self.lm.config.layer_types = [self._physical_types[o.block_index] for o in occ]
         self.iterations = r
+
+    def forward(self, *args, **kwargs):
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            self._e = None  # the injected e belongs to one call (and, training, to its graph)
 
     def site_of(self, depth: int) -> dict:
         """Where residual depth `depth` of the unrolled stack lives: {part, iteration, block} (module doc)."""

@@ -116,7 +116,7 @@ def test_das_cli_flags_are_refused_with_one_line(tmp_path):
     assert _parse_das_site(None, True, 6) == ("state", 0, -1)
     assert _parse_das_site(None, False, 6) == ("resid", 3, -1)
     assert _parse_das_site("resid:2@T-3", True, 6) == ("resid", 2, -4)
-    for bad in ("resid:9", "state:1", "foo", "resid:x"):
+    for bad in ("resid:-1", "state:1", "foo", "resid:x"):
         with pytest.raises(UserError):
             _parse_das_site(bad, True, 6)
     with pytest.raises(UserError, match="feeds no state"):
@@ -152,3 +152,32 @@ def test_cli_writes_the_iia_table_and_the_attribution_heatmap(tiny_ckpt, tmp_pat
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and msg in err and len(err.splitlines()) == 1, (bad, err)
         assert not (tmp_path / "bad" / "causal_report.json").exists()
+
+
+def test_a_fit_depends_on_its_seed_only_and_leaves_the_model_without_gradients(tiny_model):
+    from test_interventions import _random_batch
+
+    H, y, pair, groups, u, run_of = planted(n_pairs=20)
+    cfg = DasConfig(ranks=(2,), steps=15, lr=0.05)
+    bases = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)  # the parametrization completes W from the global generator: not used here
+        rot, _ = fit_rotation(run_of(H), H[pair], y[pair], np.arange(20), (2, 5), 2, cfg, seed=7)
+        bases.append(rot.exact_basis())
+    assert torch.equal(bases[0], bases[1])
+    batch = _random_batch(tiny_model, n_pairs=10, T=7, seed=3)
+    ctx = CausalContext(tiny_model, batch, modes=("standard", "recurrent-1"))
+    tiny_model.zero_grad(set_to_none=True)
+    Suite(ctx, n_boot=20).das(DasConfig(ranks=(1,), steps=3), rank=1)
+    assert all(p.grad is None for p in tiny_model.parameters())
+
+
+def test_das_is_refused_where_the_run_has_no_gradient(tiny_ckpt, tmp_path, capsys):
+    from interventions.run import main
+
+    with pytest.raises(SystemExit):
+        main(["--model", str(tiny_ckpt), "--task", "parity", "--mode", "recirc-1:0:0.5", "--n-pairs", "10",
+              "--distractors", "6", "--out", str(tmp_path / "r"), "--control-model", "none", "--no-progress",
+              "--das", "1"])
+    err = capsys.readouterr().err.strip()
+    assert "without gradient" in err and len(err.splitlines()) == 1

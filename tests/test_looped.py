@@ -234,3 +234,41 @@ def test_training_recipe_of_a_looped_model_is_checked_and_draws_r_per_step():
                 dict(loop_core=2, loop_prelude=1, loop_truncate=1, loop_inject=False)):
         with pytest.raises(UserError):
             TrainConfig(**bad)
+
+
+@pytest.mark.parametrize("prelude", [0, 1])
+def test_a_patch_of_the_prelude_output_reaches_every_injection(prelude):
+    """Depth P is s_0 = e: the donor's values there at every column give the donor's logits exactly (nothing after
+    the prelude reads the tokens), with or without a prelude."""
+    from interventions.core import Batch, CausalContext, Patch
+
+    model = make(LoopSpec(prelude, 2, 1, 3))
+    ids, mask = ids_of(B=4, T=6)
+    batch = Batch(ids, mask, torch.tensor([0, 1, 0, 1]), torch.tensor([1, 0, 3, 2]), np.array([0, 0, 1, 1]), (5, 6))
+    ctx = CausalContext(model, batch, modes=("standard",))
+    resid = ctx.resid("standard")
+    T, d = ids.shape[1], model.state_depth(0)
+    out = ctx.run("standard", [Patch("resid", resid[:, c, d][batch.pair], depth=d, pos=c - T) for c in range(T)])
+    assert torch.allclose(out.logits, ctx.clean["standard"].logits[batch.pair], atol=1e-5)
+
+
+def test_the_battery_runs_on_a_looped_checkpoint_at_another_r(tmp_path):
+    import json
+
+    from interventions.run import main
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    cfg = qwen3_config(len(tok.get_vocab()), n_layers=4, d_model=32, n_heads=2, n_kv_heads=1)
+    LoopedLM(AutoModelForCausalLM.from_config(cfg), LoopSpec(1, 2, 1, 2)).save_pretrained(tmp_path / "m", tok)
+    out = tmp_path / "rep"
+    assert main(["--model", str(tmp_path / "m"), "--task", "parity", "--mode", "loop-4", "--n-pairs", "10",
+                 "--distractors", "4", "--out", str(out), "--control-model", "none", "--no-progress",
+                 "--max-positions", "2", "--das", "1", "--das-steps", "2", "--das-site", "resid:7"]) == 0
+    rep = json.loads((out / "causal_report.json").read_text())
+    assert rep["config"]["mode"] == "loop-4" and rep["model"]["n_layers"] == 6  # the trained r = 2 stack
+    assert "feeds no state across positions" in rep["results"]["fed_state"]
+    assert rep["results"]["layer_patching"]["modes"] == ["loop-4"]
+    assert max(rep["results"]["layer_patching"]["depths"]) == 1 + 2 * 4 + 1  # the loop-4 stack
+    assert rep["results"]["das"]["site"]["depth"] == 7
