@@ -162,15 +162,8 @@ class LoopedLM(FullBandwidthLM):
             self._e = None  # the injected e belongs to one call (and, training, to its graph)
 
     def site_of(self, depth: int) -> dict:
-        """Where residual depth `depth` of the unrolled stack lives: {part, iteration, block} (module doc)."""
-        s = self.spec
-        if depth <= s.prelude:
-            return {"part": "embedding" if depth == 0 else "prelude", "iteration": 0, "block": depth - 1}
-        k = depth - s.prelude
-        if k <= s.core * self.iterations:
-            i, j = (k - 1) // s.core + 1, (k - 1) % s.core
-            return {"part": "core", "iteration": i, "block": j}
-        return {"part": "coda", "iteration": self.iterations, "block": k - s.core * self.iterations - 1}
+        """Where residual depth `depth` of the unrolled stack lives (module function site_of)."""
+        return site_of(self.spec, self.iterations, depth)
 
     def state_depth(self, i: int) -> int:
         """The residual depth of the loop state s_i (i = 0: the prelude's output e)."""
@@ -203,6 +196,18 @@ class LoopedLM(FullBandwidthLM):
         atomic_write(path / "config.json", json.dumps(cfg, indent=2, sort_keys=True, default=str))
         if tokenizer is not None:
             save_tokenizer(tokenizer, path)
+
+
+def site_of(spec: LoopSpec, r: int, depth: int) -> dict:
+    """Where residual depth `depth` of the stack unrolled r times lives: {part, iteration, block}. part: embedding
+    (depth 0), prelude (iteration 0, block j), core (iteration i = 1..r, core block j: depth P + R (i-1) + j + 1; its
+    last block's output is the loop state s_i) or coda (iteration r, block j)."""
+    if depth <= spec.prelude:
+        return {"part": "embedding" if depth == 0 else "prelude", "iteration": 0, "block": depth - 1}
+    k = depth - spec.prelude
+    if k <= spec.core * r:
+        return {"part": "core", "iteration": (k - 1) // spec.core + 1, "block": (k - 1) % spec.core}
+    return {"part": "coda", "iteration": r, "block": k - spec.core * r - 1}
 
 
 def require_looped(model, what: str) -> LoopedLM:

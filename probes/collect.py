@@ -112,10 +112,39 @@ class Collector:
                                f"expected {n_calls}: update probes.collect")
         return {s: torch.stack([t.detach().float() for t in g], dim=1) for s, g in zip(steps, got)}
 
+    def _loop_collector(self, r: int) -> "Collector":
+        """A collector of the looped model re-unrolled to r iterations (a loop-R mode): its own nnsight wrapper,
+        built while the model holds that unrolling (LoopedLM keeps one block list per r, so it stays valid)."""
+        from models.looped import looping, require_looped
+
+        subs = self.__dict__.setdefault("_loops", {})
+        if r not in subs:
+            with looping(require_looped(self.model, f"loop-{r}"), r):
+                subs[r] = Collector(self.model, self.batch_size, self.max_batch_tokens, self.pad_id, False)
+        return subs[r]
+
+    def depth_of(self, mode) -> int:
+        """Depths 0..L of `mode`'s stack (a loop-R mode: the unrolled one) + 1."""
+        m = parse_mode(mode)
+        return (self._loop_collector(m.n).n_layers if m.kind == "loop" else self.n_layers) + 1
+
     @torch.no_grad()
     def collect_batch(self, ids: torch.Tensor, mask: torch.Tensor, modes) -> dict[str, torch.Tensor]:
-        """One left-padded batch -> {mode: [batch, L+1, d_model]} (canonical mode names)."""
+        """One left-padded batch -> {mode: [batch, L+1, d_model]} (canonical mode names; a loop-R mode's L is its
+        unrolled stack's)."""
+        from models.looped import looping
+
         modes = canonical_modes(modes, self.n_layers)
+        loops = [m for m in modes if parse_mode(m).kind == "loop"]
+        out = {}
+        for m in loops:  # each at its own unrolling, as standard there
+            r = parse_mode(m).n
+            sub = self._loop_collector(r)
+            with looping(self.model, r):
+                out[m] = sub.collect_batch(ids, mask, ["standard"])["standard"]
+        modes = [m for m in modes if m not in loops]
+        if not modes:
+            return out
         where, n_calls = call_schedule(modes, ids.shape[1], self.n_layers)
         steps = sorted(set(where.values()))
 
@@ -123,7 +152,7 @@ class Collector:
             return prefill_many(self.model, ids_, mask_, modes, collect=False)
 
         by_step = self._traced(run, ids, mask, steps, n_calls, f"the engine (modes {', '.join(modes)})")
-        return {m: by_step[where[m]] for m in modes}
+        return {**out, **{m: by_step[where[m]] for m in modes}}
 
     def collect(self, token_ids: list[list[int]], modes, desc: str = "collect", procs=None
                 ) -> dict[str, np.ndarray] | None:
@@ -142,8 +171,8 @@ class Collector:
             batches = procs.share(batches)
         rows_mine = [i for rows in batches for i in rows]
         where = {i: j for j, i in enumerate(rows_mine)}
-        n, depth, d = len(token_ids), self.n_layers + 1, self.model.d_model
-        out = {m: np.zeros((len(rows_mine), depth, d), dtype=np.float32) for m in modes}
+        n, d = len(token_ids), self.model.d_model
+        out = {m: np.zeros((len(rows_mine), self.depth_of(m), d), dtype=np.float32) for m in modes}
         bar = tqdm(batches, desc=desc, unit="batch", disable=not self.progress, file=sys.stderr, leave=False)
         for rows in bar:
             ids, mask = pad_left([token_ids[i] for i in rows], self.pad_id)

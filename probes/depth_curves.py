@@ -272,11 +272,47 @@ def _method_traces(fig, go, panels, mode, label, rs, c, col, erased_rs, fed_rs):
                            " bits, uniform %{customdata[1]:.1f} bits<extra></extra>")), row=i, col=col)
 
 
+def iteration_heatmap(doc_or_path):
+    """A looped model's probes (rows with `loop`): held-out accuracy per (core block, iteration), one panel per
+    (mode, N) of the first writes setting; None for other models."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    doc = _load(doc_or_path)
+    rows = [r for r in doc["results"] if r.get("loop") and r["loop"]["part"] == "core" and r.get("writes") is None]
+    if not rows:
+        return None
+    panels = sorted({(r["mode"], r["n_distractors"]) for r in rows}, key=lambda k: (_mode_key(k[0]), k[1]))
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[f"{m}, N = {n}" for m, n in panels],
+                        horizontal_spacing=0.05)
+    for col, (mode, n) in enumerate(panels, start=1):
+        rs = [r for r in rows if r["mode"] == mode and r["n_distractors"] == n]
+        its = sorted({r["loop"]["iteration"] for r in rs})
+        blocks = sorted({r["loop"]["block"] for r in rs})
+        cell = {(r["loop"]["block"], r["loop"]["iteration"]): r for r in rs}
+        z = [[cell[(b, i)]["accuracy"] if (b, i) in cell else None for i in its] for b in blocks]
+        text = [[f"{v:.2f}" if v is not None else "" for v in row] for row in z]
+        fig.add_trace(go.Heatmap(z=z, x=its, y=[f"core block {b}" for b in blocks], zmin=0, zmax=1,
+                                 colorscale="Viridis", showscale=col == 1, text=text, texttemplate="%{text}",
+                                 hovertemplate="iteration %{x}, %{y}: accuracy %{z:.3f}<extra></extra>"),
+                      row=1, col=col)
+        fig.update_xaxes(title_text="iteration", row=1, col=col)
+    fig.update_layout(title="Probe accuracy per loop iteration and core block (the last block's output is the loop "
+                            "state s_i)", height=360, width=max(600, 380 * len(panels)))
+    return fig
+
+
 def render_html(doc_or_path, title: str | None = None, plotly: str = "directory") -> str:
-    """HTML of the depth curves; plotly.js as `plotly` says (directory: plotly.min.js beside the page)."""
+    """HTML of the depth curves (and, for a looped model, the iteration x core-block heatmap below them); plotly.js
+    as `plotly` says (directory: plotly.min.js beside the page)."""
     fig = depth_curve_figure(doc_or_path, title)
-    return fig.to_html(include_plotlyjs=include_plotlyjs(plotly), full_html=True, div_id=DIV_ID,
+    html = fig.to_html(include_plotlyjs=include_plotlyjs(plotly), full_html=True, div_id=DIV_ID,
                        config={"displaylogo": False, "responsive": False})
+    heat = iteration_heatmap(doc_or_path)
+    if heat is not None:
+        div = heat.to_html(include_plotlyjs=False, full_html=False, config={"displaylogo": False})
+        html = html.replace("</body>", div + "</body>", 1)
+    return html
 
 
 def write_depth_curves(doc_or_path, path: str | Path, title: str | None = None, plotly: str = "directory") -> Path:

@@ -343,6 +343,15 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
                 meta["labels"].update(probe_label=probe_label, probe_chance=0.5)
         meta.update(extra.meta(args.erase))
         meta["lens"] = {**meta["lens"], "fed_state_enabled": bool(args.fed_lens and no_lens is None)}  # a copy
+        spec = getattr(model, "spec", None)
+        if spec is not None and hasattr(model, "iterations"):  # a looped model: the iteration axis of every depth
+            from engine.modes import parse_mode
+            from models.looped import site_of
+
+            meta["loop"] = spec.to_dict()
+            for row in results:
+                m = parse_mode(row["mode"])
+                row["loop"] = site_of(spec, m.n if m.kind == "loop" else spec.iterations, row["depth"])
         doc = {"meta": meta, "results": results, "fed_state_lens": fed_lens}
         if args.erase is not None:
             doc["erased"] = erased

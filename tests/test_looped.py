@@ -272,3 +272,25 @@ def test_the_battery_runs_on_a_looped_checkpoint_at_another_r(tmp_path):
     assert rep["results"]["layer_patching"]["modes"] == ["loop-4"]
     assert max(rep["results"]["layer_patching"]["depths"]) == 1 + 2 * 4 + 1  # the loop-4 stack
     assert rep["results"]["das"]["site"]["depth"] == 7
+
+
+def test_probes_write_the_iteration_axis_and_its_heatmap(tmp_path):
+    import json
+
+    from probes.run import main
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    cfg = qwen3_config(len(tok.get_vocab()), n_layers=3, d_model=32, n_heads=2, n_kv_heads=1)
+    LoopedLM(AutoModelForCausalLM.from_config(cfg), LoopSpec(1, 1, 1, 2)).save_pretrained(tmp_path / "m", tok)
+    out = tmp_path / "p"
+    assert main(["--task", "parity", "--model", str(tmp_path / "m"), "--modes", "standard,loop-5", "--distractors", "4",
+                 "--n-pairs", "30", "--out", str(out), "--no-progress", "--no-mdl"]) == 0
+    doc = json.loads((out / "probes.json").read_text())
+    assert doc["meta"]["loop"] == {"prelude": 1, "core": 1, "coda": 1, "iterations": 2, "inject": True}
+    loop5 = [r for r in doc["results"] if r["mode"] == "loop-5"]
+    assert [r["depth"] for r in loop5] == list(range(1 + 5 + 1 + 1))  # the stack unrolled 5 times, depths 0..7
+    assert [r["loop"]["iteration"] for r in loop5 if r["loop"]["part"] == "core"] == [1, 2, 3, 4, 5]
+    assert max(r["depth"] for r in doc["results"] if r["mode"] == "standard") == 1 + 2 + 1  # the trained r = 2
+    assert "Probe accuracy per loop iteration" in (out / "depth_curves.html").read_text()
