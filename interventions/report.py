@@ -13,6 +13,10 @@ JSON schema {"name": "causal-report", "version": 8}. Version 8 keeps every field
                                 subspace, mean over folds, largest first)}], probe {rank, iia, iia_ci, n}, leace {rank,
                                 iia, iia_ci, n} (the interchange of what LEACE erases), cos_probe_leace, full_swap
                                 {iia, iia_ci, n} (the whole swap at the site on the same rows: IIA at k = d equals it)
+    results.loop_iterations     a looped model (models.looped) only: mode, iterations (r of the mode), spec, reference,
+                                rows [{iteration i = 0..r, depth (of s_i), swap_T / swap_all_positions / mean_T
+                                <metrics>, lens_accuracy, lens_ld_mean, state_change (|s_i - s_(i-1)| / |s_i| at T,
+                                null for i = 0)}]
     results.attribution         attribution patching (interventions.attribution): mode, method, metric, reference,
                                 sites ["state", "d0", ..., "dL"], positions (offsets), position_names, mean_estimate
                                 [site][position] (mean estimated LD change; null where no row is real), ci (95%
@@ -290,6 +294,26 @@ def _cos(xs) -> str:
     return "n/a" if not xs else ", ".join(f"{v:.2f}" for v in xs[:4]) + (" ..." if len(xs) > 4 else "")
 
 
+def _loop_markdown(res) -> list[str]:
+    lp = res.get("loop_iterations")
+    if not lp:
+        return []
+    sp = lp["spec"]
+    out = ["", f"## Per iteration of the loop ({lp['mode']}: prelude {sp['prelude']}, core {sp['core']} x "
+           f"{lp['iterations']}, coda {sp['coda']}{', injection' if sp['inject'] else ''})", "",
+           "The loop state s_i (the residual after iteration i; s_0 = the prelude's output e) from the paired sample, "
+           "at T only and at every position (the rest recomputed; with injection each iteration still reads the "
+           "row's own e), its batch mean at T, the logit lens on s_i at T, and |s_i - s_(i-1)| / |s_i| at T.", "",
+           "| iteration | depth | swap at T: follows donor | swap everywhere: follows donor | mean at T: accuracy | "
+           "lens accuracy | change |", "|---|---|---|---|---|---|---|"]
+    for r in lp["rows"]:
+        out.append(f"| {r['iteration']} | {r['depth']} | {_f(r['swap_T']['follows_donor_rate'])} "
+                   f"{_ci(r['swap_T'], 'follows_donor_rate')} | {_f(r['swap_all_positions']['follows_donor_rate'])} "
+                   f"{_ci(r['swap_all_positions'], 'follows_donor_rate')} | {_f(r['mean_T']['accuracy'])} | "
+                   f"{_f(r['lens_accuracy'])} | {_f(r['state_change'], 3)} |")
+    return out
+
+
 def _das_markdown(res) -> list[str]:
     das = res.get("das")
     if not das:
@@ -429,7 +453,7 @@ def markdown(report: dict) -> str:
             for i, d in enumerate(lp["depths"]):
                 lines.append(f"| {d} | " + " | ".join(_f(v) for v in lp[mode]["normalized_effect"][i]) + " |")
             lines.append("")
-    lines += _das_markdown(res) + _attribution_markdown(res)
+    lines += _loop_markdown(res) + _das_markdown(res) + _attribution_markdown(res)
     c = report.get("control")
     if c and c.get("interventions"):
         lines += ["## Negative control", "", _table(c["interventions"]), ""]

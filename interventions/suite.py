@@ -345,6 +345,53 @@ class Suite:
         self.timings["attribution"] = out["timings_s"]["total"]
         return out
 
+    def loop_iterations(self) -> dict | None:
+        """A looped model (models.looped): per iteration i = 0..r of the mode under study, its loop state s_i (the
+        residual at depth P + R i; s_0 = e) swapped with the paired sample's at T only and at every position (the
+        rest recomputed; with injection every iteration also reads the row's own e), replaced by its batch mean at
+        T, the logit lens on it (final norm and head), and its relative change from s_{i-1} at T (the fixed-point
+        diagnostic). None for other models."""
+        from .core import Patch
+        from .metrics import label_ld
+
+        ctx, b, mode = self.ctx, self.ctx.batch, self.mode
+        spec = getattr(ctx.model, "spec", None)
+        if spec is None or not hasattr(ctx.model, "iterations"):
+            return None
+        m = parse_mode(mode)
+        r = m.n if m.kind == "loop" else spec.iterations
+        resid = ctx.resid(mode)  # [B, T, L+1, D]
+        T = b.input_ids.shape[1]
+        real = b.attention_mask.bool()
+        rows, prev = [], None
+        t0 = time.perf_counter()
+        for i in range(r + 1):
+            d = spec.prelude + spec.core * i
+            s_T = resid[:, -1, d]
+            swap_T = ctx.run(mode, [Patch("resid", s_T[b.pair], depth=d, pos=-1)]).logits
+            donor_all = resid[b.pair][:, :, d]  # [B, T, D]: the paired sample's s_i at every column
+            both = (real & real[b.pair]).numpy()
+            swap_all = ctx.run(mode, [Patch("resid", torch.where(torch.as_tensor(both[:, c])[:, None],
+                                                                 donor_all[:, c], resid[:, c, d]),
+                                            depth=d, pos=c - T) for c in range(T)]).logits
+            mean_T = ctx.run(mode, [Patch("resid", s_T.mean(0, keepdim=True).expand_as(s_T).clone(), depth=d,
+                                          pos=-1)]).logits
+            with torch.no_grad():
+                w = next(ctx.model.parameters())
+                lens = ctx.model.head(ctx.model.family.final_norm(ctx.model.lm)(s_T.to(w.device, w.dtype))).float().cpu()
+            other = b.labels[b.pair]
+            ld_lens = label_ld(lens, b.labels, b.label_ids, other)
+            change = None if prev is None else float(((s_T - prev).norm(dim=-1) / s_T.norm(dim=-1).clamp_min(1e-12))
+                                                     .mean())
+            prev = s_T
+            rows.append({"iteration": i, "depth": d, "swap_T": self.metrics(swap_T),
+                         "swap_all_positions": self.metrics(swap_all), "mean_T": self.metrics(mean_T),
+                         "lens_accuracy": float((ld_lens > 0).mean() + 0.5 * (ld_lens == 0).mean()),
+                         "lens_ld_mean": float(ld_lens.mean()), "state_change": change})
+        self.timings["loop_iterations"] = time.perf_counter() - t0
+        return {"mode": mode, "iterations": r, "spec": spec.to_dict(), "reference": "donor (swaps), paired sample "
+                "(mean)", "rows": rows}
+
     def dose(self, grid=DOSE_GRID) -> dict | None:
         ctx, b, mode = self.ctx, self.ctx.batch, self.mode
         if not self.fed:
@@ -569,6 +616,10 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
                       n_leace))
     if ablation:
         steps.append(("resid_mean_ablation", s.resid_mean_ablation, L + 1))
+    if getattr(ctx.model, "spec", None) is not None and hasattr(ctx.model, "iterations"):  # a looped model
+        m = parse_mode(ctx.mode)
+        r = m.n if m.kind == "loop" else ctx.model.spec.iterations
+        steps.append(("loop_iterations", s.loop_iterations, 3 * (r + 1)))
     if sweep:
         steps.append(("position_sweep", lambda: s.position_sweep(sweep_depth),
                       len(s.sweep_positions()) + (s.first_line_extra_runs() if fed else 0)))

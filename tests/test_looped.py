@@ -272,6 +272,11 @@ def test_the_battery_runs_on_a_looped_checkpoint_at_another_r(tmp_path):
     assert rep["results"]["layer_patching"]["modes"] == ["loop-4"]
     assert max(rep["results"]["layer_patching"]["depths"]) == 1 + 2 * 4 + 1  # the loop-4 stack
     assert rep["results"]["das"]["site"]["depth"] == 7
+    it = rep["results"]["loop_iterations"]
+    assert it["iterations"] == 4 and [r["iteration"] for r in it["rows"]] == [0, 1, 2, 3, 4]
+    assert [r["depth"] for r in it["rows"]] == [1, 3, 5, 7, 9] and it["rows"][0]["state_change"] is None
+    for r in it["rows"]:
+        assert {"swap_T", "swap_all_positions", "mean_T"} <= set(r) and 0 <= r["lens_accuracy"] <= 1
 
 
 def test_probes_write_the_iteration_axis_and_its_heatmap(tmp_path):
