@@ -4,7 +4,8 @@
 #   scripts/redraw_figures.sh                     # all of them (~20 min on 2 shared CPU cores; SmolLM2 needs `make smollm2`)
 #   scripts/redraw_figures.sh length_curves depth_curves_memory      # only these
 #
-# length_curves.{html,png} come from the shipped eval.json files (checkpoints/tiny-fbt-track, tiny-std-track);
+# length_curves.{html,png} come from the shipped eval.json files (checkpoints/tiny-fbt-track, tiny-std-track),
+# length_curves_group.{html,png} from tiny-fbt-group's and tiny-std-group's;
 # each depth_curves_*.png from the probes.json of a `python -m probes.run` run, made here first (into
 # $FIGURES/<model>/<task>/, default figures/ of the repository: probes.run's own default folder, so a folder
 # holding a different run is refused, not replaced). The PNGs need headless Chromium (`make chromium`).
@@ -16,7 +17,7 @@ PY=${PY:-.venv/bin/python}
 FIGURES=${FIGURES:-figures}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
-ALL=(length_curves depth_curves_completion depth_curves_memory depth_curves_multi_register
+ALL=(length_curves length_curves_group depth_curves_completion depth_curves_memory depth_curves_multi_register
      depth_curves_smollm2_completion depth_curves_smollm2_ioi causal_smollm2_ioi)
 
 "$PY" -c "import sys; from probes.depth_curves import find_chromium; sys.exit(find_chromium() is None)" || {
@@ -36,6 +37,10 @@ draw() {
       "$PY" -m analysis.length_curves checkpoints/tiny-fbt-track/eval.json checkpoints/tiny-std-track/eval.json \
         --modes std,fused-30,recurrent-full --model-modes tiny-std-track:std \
         --out docs/length_curves.html --png docs/length_curves.png --overwrite ;;
+    length_curves_group)  # the S5 / A5 pair (checkpoints/tiny-fbt-group, tiny-std-group)
+      "$PY" -m analysis.length_curves checkpoints/tiny-fbt-group/eval.json checkpoints/tiny-std-group/eval.json \
+        --modes std,recurrent-full --model-modes tiny-std-group:std \
+        --out docs/length_curves_group.html --png docs/length_curves_group.png --overwrite ;;
     depth_curves_completion) depth depth_curves_completion tiny-fbt completion ;;
     depth_curves_memory) depth depth_curves_memory tiny-fbt memory ;;
     depth_curves_multi_register) depth depth_curves_multi_register tiny-fbt multi_register ;;

@@ -52,16 +52,17 @@ def plotly_call(html: str, div_id: str):
     return traces, layout
 
 
-def command_args(text: str, module: str) -> list[str]:
-    """The arguments of the one `-m module` command in `text` (backslash continuations joined, comment dropped)."""
+def command_args(text: str, module: str, naming: str = "") -> list[str]:
+    """The arguments of the one `-m module` command in `text` whose line holds `naming` (backslash continuations
+    joined, comment dropped)."""
     lines = text.replace("\\\n", " ").splitlines()
-    [line] = [ln for ln in lines if f"-m {module} " in ln]
+    [line] = [ln for ln in lines if f"-m {module} " in ln and naming in ln]
     return shlex.split(line.split(f"-m {module}", 1)[1].split(" #")[0].split(";;")[0])
 
 
 def length_curves_args() -> list[str]:
     """The analysis.length_curves arguments of the script (its one command for docs/length_curves.*)."""
-    return command_args(script_text(), "analysis.length_curves")
+    return command_args(script_text(), "analysis.length_curves", "docs/length_curves.html ")
 
 
 # ----- every committed figure has a documented command ------------------------------------------------------
