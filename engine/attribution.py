@@ -13,8 +13,9 @@ site (each a leaf that requires grad), so d metric / d leaf is the gradient at t
 Belinkov 2024): the token embeddings are moved to e + alpha * delta_e (delta_e = the donor's embeddings minus the
 row's own) and the gradients at every site averaged over the alphas, one forward and backward each. Where the metric
 flips between the two inputs (a discrete state) the tangent at the clean run is flat; the path through the flip is not.
-Modes: standard (one parallel forward) and recurrent-k (the standard prefill of the first T - k columns, then the
-engine's one loop of cached one-token steps, engine.prefill.recurrent_steps). A windowed model keeps its window only
+Modes: standard and loop-R (one parallel forward; loop-R on the looped model re-unrolled to R) and recurrent-k (the
+standard prefill of the first T - k columns, then the engine's one loop of cached one-token steps,
+engine.prefill.recurrent_steps). A windowed model keeps its window only
 (engine.cache.new_cache), so the backward holds O(T * W) keys, not O(T^2); rows are independent, so `chunk` rows at a
 time give the same gradients with bounded memory. Other mechanisms (fused-n, recirculation) are refused with a
 one-line error: their exact patches remain available (engine.patching).
@@ -31,6 +32,7 @@ from engine.edits import Lambda
 from engine.hooks import Hooks, on_depth, on_output
 from engine.modes import Mode
 from engine.prefill import positions_from_mask, recurrent_start, recurrent_steps
+from models.looped import looping
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
 
 
@@ -42,27 +44,25 @@ class SiteGradients:
     fed_from: int | None  # first fed column (recurrent modes: T - k), else None
 
 
-ATTRIBUTION_KINDS = ("standard", "recurrent")
-
-
 def site_gradients(model: FullBandwidthLM, ids: torch.Tensor, mask: torch.Tensor, mode: Mode, metric,
                    chunk: int = 32, interpolate: tuple[torch.Tensor, tuple[float, ...]] | None = None) -> SiteGradients:
     """Gradients of `metric(logits_T [b, V], rows [b] long) -> [b]` at every site (module doc), `chunk` rows at a time;
     with `interpolate`, their mean over the input path (module doc; `metric` is then the mean over the path)."""
-    if mode.kind not in ATTRIBUTION_KINDS:
-        raise UserError(f"attribution patching runs under standard and recurrent-k prefill, not {mode.name} (its "
+    if not mode.attributable:
+        raise UserError(f"attribution patching runs under standard, loop-R and recurrent-k prefill, not {mode.name} (its "
                         "exact patches are in the position sweep and layer patching)")
     B = ids.shape[0]
     chunk = max(1, int(chunk))
     alphas = (None,) if interpolate is None else tuple(interpolate[1])
     parts = []
-    for i in range(0, B, chunk):
-        rows = torch.arange(i, min(B, i + chunk))
-        runs = [_one_chunk(model, ids[rows], mask[rows], mode, metric, rows,
-                           None if a is None else (interpolate[0][rows], float(a))) for a in alphas]
-        parts.append(runs[0] if len(runs) == 1 else SiteGradients(
-            torch.stack([r.metric for r in runs]).mean(0), torch.stack([r.resid for r in runs]).mean(0),
-            None if runs[0].state is None else torch.stack([r.state for r in runs]).mean(0), runs[0].fed_from))
+    with looping(model, mode.loop_iterations):  # a loop-R mode: every site of the stack unrolled R times
+        for i in range(0, B, chunk):
+            rows = torch.arange(i, min(B, i + chunk))
+            runs = [_one_chunk(model, ids[rows], mask[rows], mode, metric, rows,
+                               None if a is None else (interpolate[0][rows], float(a))) for a in alphas]
+            parts.append(runs[0] if len(runs) == 1 else SiteGradients(
+                torch.stack([r.metric for r in runs]).mean(0), torch.stack([r.resid for r in runs]).mean(0),
+                None if runs[0].state is None else torch.stack([r.state for r in runs]).mean(0), runs[0].fed_from))
     state = None if parts[0].state is None else torch.cat([p.state for p in parts])
     return SiteGradients(torch.cat([p.metric for p in parts]), torch.cat([p.resid for p in parts]), state,
                          parts[0].fed_from)
@@ -86,7 +86,7 @@ def _one_chunk(model, ids, mask, mode: Mode, metric, rows, shift=None) -> SiteGr
             delta_e, a = shift
             hooks.add(on_output(model.lm.get_input_embeddings(),
                                 lambda e: e + a * delta_e[:, now["cols"]].to(e.device, e.dtype)))
-        if mode.kind == "standard":
+        if mode.kind in ("standard", "loop"):  # one parallel pass (loop-R: site_gradients re-unrolled the model)
             logits = model(ids, mask, last_logits=True).logits[:, -1]
             state_leaf, s = None, None
         else:

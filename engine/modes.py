@@ -68,6 +68,21 @@ class Mode:
         return self.kind == "recirc"
 
     @property
+    def loop_iterations(self) -> int | None:
+        """R of a loop-R mode (a looped model's core iterated R times), else None."""
+        return self.n if self.kind == "loop" else None
+
+    @property
+    def has_gradient(self) -> bool:
+        """Whether the engine's runs of this mode are differentiable (recirculation runs without gradient)."""
+        return self.kind != "recirc"
+
+    @property
+    def attributable(self) -> bool:
+        """Whether engine.attribution computes every site's gradient in one run of this mode."""
+        return self.kind in ("standard", "recurrent", "loop")
+
+    @property
     def fed_top_source(self) -> str | None:
         """The mode whose top state at T-1 is the state fed into T (None: no top state is fed).
 

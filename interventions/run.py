@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attribution patching: the first-order estimate (donor - own) . dLD/d(site) of every patch "
                         "of the fed state (recurrent modes) and of the residual stream at every (depth, position), "
                         "from one forward and one backward, as a heatmap with CIs, checked against the exact position "
-                        "sweep and layer patching of the same run (standard and recurrent-K modes)")
+                        "sweep and layer patching of the same run (standard, loop-R and recurrent-K modes)")
     p.add_argument("--attribution-ig", type=int_in(0, 256), default=0, metavar="M",
                    help="with --attribution: integrated gradients (EAP-IG) over M points of the path from each row's "
                         "token embeddings to its paired sample's, M forwards and backwards (pairs of equal length; "
@@ -358,13 +358,13 @@ def main(argv=None) -> int:
         from .das import DasConfig
 
         das_cfg = DasConfig(ranks=das_ranks, steps=args.das_steps, lr=args.das_lr, seed=seed)
-    if das_cfg is not None and parsed.kind == "recirc":
+    if das_cfg is not None and not parsed.has_gradient:
         raise UserError(f"--das trains a rotation through the patched run, and {mode} runs without gradient (the "
                         "exact sequential recirculation engine): use its other analyses")
     if args.attribution_ig and not args.attribution:
         raise UserError("--attribution-ig sets how --attribution integrates: add --attribution")
-    if args.attribution and parsed.kind not in ("standard", "recurrent"):
-        raise UserError(f"--attribution runs under standard and recurrent-K prefill, not {mode}")
+    if args.attribution and not parsed.attributable:
+        raise UserError(f"--attribution runs under standard, loop-R and recurrent-K prefill, not {mode}")
     if not feedback and erase_positions:
         raise UserError("--erase-positions: standard prefill feeds no state")
     cmodel = None
@@ -406,7 +406,7 @@ def main(argv=None) -> int:
                             "the pairs must have equal lengths (this task's pairs differ)")
         t1 = time.perf_counter()
         # beside standard, except a loop-R mode: the looped model's standard pass is its trained r, another stack
-        modes = (mode,) if parsed.kind == "loop" else ("standard", mode)
+        modes = (mode,) if parsed.loop_iterations is not None else ("standard", mode)
         ctx = CausalContext(model, batch, modes=modes)
         if das_cfg is not None and das_site[0] == "resid" and das_site[1] > ctx.n_layers:
             raise UserError(f"--das-site depth {das_site[1]} is beyond {mode}'s depth 0..{ctx.n_layers}")

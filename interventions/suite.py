@@ -359,7 +359,7 @@ class Suite:
         if spec is None or not hasattr(ctx.model, "iterations"):
             return None
         m = parse_mode(mode)
-        r = m.n if m.kind == "loop" else spec.iterations
+        r = m.loop_iterations or spec.iterations
         resid = ctx.resid(mode)  # [B, T, L+1, D]
         T = b.input_ids.shape[1]
         real = b.attention_mask.bool()
@@ -618,7 +618,7 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
         steps.append(("resid_mean_ablation", s.resid_mean_ablation, L + 1))
     if getattr(ctx.model, "spec", None) is not None and hasattr(ctx.model, "iterations"):  # a looped model
         m = parse_mode(ctx.mode)
-        r = m.n if m.kind == "loop" else ctx.model.spec.iterations
+        r = m.loop_iterations or ctx.model.spec.iterations
         steps.append(("loop_iterations", s.loop_iterations, 3 * (r + 1)))
     if sweep:
         steps.append(("position_sweep", lambda: s.position_sweep(sweep_depth),
@@ -652,7 +652,7 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
         ctx.on_run = None
     if not fed:
         why = ("standard prefill feeds no state" if ctx.model.has_fusion else "the model has no fusion module")
-        if parse_mode(ctx.mode).kind == "loop":
+        if parse_mode(ctx.mode).loop_iterations is not None:
             why = f"{ctx.mode} feeds no state across positions (its feedback is in depth)"
         res["fed_state"] = f"{NO_FEEDBACK}: {why}"
         res.setdefault("interventions", [])

@@ -126,7 +126,8 @@ class Collector:
     def depth_of(self, mode) -> int:
         """Depths 0..L of `mode`'s stack (a loop-R mode: the unrolled one) + 1."""
         m = parse_mode(mode)
-        return (self._loop_collector(m.n).n_layers if m.kind == "loop" else self.n_layers) + 1
+        r = m.loop_iterations
+        return (self._loop_collector(r).n_layers if r is not None else self.n_layers) + 1
 
     @torch.no_grad()
     def collect_batch(self, ids: torch.Tensor, mask: torch.Tensor, modes) -> dict[str, torch.Tensor]:
@@ -135,10 +136,10 @@ class Collector:
         from models.looped import looping
 
         modes = canonical_modes(modes, self.n_layers)
-        loops = [m for m in modes if parse_mode(m).kind == "loop"]
+        loops = [m for m in modes if parse_mode(m).loop_iterations is not None]
         out = {}
         for m in loops:  # each at its own unrolling, as standard there
-            r = parse_mode(m).n
+            r = parse_mode(m).loop_iterations
             sub = self._loop_collector(r)
             with looping(self.model, r):
                 out[m] = sub.collect_batch(ids, mask, ["standard"])["standard"]

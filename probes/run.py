@@ -351,7 +351,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
             meta["loop"] = spec.to_dict()
             for row in results:
                 m = parse_mode(row["mode"])
-                row["loop"] = site_of(spec, m.n if m.kind == "loop" else spec.iterations, row["depth"])
+                row["loop"] = site_of(spec, m.loop_iterations or spec.iterations, row["depth"])
         doc = {"meta": meta, "results": results, "fed_state_lens": fed_lens}
         if args.erase is not None:
             doc["erased"] = erased

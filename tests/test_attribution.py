@@ -96,7 +96,7 @@ def test_report_heatmap_and_agreement_with_the_sweep(tiny_model):
     assert v["n"] == len(v["estimate"]) == len(v["exact"]) and v["top_k"] == min(5, v["n"])
     # exact effects agree with the sweep's own rows
     assert v["exact"][-1] == pytest.approx(sweep["rows"][-1]["ld_mean"] - sweep["rows"][-1]["ld_clean_mean"])
-    with pytest.raises(UserError, match="standard and recurrent"):
+    with pytest.raises(UserError, match="standard, loop-R and recurrent"):
         site_gradients(tiny_model, batch.input_ids, batch.attention_mask, parse_mode("fused-2"), _ld_metric(batch))
 
 

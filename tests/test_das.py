@@ -145,7 +145,7 @@ def test_cli_writes_the_iia_table_and_the_attribution_heatmap(tiny_ckpt, tmp_pat
     assert "DAS: IIA vs rank k" in page and "Attribution patching" in page
     # bad combinations: one line each, nothing written
     for bad, msg in ((["--attribution-ig", "4"], "add --attribution"), (["--das", "0"], "must be in 1.."),
-                     (["--mode", "fused-2", "--attribution"], "standard and recurrent-K")):
+                     (["--mode", "fused-2", "--attribution"], "standard, loop-R and recurrent-K")):
         rest = [a for a in args if a not in ("--das", "1,D", "--attribution")]
         with pytest.raises(SystemExit) as e:
             main(rest[:rest.index("--out") + 1] + [str(tmp_path / "bad")] + rest[rest.index("--out") + 2:] + bad)

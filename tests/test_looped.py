@@ -265,13 +265,16 @@ def test_the_battery_runs_on_a_looped_checkpoint_at_another_r(tmp_path):
     out = tmp_path / "rep"
     assert main(["--model", str(tmp_path / "m"), "--task", "parity", "--mode", "loop-4", "--n-pairs", "10",
                  "--distractors", "4", "--out", str(out), "--control-model", "none", "--no-progress",
-                 "--max-positions", "2", "--das", "1", "--das-steps", "2", "--das-site", "resid:7"]) == 0
+                 "--max-positions", "2", "--das", "1", "--das-steps", "2", "--das-site", "resid:7",
+                 "--attribution"]) == 0
     rep = json.loads((out / "causal_report.json").read_text())
     assert rep["config"]["mode"] == "loop-4" and rep["model"]["n_layers"] == 6  # the trained r = 2 stack
     assert "feeds no state across positions" in rep["results"]["fed_state"]
     assert rep["results"]["layer_patching"]["modes"] == ["loop-4"]
     assert max(rep["results"]["layer_patching"]["depths"]) == 1 + 2 * 4 + 1  # the loop-4 stack
     assert rep["results"]["das"]["site"]["depth"] == 7
+    at = rep["results"]["attribution"]
+    assert at["sites"] == [f"d{d}" for d in range(1 + 2 * 4 + 1 + 1)]  # no fed state; every depth of loop-4
     it = rep["results"]["loop_iterations"]
     assert it["iterations"] == 4 and [r["iteration"] for r in it["rows"]] == [0, 1, 2, 3, 4]
     assert [r["depth"] for r in it["rows"]] == [1, 3, 5, 7, 9] and it["rows"][0]["state_change"] is None
