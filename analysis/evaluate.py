@@ -224,6 +224,7 @@ def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progre
         labels = torch.tensor([words[s.label] for s in samples])
         correct = {m: 0 for m in modes}
         nll = {m: 0.0 for m in modes}
+        iters: dict[str, list] = {}  # loop-R:TOL: the iterations each prompt ran
         sweep_correct, sweep_nll = torch.zeros(sweep + 1), torch.zeros(sweep + 1)
         for i in range(0, len(seqs), batch_size):
             ids, mask = pad_left(seqs[i:i + batch_size], tok.pad_token_id)
@@ -233,6 +234,8 @@ def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progre
                 logits = res[key].logits[:, 0].float().cpu()  # [batch, vocab]
                 correct[m] += int((logits.argmax(-1) == y).sum())
                 nll[m] += float(-logits.log_softmax(-1).gather(1, y[:, None]).sum())
+                if res[key].iterations is not None:
+                    iters.setdefault(m, []).extend(res[key].iterations.tolist())
             if sweep:
                 lg = fused_trajectory(model, ids, mask, sweep).logits[:, :, 0].float().cpu()  # [passes+1, batch, vocab]
                 sweep_correct += (lg.argmax(-1) == y[None]).sum(-1).float()
@@ -241,7 +244,9 @@ def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progre
         base = {"task": task, "n_distractors": n, "n_samples": total,
                 "mean_tokens": sum(s.n_tokens for s in samples) / total}
         ci = lambda k: dict(zip(("ci_low", "ci_high"), wilson_interval(int(k), total)))  # noqa: E731
-        rows += [{**base, "mode": m, "accuracy": correct[m] / total, **ci(correct[m]), "label_loss": nll[m] / total}
+        rows += [{**base, "mode": m, "accuracy": correct[m] / total, **ci(correct[m]), "label_loss": nll[m] / total,
+                  **({"mean_iterations": sum(iters[m]) / len(iters[m]), "max_iterations": max(iters[m])}
+                     if m in iters else {})}
                  for m in modes]
         rows += [{**base, "mode": f"fused-{k}", "accuracy": float(sweep_correct[k]) / total,
                   **ci(round(float(sweep_correct[k]))), "label_loss": float(sweep_nll[k]) / total}

@@ -9,6 +9,8 @@
                       training-free recirculation of depth S into depth D with weight A (engine.recirculation)
     loop-R            a looped model (models.looped) run with R iterations of its core: one parallel pass, feedback
                       in depth, none across positions (on a looped model, standard runs its trained R)
+    loop-R:TOL        adaptive exit (Huginn): per prompt, the fewest iterations r <= R after which the loop state at
+                      T changes by less than TOL (relative), and the answer of the model run r times
 
 CLIs call :func:`parse_mode` / :func:`canonical_modes` at their boundary and pass :class:`Mode` values (or
 their canonical ``.name``) down; every error for a bad mode is the one message below.
@@ -28,8 +30,8 @@ RECIRC_PREFIX = "recirc-"
 MAX_FUSED_PASSES = 1000
 MAX_RECURRENT_K = 100_000
 MAX_LOOP_ITERATIONS = 256  # models.looped.MAX_ITERATIONS
-_MODE_RE = re.compile(r"^(standard|recurrent-(\d+|full)|fused-(\d+)|loop-(\d+))$")
-HELP = "standard, recurrent-K, recurrent-full, fused-N, loop-R or recirc-S:D:ALPHA[:convex|residual]"
+_MODE_RE = re.compile(r"^(standard|recurrent-(\d+|full)|fused-(\d+)|loop-(\d+)(?::([0-9.eE+-]+))?)$")
+HELP = "standard, recurrent-K, recurrent-full, fused-N, loop-R, loop-R:TOL or recirc-S:D:ALPHA[:convex|residual]"
 # analysis.evaluate's default --modes (here, below both, so that training.card can tell a default run apart)
 EVAL_MODES = "std,soft,fused,recurrent-full,fused-1..30"
 
@@ -39,6 +41,7 @@ class Mode:
     kind: str  # "standard" | "recurrent" | "fused" | "recirc" | "loop"
     n: int | None = None  # k for recurrent (None = full), passes for fused, iterations for loop
     recirc: object | None = None  # engine.recirculation.RecircSpec for kind "recirc"
+    tol: float | None = None  # loop-R:TOL, the adaptive exit's threshold (kind "loop")
 
     @property
     def name(self) -> str:
@@ -49,7 +52,7 @@ class Mode:
         if self.kind == "fused":
             return f"fused-{self.n}"
         if self.kind == "loop":
-            return f"loop-{self.n}"
+            return f"loop-{self.n}" if self.tol is None else f"loop-{self.n}:{self.tol:g}"
         return self.recirc.name
 
     @property
@@ -69,8 +72,14 @@ class Mode:
 
     @property
     def loop_iterations(self) -> int | None:
-        """R of a loop-R mode (a looped model's core iterated R times), else None."""
-        return self.n if self.kind == "loop" else None
+        """R of a loop-R mode (a looped model's core iterated R times), else None; None too for the adaptive exit
+        (loop-R:TOL, whose iterations vary per prompt)."""
+        return self.n if self.kind == "loop" and self.tol is None else None
+
+    @property
+    def adaptive_exit(self) -> tuple[int, float] | None:
+        """(R, TOL) of loop-R:TOL, else None."""
+        return (self.n, self.tol) if self.kind == "loop" and self.tol is not None else None
 
     @property
     def has_gradient(self) -> bool:
@@ -80,7 +89,7 @@ class Mode:
     @property
     def attributable(self) -> bool:
         """Whether engine.attribution computes every site's gradient in one run of this mode."""
-        return self.kind in ("standard", "recurrent", "loop")
+        return self.kind in ("standard", "recurrent") or self.loop_iterations is not None
 
     @property
     def fed_top_source(self) -> str | None:
@@ -142,7 +151,15 @@ def parse_mode(mode, n_layers: int | None = None) -> Mode:
         r = int(m.group(4))
         if not 1 <= r <= MAX_LOOP_ITERATIONS:
             raise UserError(f"mode {mode!r}: a loop runs 1..{MAX_LOOP_ITERATIONS} iterations")
-        return Mode("loop", r)
+        if m.group(5) is None:
+            return Mode("loop", r)
+        try:
+            tol = float(m.group(5))
+        except ValueError:
+            tol = float("nan")
+        if not 0 < tol < 1:  # NaN fails too
+            raise UserError(f"mode {mode!r}: the exit threshold TOL must be a number in (0, 1) (a relative change)")
+        return Mode("loop", r, tol=tol)
     n = int(m.group(3))
     if n > MAX_FUSED_PASSES:
         raise UserError(f"mode {mode!r}: at most {MAX_FUSED_PASSES} fused passes")

@@ -565,6 +565,9 @@ class LoopPatcher(StandardPatcher):
     def __init__(self, model, ids, mask, mode):
         from models.looped import require_looped
 
+        if mode.adaptive_exit is not None:
+            raise UserError(f"{mode.name} runs every prompt to its own exit: an evaluation mode (analysis.evaluate); "
+                            f"patch a fixed loop-{mode.n} instead")
         self._looped, self._r = require_looped(model, mode.name), mode.n
         with self._looping():
             super().__init__(model, ids, mask, mode)

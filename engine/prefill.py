@@ -404,6 +404,11 @@ def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask
                 results[m.name] = recirculated_prefill(model, m.recirc, input_ids, attention_mask, positions,
                                                        collect)
                 continue
+            if m.adaptive_exit is not None:  # loop-R:TOL: each prompt exits where its state at T settles
+                from engine.loops import adaptive_exit
+
+                results[m.name] = adaptive_exit(model, input_ids, attention_mask, *m.adaptive_exit, positions, m.name)
+                continue
             if m.kind == "loop":  # the looped model re-unrolled to R iterations: its own recorder, depths
                 from models.looped import looping, require_looped
 

@@ -13,3 +13,4 @@ class PrefillResult:
     logits: torch.Tensor  # [batch, n_pos, vocab]
     top: torch.Tensor  # [batch, n_pos, d_model] post-final-norm state (fed back at the next position)
     resid: torch.Tensor | None = None  # [batch, n_pos, L+1, d_model] residual stream at every depth
+    iterations: torch.Tensor | None = None  # [batch] loop-R:TOL only: the iterations each prompt ran (its exit)

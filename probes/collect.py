@@ -136,6 +136,10 @@ class Collector:
         from models.looped import looping
 
         modes = canonical_modes(modes, self.n_layers)
+        adaptive = [m for m in modes if parse_mode(m).adaptive_exit is not None]
+        if adaptive:
+            raise UserError(f"{adaptive[0]} runs every prompt to its own exit (a different stack per prompt): an "
+                            "evaluation mode; probe a fixed loop-R instead")
         loops = [m for m in modes if parse_mode(m).loop_iterations is not None]
         out = {}
         for m in loops:  # each at its own unrolling, as standard there

@@ -302,3 +302,33 @@ def test_probes_write_the_iteration_axis_and_its_heatmap(tmp_path):
     assert [r["loop"]["iteration"] for r in loop5 if r["loop"]["part"] == "core"] == [1, 2, 3, 4, 5]
     assert max(r["depth"] for r in doc["results"] if r["mode"] == "standard") == 1 + 2 + 1  # the trained r = 2
     assert "Probe accuracy per loop iteration" in (out / "depth_curves.html").read_text()
+
+
+def test_adaptive_exit_runs_each_prompt_to_its_settled_iteration():
+    from engine.loops import exit_iterations
+    from engine.prefill import prefill_many
+
+    states = torch.tensor([[[1.0, 0], [2, 0], [2.001, 0], [2.001, 0]],   # settles at i = 2 (change 5e-4)
+                           [[1.0, 0], [2, 0], [3, 0], [4, 0]]])          # never: R = 3
+    assert exit_iterations(states, 1e-3).tolist() == [2, 3]
+    model = make(window=4)
+    ids, mask = ids_of(B=5, T=9)
+    res = prefill_many(model, ids, mask, ["loop-8:0.05", "loop-8:1e-9"])
+    r = res["loop-8:0.05"].iterations
+    assert r.shape == (5,) and ((1 <= r) & (r <= 8)).all()
+    for row, k in enumerate(r.tolist()):  # each row's answer is the model run exactly k times
+        with looping(model, k), torch.no_grad():
+            assert torch.allclose(res["loop-8:0.05"].logits[row, 0], model(ids[row:row + 1], mask[row:row + 1])
+                                  .logits[0, -1], atol=1e-5)
+    assert res["loop-8:1e-9"].iterations.tolist() == [8] * 5  # never settles that far: runs to R
+    from engine.modes import parse_mode
+
+    for bad in ("loop-8:0", "loop-8:2", "loop-8:x", "loop-8:nan"):
+        with pytest.raises(UserError):
+            parse_mode(bad)
+    from interventions.core import Batch, CausalContext
+
+    batch = Batch(ids[:4], mask[:4], torch.tensor([0, 1, 0, 1]), torch.tensor([1, 0, 3, 2]), np.array([0, 0, 1, 1]),
+                  (5, 6))
+    with pytest.raises(UserError, match="evaluation mode"):
+        CausalContext(model, batch, modes=("loop-8:0.05",))
