@@ -87,7 +87,7 @@ def _grad_vector(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("recipe", ["packed", "unpacked", "recurrent"])
+@pytest.mark.parametrize("recipe", ["packed", "unpacked", "recurrent", "looped"])
 def test_process_shares_add_up_to_the_global_micro_batch(recipe):
     tok = build_tokenizer()
     base = replace(get_preset("smoke"), curriculum_steps=0, consistency=1.0, consistency_window=2)
@@ -96,11 +96,19 @@ def test_process_shares_add_up_to_the_global_micro_batch(recipe):
         "unpacked": (replace(base, packing=False, skip_values=True, batch_tokens=1536, fixed_point_prob=0.5), 2),
         "recurrent": (replace(base, objective="recurrent", tasks=("parity", "shell_game"), packing=False,
                               dense_targets=True, targets="labels", distractors={1: 1.0, 4: 1.0}, batch_tokens=600), 0),
+        # a looped model (models.looped): prelude 1, core 1 iterated (r drawn per step), no fusion, one pass
+        "looped": (replace(base, schedule="1", consistency=0.0, consistency_window=0, n_layers=3, loop_prelude=1,
+                           loop_core=1, loop_iterations=3, tasks=("parity",), packing=False, dense_targets=True,
+                           targets="labels", distractors={4: 1.0}, batch_tokens=600), 0),
     }[recipe]
+    if recipe == "looped":  # the trainer sets the step's r (the same in every process) before the step
+        model_r = tmodel.loop_iterations_at(cfg, step)
     model = tmodel.build_model(cfg, len(tok)).train()
+    if recipe == "looped":
+        model.set_iterations(model_r)
     net = tloss.StepLoss(model, cfg)
     micro = tdata.make_batches(cfg, tok, step)
-    assert recipe == "recurrent" or micro[0].k > 1  # the noise and consistency terms are really there
+    assert recipe in ("recurrent", "looped") or micro[0].k > 1  # the noise and consistency terms are really there
     if recipe == "unpacked":  # a micro-batch of fewer rows than processes: some have no row of their own
         assert min(mb.ids.shape[0] for mb in micro) < 2
     for mb in micro:
