@@ -251,6 +251,15 @@ class FullBandwidthLM(nn.Module):
         return cfg
 
     @classmethod
+    def _from_parts(cls, lm, cfg: dict, path: Path) -> "FullBandwidthLM":
+        """The model around the built HF LM, from the checkpoint's config (a subclass reads its own section)."""
+        if "loop" in cfg:  # models.looped.LoopedLM reads it (models.loading picks the class)
+            raise UserError(f"{path} is a looped model (format_version {LOOP_FORMAT_VERSION}): load it with "
+                            "models.loading.load_model or models.looped.LoopedLM.from_pretrained")
+        fusion = cfg["fusion"]
+        return cls(lm, fusion=fusion["enabled"], eps=float(fusion.get("eps", 1e-6)))
+
+    @classmethod
     def from_pretrained(cls, path: str | Path) -> "FullBandwidthLM":
         path = Path(path)
         cfg = cls.read_config(path)
@@ -271,19 +280,15 @@ class FullBandwidthLM(nn.Module):
             lm = AutoModelForCausalLM.from_config(base_config)
         except Exception as e:  # a config HF accepts but cannot build (e.g. heads that do not divide the width)
             raise UserError(f"cannot build the model of {path} from its config.json: {one_line(e, 200)}") from None
-        if "loop" in cfg:
-            from models.looped import LoopedLM, LoopSpec
-
-            try:
-                spec = LoopSpec(**cfg["loop"])
-            except TypeError as e:
-                raise UserError(f"corrupt checkpoint config {path / 'config.json'}: loop {one_line(e)}") from None
-            model = LoopedLM(lm, spec)
-        else:
-            model = cls(lm, fusion=fusion["enabled"], eps=float(fusion.get("eps", 1e-6)))
+        model = cls._from_parts(lm, cfg, path)
         load_weights(model, path / "model.safetensors")
         model.eval()
         return model
+
+
+def is_looped_checkpoint(path: str | Path) -> bool:
+    """Whether the checkpoint folder holds a looped model (config.json with a "loop" section)."""
+    return "loop" in FullBandwidthLM.read_config(path)
 
 
 def load_weights(model: FullBandwidthLM, weights_file: Path) -> None:

@@ -50,7 +50,14 @@ def load_model(name_or_path: str, placement=None):
         if placement.device_map != "none":
             raise UserError(f"--device-map is for plain HF models; {p} is a full-bandwidth checkpoint "
                             "(use --device)")
-        model = FullBandwidthLM.from_pretrained(p)
+        from models.full_bandwidth import is_looped_checkpoint
+
+        if is_looped_checkpoint(p):  # feedback in depth (models.looped)
+            from models.looped import LoopedLM
+
+            model = LoopedLM.from_pretrained(p)
+        else:
+            model = FullBandwidthLM.from_pretrained(p)
     else:
         model = FullBandwidthLM(_load_hf_lm(p, **_hf_kw(placement)), fusion=False).eval()
     return placement.place(model), _load_tokenizer(p, model), p.name

@@ -172,6 +172,16 @@ class LoopedLM(FullBandwidthLM):
         return self.spec.prelude + self.spec.core * i
 
     # ----- persistence --------------------------------------------------------------------------------
+    @classmethod
+    def _from_parts(cls, lm, cfg: dict, path) -> "LoopedLM":
+        if "loop" not in cfg:
+            raise UserError(f"{path} is not a looped model (no \"loop\" in its config.json)")
+        try:
+            spec = LoopSpec(**cfg["loop"])
+        except TypeError as e:
+            raise UserError(f"corrupt checkpoint config {path}/config.json: loop {e}") from None
+        return cls(lm, spec)
+
     def physical_config(self) -> dict:
         cfg = self.lm.config.to_dict()
         cfg["num_hidden_layers"] = self.spec.n_blocks

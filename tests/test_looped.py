@@ -144,18 +144,22 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
     assert cfg["format_version"] == 2 and cfg["loop"] == {"prelude": 1, "core": 2, "coda": 1, "iterations": 3,
                                                          "inject": True}
     assert cfg["base_config"]["num_hidden_layers"] == 4
-    back = FullBandwidthLM.from_pretrained(tmp_path / "m")
+    from models.loading import load_model
+
+    with pytest.raises(UserError, match="is a looped model"):
+        FullBandwidthLM.from_pretrained(tmp_path / "m")
+    back, _, _ = load_model(str(tmp_path / "m"))
     assert isinstance(back, LoopedLM) and back.iterations == 3
     with torch.no_grad():
         assert torch.equal(back(ids, mask).logits, model(ids, mask).logits)
     cfg["loop"]["core"] = 3  # 1 + 3 + 1 blocks for a 4-block base
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError, match="needs a base model of 5 blocks"):
-        FullBandwidthLM.from_pretrained(tmp_path / "m")
+        LoopedLM.from_pretrained(tmp_path / "m")
     del cfg["loop"]
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError, match="go together"):
-        FullBandwidthLM.from_pretrained(tmp_path / "m")
+        load_model(str(tmp_path / "m"))
     for bad in (dict(prelude=-1, core=1, coda=0, iterations=1), dict(prelude=0, core=0, coda=0, iterations=1),
                 dict(prelude=0, core=1, coda=0, iterations=0)):
         with pytest.raises(UserError):
