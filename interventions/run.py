@@ -67,9 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "Writes causal_report.{json,md,html}.")
     add_task_flags(p, TASKS, "completion")
     add_model_flag(p, "tiny-fbt", " with its tokenizer")
-    p.add_argument("--mode", default="recurrent-1",
-                   help="prefill mode intervened on: standard, recurrent-K, recurrent-full, fused-N (default "
-                        "recurrent-1; fused-N patches its last pass) or recirc-S:D:ALPHA[:convex|residual] "
+    p.add_argument("--mode", default=None,
+                   help="prefill mode intervened on: standard, recurrent-K, recurrent-full, fused-N, loop-R (default "
+                        "recurrent-1; on a looped checkpoint standard, its trained iterations; fused-N patches its "
+                        "last pass) or recirc-S:D:ALPHA[:convex|residual] "
                         "(training-free recirculation; its fed state is z_{t-1,s}, the source-depth state "
                         "recirculated from the position before). A model without a fusion module (any HF causal "
                         "LM) takes standard or recirc-*. Layer patching also runs standard.")
@@ -282,7 +283,7 @@ def main(argv=None) -> int:
     pick = lambda flag, key: budget[key] if flag is None else flag  # an explicit flag beats its budget value
     placement = Placement.from_args(args)
     source = resolve_task(args.task)  # a built-in name, a JSONL file or module:function; one-line errors
-    mode = parse_mode(args.mode).name
+    mode = parse_mode(args.mode or "recurrent-1").name  # checked now; a looped checkpoint's default after loading
     max_positions = pick(args.max_positions, "max_positions") or None
     max_depths = pick(args.max_depths, "max_depths") or None
     n_boot, seed, rank = pick(args.n_boot, "n_boot"), args.seed, args.subspace_rank
@@ -345,6 +346,9 @@ def main(argv=None) -> int:
         raise UserError(f"--erase-depths {max(erase_depths)} is beyond the model's depth 0..{model.n_layers}")
     if args.sweep_depth is not None and args.sweep_depth > model.n_layers:
         raise UserError(f"--sweep-depth {args.sweep_depth} is beyond the model's depth 0..{model.n_layers}")
+    if args.mode is None and getattr(model, "spec", None) is not None and hasattr(model, "iterations"):
+        mode = "standard"  # a looped model: its loop at the trained r, one parallel pass
+        say(f"{args.model} is a looped model: mode standard ({model.iterations} iterations of its core)")
     parsed = parse_mode(mode, model.n_layers)  # recirculation depths checked against this model
     if not model.has_fusion and parsed.has_feedback:
         raise UserError(f"model {args.model!r} has no fusion module, so it has no {mode} prefill: use --mode "

@@ -277,6 +277,11 @@ def test_the_battery_runs_on_a_looped_checkpoint_at_another_r(tmp_path):
     assert rep["results"]["layer_patching"]["modes"] == ["loop-4"]
     assert max(rep["results"]["layer_patching"]["depths"]) == 1 + 2 * 4 + 1  # the loop-4 stack
     assert rep["results"]["das"]["site"]["depth"] == 7
+    assert main(["--model", str(tmp_path / "m"), "--task", "parity", "--n-pairs", "10", "--distractors", "4",
+                 "--out", str(tmp_path / "default"), "--control-model", "none", "--no-progress",
+                 "--max-positions", "2"]) == 0  # no --mode: the loop at its trained r (standard)
+    default = json.loads((tmp_path / "default" / "causal_report.json").read_text())
+    assert default["config"]["mode"] == "standard" and default["results"]["loop_iterations"]["iterations"] == 2
     at = rep["results"]["attribution"]
     assert at["sites"] == [f"d{d}" for d in range(1 + 2 * 4 + 1 + 1)]  # no fed state; every depth of loop-4
     it = rep["results"]["loop_iterations"]
