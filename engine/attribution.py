@@ -9,6 +9,8 @@ the gradient at every site of the clean run, which one backward through the recu
 site (each a leaf that requires grad), so d metric / d leaf is the gradient at the site:
     resid   [B, T, L+1, D]  the residual stream at (column, depth), depth 0 = the vector entering block 0
     state   [B, T, D]       the fed state entering the fusion at column t (recurrent modes; zero where t is not fed)
+    blocks  {"attn_out" | "mlp_out": [B, T, L, D]}  inside block l: its attention and MLP outputs (engine.hooks.on_block),
+            with their values in the run (`block_values`: a donor row's value there is the donor's clean one)
 `interpolate` = (delta_e [B, T, D], alphas): integrated gradients along the inputs instead (EAP-IG, Hanna, Pezzelle and
 Belinkov 2024): the token embeddings are moved to e + alpha * delta_e (delta_e = the donor's embeddings minus the
 row's own) and the gradients at every site averaged over the alphas, one forward and backward each. Where the metric
@@ -29,7 +31,10 @@ import torch
 from common.errors import UserError
 from engine.cache import new_cache
 from engine.edits import Lambda
-from engine.hooks import Hooks, on_depth, on_output
+from engine.hooks import Hooks, on_block, on_depth, on_output
+
+BLOCK_SITES = ("attn_out", "mlp_out")  # inside every block (engine.hooks.on_block; TransformerLens' hook_attn_out /
+#                                        hook_mlp_out)
 from engine.modes import Mode
 from engine.prefill import positions_from_mask, recurrent_start, recurrent_steps
 from models.looped import looping
@@ -42,6 +47,8 @@ class SiteGradients:
     resid: torch.Tensor  # [B, T, L+1, D] d metric / d residual stream at (column, depth)
     state: torch.Tensor | None  # [B, T, D] d metric / d fed state at column t (recurrent modes), else None
     fed_from: int | None  # first fed column (recurrent modes: T - k), else None
+    blocks: dict | None = None  # {"attn_out" | "mlp_out": [B, T, L, D]} d metric / d block output
+    block_values: dict | None = None  # the same sites' values in this run (the clean run, or the path's mean)
 
 
 def site_gradients(model: FullBandwidthLM, ids: torch.Tensor, mask: torch.Tensor, mode: Mode, metric,
@@ -60,12 +67,24 @@ def site_gradients(model: FullBandwidthLM, ids: torch.Tensor, mask: torch.Tensor
             rows = torch.arange(i, min(B, i + chunk))
             runs = [_one_chunk(model, ids[rows], mask[rows], mode, metric, rows,
                                None if a is None else (interpolate[0][rows], float(a))) for a in alphas]
-            parts.append(runs[0] if len(runs) == 1 else SiteGradients(
-                torch.stack([r.metric for r in runs]).mean(0), torch.stack([r.resid for r in runs]).mean(0),
-                None if runs[0].state is None else torch.stack([r.state for r in runs]).mean(0), runs[0].fed_from))
+            mean = lambda xs: xs[0] if len(xs) == 1 else torch.stack(xs).mean(0)  # noqa: E731
+            parts.append(SiteGradients(
+                mean([r.metric for r in runs]), mean([r.resid for r in runs]),
+                None if runs[0].state is None else mean([r.state for r in runs]), runs[0].fed_from,
+                {k: mean([r.blocks[k] for r in runs]) for k in runs[0].blocks},
+                runs[0].block_values if interpolate is None else None))
     state = None if parts[0].state is None else torch.cat([p.state for p in parts])
+    blocks = {k: torch.cat([p.blocks[k] for p in parts]) for k in parts[0].blocks}
+    values = None if parts[0].block_values is None else \
+        {k: torch.cat([p.block_values[k] for p in parts]) for k in parts[0].block_values}
     return SiteGradients(torch.cat([p.metric for p in parts]), torch.cat([p.resid for p in parts]), state,
-                         parts[0].fed_from)
+                         parts[0].fed_from, blocks, values)
+
+
+def blocks_addressable(model) -> bool:
+    """Whether every decoder block is its own module (a looped model's unrolled blocks share theirs: a hook inside
+    one would fire at every iteration, so its attention / MLP sites are left out)."""
+    return not hasattr(model, "iterations")
 
 
 def _one_chunk(model, ids, mask, mode: Mode, metric, rows, shift=None) -> SiteGradients:
@@ -74,14 +93,27 @@ def _one_chunk(model, ids, mask, mode: Mode, metric, rows, shift=None) -> SiteGr
     L, D = len(layers), model.d_model
     w = next(model.parameters())
     leaves = [torch.zeros(B, T, D, device=w.device, dtype=w.dtype, requires_grad=True) for _ in range(L + 1)]
+    block_leaves = {k: [torch.zeros(B, T, D, device=w.device, dtype=w.dtype, requires_grad=True) for _ in range(L)]
+                    for k in BLOCK_SITES}
+    values = {k: torch.zeros(B, T, L, D, dtype=torch.float32) for k in BLOCK_SITES}
     now = {"cols": slice(0, T)}  # the columns of the current model call
 
     def add(d):
         return lambda h: h + leaves[d][:, now["cols"]]
 
+    def add_block(site, layer):
+        def fn(x):
+            values[site][:, now["cols"], layer] = x.detach().float().cpu()
+            return x + block_leaves[site][layer][:, now["cols"]]
+
+        return fn
+
     with torch.enable_grad(), Hooks() as hooks:
         for d in range(L + 1):
             hooks.add(on_depth(layers, d, add(d)))
+        for site in BLOCK_SITES if blocks_addressable(model) else ():
+            for layer in range(L):
+                hooks.add(on_block(model.lm, layer, site, add_block(site, layer)))
         if shift is not None:  # the inputs moved along the path: every embedding call of the run
             delta_e, a = shift
             hooks.add(on_output(model.lm.get_input_embeddings(),
@@ -108,10 +140,13 @@ def _one_chunk(model, ids, mask, mode: Mode, metric, rows, shift=None) -> SiteGr
                 pass
             logits = out.logits[:, 0] if out is not None else std.logits[:, -1]
         m = metric(logits.float(), rows)
-        grads = torch.autograd.grad(m.sum(), leaves + ([state_leaf] if state_leaf is not None else []),
+        flat = [x for k in BLOCK_SITES for x in block_leaves[k]]
+        grads = torch.autograd.grad(m.sum(), leaves + flat + ([state_leaf] if state_leaf is not None else []),
                                     allow_unused=True)
-    resid = torch.stack([torch.zeros_like(leaves[d]) if g is None else g for d, g in enumerate(grads[:L + 1])], 2)
-    state = None
-    if state_leaf is not None:
-        state = torch.zeros_like(state_leaf) if grads[L + 1] is None else grads[L + 1]
-    return SiteGradients(m.detach(), resid.detach(), None if state is None else state.detach(), s)
+    grads = [torch.zeros(B, T, D, device=w.device, dtype=w.dtype) if g is None else g.detach() for g in grads]
+    resid = torch.stack(grads[:L + 1], 2)
+    blocks = {k: torch.stack(grads[L + 1 + j * L: L + 1 + (j + 1) * L], 2) for j, k in enumerate(BLOCK_SITES)}
+    state = grads[-1] if state_leaf is not None else None
+    if not blocks_addressable(model):
+        blocks, values = {}, None
+    return SiteGradients(m.detach(), resid, state, s, blocks, values)

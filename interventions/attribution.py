@@ -9,7 +9,7 @@ with x the clean run's value: the residual stream at (depth, c) and, in recurren
 fusion at c (the top state of c - 1). Every estimate comes from ONE forward and ONE backward per batch chunk; the
 exact patch of the fed state at c costs T - c one-token steps (engine.patching).
 
-The report: a heatmap over position x site (rows `state`, `d0` .. `dL`) of the mean estimate over the rows whose
+The report: a heatmap over position x site (rows `state`, `d0` .. `dL`, `attn0` .. , `mlp0` .. ) of the mean estimate over the rows whose
 own and paired columns are real (for the state, columns c - 1 and c too: the sweep's rows), with cluster-bootstrap
 95% CIs over groups; and its agreement with the exact patches where they were run: per position against the state
 sweep (Spearman over positions, the overlap of the 5 largest |effects|, sign agreement) and per cell against the
@@ -132,6 +132,14 @@ def attribution(ctx, n_boot: int = 1000, seed: int = 0, max_positions: int | Non
         sites.append(f"d{d}")
         values.append(est_resid[:, cols, d])
         masks.append(real[:, cols])
+    if g.block_values is not None:  # inside every block: Delta from this run's own values (the pair is in the batch)
+        for site, short in (("attn_out", "attn"), ("mlp_out", "mlp")):
+            v = g.block_values[site].double()  # [B, T, L, D]
+            est = ((v[pair] - v) * g.blocks[site].cpu().double()).sum(-1).numpy()  # [B, T, L]
+            for layer in range(L):
+                sites.append(f"{short}{layer}")
+                values.append(est[:, cols, layer])
+                masks.append(real[:, cols])
     V, M = np.concatenate(values, 1), np.concatenate(masks, 1)
     means, cis = cell_means_ci(V, M, b.groups, n_boot, seed)
     P = len(positions)

@@ -18,7 +18,7 @@ JSON schema {"name": "causal-report", "version": 8}. Version 8 keeps every field
                                 <metrics>, lens_accuracy, lens_ld_mean, state_change (|s_i - s_(i-1)| / |s_i| at T,
                                 null for i = 0)}]
     results.attribution         attribution patching (interventions.attribution): mode, method, metric, reference,
-                                sites ["state", "d0", ..., "dL"], positions (offsets), position_names, mean_estimate
+                                sites ["state", "d0", ..., "dL", "attn0", ..., "mlp0", ...], positions (offsets), position_names, mean_estimate
                                 [site][position] (mean estimated LD change; null where no row is real), ci (95%
                                 cluster bootstrap), n_rows, metric_clean_mean, chunk, timings_s {gradients, total},
                                 vs_position_sweep {n, spearman, top_k, top_overlap, top_estimate, top_exact,

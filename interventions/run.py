@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--das-lr", type=float, default=0.01, help="Adam learning rate of the rotation (default 0.01)")
     p.add_argument("--attribution", action="store_true",
                    help="attribution patching: the first-order estimate (donor - own) . dLD/d(site) of every patch "
-                        "of the fed state (recurrent modes) and of the residual stream at every (depth, position), "
+                        "of the fed state (recurrent modes), of the residual stream at every (depth, position) and of "
+                        "every block's attention and MLP outputs, "
                         "from one forward and one backward, as a heatmap with CIs, checked against the exact position "
                         "sweep and layer patching of the same run (standard, loop-R and recurrent-K modes)")
     p.add_argument("--attribution-ig", type=int_in(0, 256), default=0, metavar="M",

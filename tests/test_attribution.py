@@ -30,31 +30,37 @@ def _ld_metric(batch):
 
 @pytest.mark.parametrize("mode", ["standard", "recurrent-1", "recurrent-full"])
 def test_gradients_match_finite_differences_of_the_exact_patches(tiny_model, mode):
-    """dLD/dx . v equals (LD(x + eps v) - LD(x - eps v)) / 2 eps of the exact patched run, at every site kind."""
+    """dLD/dx . v equals (LD(x + v) - LD(x - v)) / 2 of the exact patched run, at every site kind: the residual
+    stream, the fed state, and the attention and MLP outputs inside blocks."""
     batch = _random_batch(tiny_model, n_pairs=3, T=7, seed=2)
     batch.attention_mask[:] = 1  # float64 (exact enough for finite differences): no padding, whose -inf rows NaN there
     ctx = CausalContext(tiny_model.double(), batch, modes=("standard", mode))
     g = site_gradients(ctx.model, batch.input_ids, batch.attention_mask, parse_mode(mode), _ld_metric(batch), chunk=4)
     other = batch.labels[batch.pair]
     gen = torch.Generator().manual_seed(0)
-    # a step of 1e-3 of the site's norm (HF norms compute in float32 even for float64 inputs): central differences
-    sites = [("resid", d, pos) for d in (0, 1, tiny_model.n_layers) for pos in (-1, -3)]
+    L = tiny_model.n_layers
+    sites = [("resid", d, pos) for d in (0, 1, L) for pos in (-1, -3)]
+    sites += [(b, layer, pos) for b in ("attn_out", "mlp_out") for layer in (0, L - 1) for pos in (-1, -2)]
     if mode != "standard":
         sites += [("state", 0, pos) for pos in ctx.fused_positions(mode)[-2:]]
     resid = ctx.resid(mode).double()
     T = batch.input_ids.shape[1]
     for site, d, pos in sites:
-        own = ctx.state(mode, pos).double() if site == "state" else resid[:, T + pos, d]
+        if site in ("attn_out", "mlp_out"):
+            own, at, grad = g.block_values[site][:, T + pos, d].double(), dict(layer=d), g.blocks[site][:, T + pos, d]
+        elif site == "state":
+            own, at, grad = ctx.state(mode, pos).double(), {}, g.state[:, T + pos]
+        else:
+            own, at, grad = resid[:, T + pos, d], dict(depth=d), g.resid[:, T + pos, d]
+        # a step of 1e-3 of the site's norm (HF norms compute in float32 even for float64 inputs)
         v = torch.randn(own.shape, generator=gen, dtype=torch.float64)
         v = 1e-3 * v * (own.norm(dim=-1, keepdim=True) / v.norm(dim=-1, keepdim=True))
         lds = []
         for sign in (1, -1):
             with torch.no_grad():
-                logits = ctx._runner(mode).run([Patch(site, (own + sign * v).to(torch.float64),
-                                                                       depth=d, pos=pos)])
+                logits = ctx._runner(mode).run([Patch(site, own + sign * v, pos=pos, **at)])
             lds.append(label_ld(logits, batch.labels, batch.label_ids, other))
         fd = (lds[0] - lds[1]) / 2
-        grad = g.state[:, T + pos] if site == "state" else g.resid[:, T + pos, d]
         est = (grad.double() * v).sum(-1).numpy()
         assert np.allclose(est, fd, rtol=1e-2, atol=1e-5), (site, d, pos)
     tiny_model.float()
@@ -89,8 +95,9 @@ def test_report_heatmap_and_agreement_with_the_sweep(tiny_model):
     sweep = s.position_sweep()
     out = s.attribution(sweep=sweep)
     T, L = batch.input_ids.shape[1], tiny_model.n_layers
-    assert out["sites"] == ["state"] + [f"d{d}" for d in range(L + 1)]
-    assert len(out["mean_estimate"]) == L + 2 and all(len(r) == T for r in out["mean_estimate"])
+    assert out["sites"] == (["state"] + [f"d{d}" for d in range(L + 1)] + [f"attn{l}" for l in range(L)]
+                            + [f"mlp{l}" for l in range(L)])
+    assert len(out["mean_estimate"]) == 3 * L + 2 and all(len(r) == T for r in out["mean_estimate"])
     assert out["mean_estimate"][0][0] is None  # column 0 is never fed
     v = out["vs_position_sweep"]
     assert v["n"] == len(v["estimate"]) == len(v["exact"]) and v["top_k"] == min(5, v["n"])
