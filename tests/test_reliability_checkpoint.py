@@ -121,11 +121,11 @@ def test_tokenizer_larger_than_the_embedding(qwen_ckpt):
 
 
 # ----- 2. format_version ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("version", [2, 0, "1", None, True, 1.5])
+@pytest.mark.parametrize("version", [3, 0, "1", None, True, 1.5])
 def test_unknown_format_version(qwen_ckpt, version):
     _edit_config(qwen_ckpt, lambda c: c.update(format_version=version) if version is not None
                  else c.pop("format_version"))
-    _refused(qwen_ckpt, "format_version", "reads only format_version 1")
+    _refused(qwen_ckpt, "format_version", "reads only format_version 1, 2")
 
 
 # ----- 3. Qwen3 num_hidden_layers vs layer_types ------------------------------------------------------------------
