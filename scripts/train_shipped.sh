@@ -63,3 +63,17 @@ cp figures/tiny-std-group/eval.json checkpoints/tiny-std-group/eval.json
 for p in tiny-fbt-group tiny-std-group; do
   $PY -m training.card checkpoints/$p --command "python -m training.train --preset $p" --notes docs/cards/$p.md > /dev/null
 done
+# The tracking pair on the adversarial draws (docs/recipe.md item 24): parity mended at the trained length, the
+# shell game lost to the held-out split (results.md). Parity's variants go into the card's eval.json.
+for p in tiny-fbt-track2 tiny-std-track2; do
+  $PY -m training.train --preset $p --threads 2 --no-progress --overwrite
+done
+$PY -m analysis.evaluate --model checkpoints/tiny-fbt-track2 --tasks parity,parity@hold,parity@periodic,parity@heldout \
+  --modes recurrent-full --distractors 16,64,256,1024 --n-pairs 100 --overwrite --no-progress
+cp figures/tiny-fbt-track2/eval.json checkpoints/tiny-fbt-track2/eval.json
+$PY -m analysis.evaluate --model checkpoints/tiny-std-track2 --tasks parity,shell_game,parity@hold --modes std \
+  --distractors 16,64,256 --n-pairs 100 --batch-size 8 --overwrite --no-progress
+cp figures/tiny-std-track2/eval.json checkpoints/tiny-std-track2/eval.json
+for p in tiny-fbt-track2 tiny-std-track2; do
+  $PY -m training.card checkpoints/$p --command "python -m training.train --preset $p" --notes docs/cards/$p.md > /dev/null
+done
