@@ -358,12 +358,16 @@ def _attribution_markdown(res) -> list[str]:
                       ("vs_layer_patching", "exact layer patching (per depth x position cell)")):
         v = at.get(key)
         if v:
-            spear = "undefined (a constant side)" if v["spearman"] is None else f"{v['spearman']:.2f}"
+            spear = ("undefined (fewer than 3 cells, or one side constant)" if v["spearman"] is None
+                     else f"{v['spearman']:.2f}")
+            verdict = ""
+            if v["spearman"] is not None and v["spearman"] < 0.9:
+                verdict = (" Below the 0.9 agreement bar: the first-order estimate does not rank these cells as the "
+                           "exact patches do. It is wrong wherever the metric is not linear between the two values, "
+                           "e.g. a saturated answer that flips only far from the clean value (see the dose table).")
             out += ["", f"Against {what}: Spearman {spear} over {v['n']} cells, top-{v['top_k']} |effect| overlap "
                     f"{v['top_overlap']}/{v['top_k']}, sign agreement {_f(v['sign_agreement'])}, mean |estimate - exact| "
-                    f"{_f(v['abs_error_mean'])} against a mean |exact| of {_f(v['exact_abs_mean'])}."
-                    + (" The first-order estimate misses the exact effect here: the metric is not linear between "
-                       "the two values (a flip of a saturated, discrete state)." if (v["spearman"] or 0) < 0.9 else "")]
+                    f"{_f(v['abs_error_mean'])} against a mean |exact| of {_f(v['exact_abs_mean'])}." + verdict]
     return out
 
 
