@@ -65,6 +65,8 @@ def main(argv=None) -> int:
     p.add_argument("--n-pairs", type=int_in(50, 5000), default=600, help="sample pairs (default 600: 1200 rows)")
     p.add_argument("--mode", default="recurrent-full", help="the prefill mode (default recurrent-full)")
     p.add_argument("--batch-size", type=int_in(1, 1024), default=64)
+    p.add_argument("--sites", choices=("fed", "all"), default="fed",
+                   help="fed: the fed state h_{T-1} only (default); all: also the residual at T at depths 0, L/2, L")
     add_seed_flag(p, "the dataset and the probes' folds")
     add_threads_flag(p, 2)
     args = p.parse_args(argv)
@@ -99,7 +101,9 @@ def main(argv=None) -> int:
             resid.append(r.resid[:, 1][:, depths].double().numpy())  # [b, |depths|, D] at T
     fed, resid = np.concatenate(fed), np.concatenate(resid)
     config = ProbeConfig(random_state=args.seed)
-    sites = {"fed state h_{T-1}": fed, **{f"resid d{d} at T": resid[:, j] for j, d in enumerate(depths)}}
+    sites = {"fed state h_{T-1}": fed}
+    if args.sites == "all":
+        sites.update({f"resid d{d} at T": resid[:, j] for j, d in enumerate(depths)})
     out = {"model": args.model, "task": args.task, "mode": mode, "distractors": args.distractors,
            "n_samples": len(samples), "sites": {}}
     print(f"{args.task}, N = {args.distractors}, {len(samples)} samples ({args.n_pairs} pairs), {mode}: held-out "
