@@ -29,6 +29,16 @@ def make(spec=LoopSpec(1, 2, 1, 3), window=None, seed=0) -> LoopedLM:
     return model
 
 
+def saved_looped(path, spec: LoopSpec) -> None:
+    """A random looped checkpoint with the task tokenizer at `path` (for the CLIs)."""
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    cfg = qwen3_config(len(tok.get_vocab()), n_layers=spec.n_blocks, d_model=32, n_heads=2, n_kv_heads=1)
+    LoopedLM(AutoModelForCausalLM.from_config(cfg), spec).save_pretrained(path, tok)
+
+
 def ids_of(B=3, T=11, seed=1):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(2, V, (B, T), generator=g)
@@ -260,12 +270,8 @@ def test_the_battery_runs_on_a_looped_checkpoint_at_another_r(tmp_path):
     import json
 
     from interventions.run import main
-    from tasks import build_tokenizer
 
-    tok = build_tokenizer()
-    torch.manual_seed(0)
-    cfg = qwen3_config(len(tok.get_vocab()), n_layers=4, d_model=32, n_heads=2, n_kv_heads=1)
-    LoopedLM(AutoModelForCausalLM.from_config(cfg), LoopSpec(1, 2, 1, 2)).save_pretrained(tmp_path / "m", tok)
+    saved_looped(tmp_path / "m", LoopSpec(1, 2, 1, 2))
     out = tmp_path / "rep"
     assert main(["--model", str(tmp_path / "m"), "--task", "parity", "--mode", "loop-4", "--n-pairs", "10",
                  "--distractors", "4", "--out", str(out), "--control-model", "none", "--no-progress",
@@ -295,12 +301,8 @@ def test_probes_write_the_iteration_axis_and_its_heatmap(tmp_path):
     import json
 
     from probes.run import main
-    from tasks import build_tokenizer
 
-    tok = build_tokenizer()
-    torch.manual_seed(0)
-    cfg = qwen3_config(len(tok.get_vocab()), n_layers=3, d_model=32, n_heads=2, n_kv_heads=1)
-    LoopedLM(AutoModelForCausalLM.from_config(cfg), LoopSpec(1, 1, 1, 2)).save_pretrained(tmp_path / "m", tok)
+    saved_looped(tmp_path / "m", LoopSpec(1, 1, 1, 2))
     out = tmp_path / "p"
     assert main(["--task", "parity", "--model", str(tmp_path / "m"), "--modes", "standard,loop-5", "--distractors", "4",
                  "--n-pairs", "30", "--out", str(out), "--no-progress", "--no-mdl"]) == 0
