@@ -349,7 +349,8 @@ def _attribution_markdown(res) -> list[str]:
     if not at:
         return []
     out = ["", f"## Attribution patching ({at['mode']}): estimated LD change per (site, position)", "",
-           f"{at['method']}; {at['metric']}. One forward and one backward ({at['timings_s']['gradients']:.1f} s). "
+           f"{at['method']}; {at['metric']}. {max(1, at.get('ig_steps', 0))} forward and backward pass"
+           f"{'es' if at.get('ig_steps', 0) > 1 else ''} per batch chunk ({at['timings_s']['gradients']:.1f} s). "
            "Mean over real rows; 95% CI by a bootstrap over groups.", "",
            "| site | " + " | ".join(at["position_names"]) + " |", "|---" * (len(at["positions"]) + 1) + "|"]
     for site, row in zip(at["sites"], at["mean_estimate"]):
