@@ -209,10 +209,10 @@ def das_battery(run, base: torch.Tensor, source: torch.Tensor, target: torch.Ten
             fits.append(info)
             if on_fit is not None:
                 on_fit()
-        das = pooled(run_per_fold(lambda f: rots[f].edit(source, exact=True)))
-        train_iia = float(np.mean(np.concatenate([
-            _iia(lg, tgt, label_ids, torch.as_tensor(tr, dtype=torch.long))
-            for lg, tr in zip(run_per_fold(lambda f: rots[f].edit(source, exact=True)), train_sets)])))
+        fitted = run_per_fold(lambda f: rots[f].edit(source, exact=True))  # one run per fold: held-out and train
+        das = pooled(fitted)
+        train_iia = float(np.mean(np.concatenate([_iia(lg, tgt, label_ids, torch.as_tensor(tr, dtype=torch.long))
+                                                  for lg, tr in zip(fitted, train_sets)])))
         rnd = pooled(run_per_fold(lambda f: exact_interchange(
             source, random_subspace(d, k, config.seed * 7919 + 101 * k + f, torch.float64))))
         row = {"k": k, **das, "train_iia": train_iia, "random_iia": rnd["iia"], "random_iia_ci": rnd["iia_ci"],
