@@ -45,7 +45,11 @@ def _chance(task: str) -> float:
     return 1.0 / len(LABEL_WORDS.get(task, (0, 1)))
 
 
-def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, tasks=None, model_modes=None):
+TITLE = "State tracking past the depth: accuracy vs N (same weights, std vs recurrence; and the 1-pass twin)"
+
+
+def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, tasks=None, model_modes=None,
+                  title: str = TITLE):
     """`model_modes` {model name: modes}: the modes drawn for that model instead of `modes` (a twin whose fusion
     is untrained is read under std only)."""
     import plotly.graph_objects as go
@@ -86,15 +90,36 @@ def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, task
         fig.update_xaxes(type="log", title_text="N update lines", row=1, col=ti + 1, dtick=0.30103)
     fig.update_yaxes(range=[0, 1.02], title_text="label accuracy", row=1, col=1)
     fig.update_layout(template="plotly_white", width=560 * len(tasks) + 240, height=460,
-                      title="State tracking past the depth: accuracy vs N (same weights, std vs recurrence; and the "
-                            "1-pass twin)", legend=dict(font=dict(size=10)))
+                      title=title, legend=dict(font=dict(size=10)))
     return fig
 
 
-def render_html(evals, modes=DEFAULT_MODES, model_modes=None, plotly: str = "directory") -> str:
+def markdown_tables(evals, modes=DEFAULT_MODES, model_modes=None, tasks=None) -> str:
+    """The figure's numbers as markdown, one table per task: a row per (model, mode) drawn, a column per N, the
+    accuracy to 3 decimals (the CIs stay in the eval.json files); an empty cell where a model was not run at N."""
+    rows = [(name, r) for name, rs in evals for r in rs]
+    tasks = tasks or list(dict.fromkeys(r["task"] for _, r in rows))
+    out = []
+    for task in tasks:
+        ns = sorted({r["n_distractors"] for _, r in rows if r["task"] == task})
+        lines = [f"| {task} (chance {_chance(task):.2f}), N update lines | " + " | ".join(map(str, ns)) + " |",
+                 "|---" * (len(ns) + 1) + "|"]
+        for model in dict.fromkeys(name for name, _ in rows):
+            wanted = (model_modes or {}).get(model, modes)
+            for mode in [m for m in wanted if any(n == model and r["task"] == task and r["mode"] == m
+                                                  for n, r in rows)]:
+                acc = {r["n_distractors"]: r["accuracy"] for n, r in rows
+                       if n == model and r["task"] == task and r["mode"] == mode}
+                lines.append(f"| {model}, {mode} | " + " | ".join(f"{acc[n]:.3f}" if n in acc else "" for n in ns)
+                             + " |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def render_html(evals, modes=DEFAULT_MODES, model_modes=None, plotly: str = "directory", title: str = TITLE) -> str:
     """The page; plotly.js as `plotly` says (common.plotlyjs.PLOTLY_CHOICES; directory: plotly.min.js beside
     the page, written by `write_plotly_js`)."""
-    return length_figure(evals, modes, model_modes=model_modes).to_html(
+    return length_figure(evals, modes, model_modes=model_modes, title=title).to_html(
         include_plotlyjs=include_plotlyjs(plotly), full_html=True, div_id=DIV_ID, config={"displayModeBar": False})
 
 
@@ -108,6 +133,10 @@ def main(argv=None):
                         "is the model name in its eval.json)")
     add_output_flags(p, "./figures/length_curves.html", kind="file", out_extra=": the HTML page")
     p.add_argument("--png", help="also write a PNG here (needs headless Chromium)")
+    p.add_argument("--title", default=TITLE, help="the figure's title (default: the headline's)")
+    p.add_argument("--markdown", action="store_true",
+                   help="also print the drawn numbers as markdown tables (one per task, a row per model and mode, "
+                        "a column per N)")
     add_plotly_flag(p)
     a = p.parse_args(argv)
     out = output_file(a.out if a.out is not None else figures_dir("length_curves.html"))
@@ -127,24 +156,26 @@ def main(argv=None):
         if name not in names:
             raise UserError(f"--model-modes {spec!r}: no model {name!r} among the inputs ({', '.join(names)})")
         model_modes[name] = wanted
-    html = render_html(evals, modes, model_modes, a.plotly)
+    html = render_html(evals, modes, model_modes, a.plotly, a.title)
     write_plotly_js(out.parent, a.plotly)  # first: the page never references a missing plotly.min.js
     atomic_write(out, html)
     print(f"wrote {out}")
+    if a.markdown:
+        print(markdown_tables(evals, modes, model_modes))
     if png:
-        write_png(evals, png, modes, model_modes)
+        write_png(evals, png, modes, model_modes, a.title)
         print(f"wrote {png}")
     return 0
 
 
-def write_png(evals, png, modes=DEFAULT_MODES, model_modes=None) -> Path:
+def write_png(evals, png, modes=DEFAULT_MODES, model_modes=None, title: str = TITLE) -> Path:
     """The figure as a PNG (headless Chromium), drawn from a temporary self-contained page, so it needs neither a
     network nor plotly.min.js beside the HTML."""
     import tempfile
 
     from probes.depth_curves import html_to_png
 
-    fig = length_figure(evals, modes, model_modes=model_modes)
+    fig = length_figure(evals, modes, model_modes=model_modes, title=title)
     with tempfile.TemporaryDirectory() as d:
         page = Path(d) / "page.html"
         page.write_text(fig.to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID,

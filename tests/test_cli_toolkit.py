@@ -31,6 +31,7 @@ ENTRY_POINTS = {
     "analysis/gains.py": {"--tasks", "--tokenizer", "--out", "--overwrite", "--no-progress", "--plotly"},
     "analysis/stability.py": {"--tasks", "--tokenizer", "--out", "--overwrite", "--plotly"},
     "analysis/length_curves.py": {"--out", "--overwrite", "--plotly"},
+    "analysis/where_state.py": {"--out", "--overwrite", "--plotly"},
     "analysis/fixed_point.py": {"MODEL", "--tokenizer"},
     "analysis/demo.py": {"--out", "--overwrite", "--no-progress"},
     "analysis/recirculation/cli.py": {"--model", "--out", "--overwrite", "--plotly", "--dtype", "--threads", "--seed"},

@@ -57,3 +57,19 @@ def test_model_modes_pick_the_lines_of_one_model(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             main([str(a), str(b), "--out", str(tmp_path / "o.html"), "--model-modes", bad])
         assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_markdown_tables_hold_the_drawn_numbers(tmp_path, capsys):
+    from analysis.length_curves import main
+
+    a = _eval(tmp_path / "a.json", "checkpoints/fbt", {("parity", 8, "std"): 0.5, ("parity", 16, "recurrent-full"): 1.0,
+                                                      ("parity", 8, "recurrent-full"): 0.9876})
+    b = _eval(tmp_path / "b.json", "checkpoints/loop", {("parity", 8, "loop-8"): 0.25, ("parity", 8, "std"): 0.75})
+    assert main([str(a), str(b), "--out", str(tmp_path / "p.html"), "--model-modes", "loop:loop-8", "--markdown",
+                 "--title", "three ways"]) == 0
+    text = capsys.readouterr().out
+    assert "| parity (chance 0.50), N update lines | 8 | 16 |" in text
+    assert "| fbt, std | 0.500 |  |" in text
+    assert "| fbt, recurrent-full | 0.988 | 1.000 |" in text
+    assert "| loop, loop-8 | 0.250 |  |" in text and "loop, std" not in text  # --model-modes: only its modes
+    assert "three ways" in (tmp_path / "p.html").read_text()

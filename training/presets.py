@@ -74,12 +74,17 @@ _TRACK2 = {**_TRACK, "heldout_split": True, "variants": {"uniform": 0.6, "hold":
 PRESETS["tiny-fbt-track2"] = TrainConfig(objective="recurrent", **_TRACK2)
 PRESETS["tiny-std-track2"] = TrainConfig(**_TRACK2)
 # Feedback in depth beside the tracking pair (issue 41, models.looped): the same 6 blocks, 64-token windows and data
-# as tiny-fbt-track2, arranged as a prelude of 2, a core of 2 iterated r = 4 times (r drawn per step, 1 + Poisson(3),
-# at most 8) with Huginn's input injection, and a coda of 2; the adapter (2 D^2) has the fusion's parameter count
-# (W_U and W_G), so the two models match in parameters; per token the loop runs 2 + 2 r + 2 = 12 blocks at r = 4.
-# No fusion: one parallel pass per prompt (schedule 1), the recurrence is in depth only.
-_LOOP = {**_TRACK2, "loop_prelude": 2, "loop_core": 2, "loop_iterations": 4}
-PRESETS["tiny-loop-track"] = TrainConfig(**_LOOP)
+# as tiny-fbt-track / tiny-std-track, arranged as a prelude of 2, a core of 2 iterated r = 4 times (r drawn per step,
+# 1 + Poisson(3), at most 8) with Huginn's input injection, and a coda of 2; the adapter (2 D^2) has the fusion's
+# parameter count (W_U and W_G), so the two models match in parameters; per token the loop runs 2 + 2 r + 2 = 12
+# blocks at r = 4. No fusion: one parallel pass per prompt (schedule 1), the recurrence is in depth only.
+_LOOP = {"loop_prelude": 2, "loop_core": 2, "loop_iterations": 4}
+PRESETS["tiny-loop-track"] = TrainConfig(**_TRACK, **_LOOP)
+# The same looped network on the S5 / A5 data of tiny-fbt-group (its looped counterpart).
+PRESETS["tiny-loop-group"] = TrainConfig(**_GROUP, **_LOOP)
+# An experiment, not shipped (docs/recipe.md item 25): the looped network on tiny-fbt-track2's data (hold and
+# periodic draws, held-out transition pairs).
+PRESETS["tiny-loop-track2"] = TrainConfig(**_TRACK2, **_LOOP)
 PRESETS["smoke"] = replace(TrainConfig(), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,
                            steps=4, batch_tokens=256, seq_len=128, curriculum_steps=0, eval_every=2, save_every=2,
                            distractors={0: 0.5, 8: 0.5}, warmup=1)
