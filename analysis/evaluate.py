@@ -229,7 +229,7 @@ def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progre
         for i in range(0, len(seqs), batch_size):
             ids, mask = pad_left(seqs[i:i + batch_size], tok.pad_token_id)
             y = labels[i:i + batch_size]
-            res = prefill_many(model, ids, mask, list(plan), collect=False)  # keyed by canonical mode
+            res = prefill_many(model, ids, mask, list(plan), collect=False, chunked=True)  # keyed by canonical mode
             for key, m in plan.items():
                 logits = res[key].logits[:, 0].float().cpu()  # [batch, vocab]
                 correct[m] += int((logits.argmax(-1) == y).sum())

@@ -192,3 +192,39 @@ def test_causal_context_checks_its_clean_runs_bit_for_bit_on_a_windowed_model():
     with torch.no_grad():
         win = prefill_many(m, batch.input_ids, batch.attention_mask, ["recurrent-full"])["recurrent-full"]
     assert (win.logits[:, -1] - ctx.clean["recurrent-full"].logits).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("looped", [False, True])
+def test_chunked_standard_pass_equals_the_full_pass(looped, monkeypatch):
+    """prefill_many(chunked=True) runs a windowed model's standard (and loop-R) pass in chunks over the window cache
+    once T > 2 chunks: the logits and top states at the read columns equal the full pass's, padded rows included;
+    a model with a full-attention layer, and a recording run, keep the full pass."""
+    import engine.prefill as prefill_mod
+
+    monkeypatch.setattr(prefill_mod, "STANDARD_CHUNK", 4)
+    calls = []
+    real = prefill_mod._standard_chunked
+    monkeypatch.setattr(prefill_mod, "_standard_chunked", lambda *a, **k: calls.append(1) or real(*a, **k))
+    if looped:
+        from models.looped import LoopedLM, LoopSpec
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        cfg = qwen3_config(V, n_layers=4, d_model=32, n_heads=2, n_kv_heads=1, attn_window=W)
+        m = LoopedLM(AutoModelForCausalLM.from_config(cfg), LoopSpec(1, 2, 1, 3)).eval()
+        modes = ["standard", "loop-5"]
+    else:
+        m, modes = model_of(), ["standard"]
+    ids, mask = batch((23, 17, 9))
+    positions = (-1, -2, -9)
+    full = prefill_many(m, ids, mask, modes, positions=positions, collect=False)
+    chunked = prefill_many(m, ids, mask, modes, positions=positions, collect=False, chunked=True)
+    assert len(calls) == len(modes)
+    for mode in modes:
+        assert torch.allclose(chunked[mode].logits, full[mode].logits, atol=TOL)
+        assert torch.allclose(chunked[mode].top, full[mode].top, atol=TOL)
+    calls.clear()
+    mixed = model_of(layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    prefill_many(mixed, ids, mask, ["standard"], collect=False, chunked=True)
+    prefill_many(m, ids, mask, ["standard"], collect=True, chunked=True)
+    assert not calls
