@@ -282,10 +282,11 @@ def main(argv=None):
                         f"shell_game {','.join(map(str, TRACKING_DISTRACTORS))}; "
                         + "; ".join(f"{t} {','.join(map(str, ns))}" for t, ns in LANGUAGE_DISTRACTORS.items())
                         + "; a JSONL file: its own N values)")
-    p.add_argument("--modes", default=DEFAULT_MODES,
-                   help=f"decoding (std, soft, fused) and prefill modes; fused-1..K sweeps k, K in "
-                        f"1..{MAX_FUSED_PASSES}; aliases (std = standard = fused-0) are evaluated once "
-                        f"(default {DEFAULT_MODES})")
+    p.add_argument("--modes", "--mode", dest="modes", default=DEFAULT_MODES,
+                   help=f"decoding (std, soft, fused) and prefill modes (recurrent-K, fused-N, loop-R, "
+                        f"loop-R:TOL, recirc-S:D:ALPHA); fused-1..K sweeps k, K in 1..{MAX_FUSED_PASSES}; aliases "
+                        f"(std = standard = fused-0) are evaluated once (default {DEFAULT_MODES}; a looped "
+                        f"checkpoint: standard, its trained R iterations, and loop-2R, loop-4R)")
     p.add_argument("--n-pairs", type=int_in(1, MAX_PAIRS), default=None,
                    help=f"pairs per task and N, 1..{MAX_PAIRS} (default {DEFAULT_N_PAIRS} = {2 * DEFAULT_N_PAIRS} "
                         "samples; a JSONL file: all its pairs unless given)")

@@ -20,6 +20,9 @@ d_model 128, vocab 64, batch 1):
      T=--window-long (default 1024 and 4096) with the window cache and with the full cache (every column kept,
      the engine before it), interleaved; ratio time(long)/time(short) for each. Linear is long/short (4.0);
      goal <= 4.4 with the window cache. --window-model none skips it.
+  5. on the same model, the standard pass at T=--window-long in chunks over the window cache
+     (`prefill_many(chunked=True)`, what analysis.evaluate runs) against the one full pass, interleaved:
+     time(full) / time(chunked), and the largest logit difference.
 
 Human-readable lines first; the LAST line of stdout is one JSON object with all the figures.
 
@@ -257,6 +260,20 @@ def window_figure(a, device, placement) -> dict:
     short, long_ = lengths
     ratio = {full: med[long_, full] / med[short, full] for full in (False, True)}
     diff = float((run(short, False).logits - run(short, True).logits).abs().max())
+
+    from engine.prefill import prefill_many
+
+    x = ids[:, -long_:]
+
+    def std(chunked):
+        return prefill_many(model, x, torch.ones_like(x), ["standard"], collect=False, chunked=chunked)["standard"]
+
+    t_std = {False: [], True: []}
+    for _ in range(a.window_repeats + 1):
+        for chunked in (True, False):
+            t_std[chunked].append(timed(lambda: std(chunked), device))
+    std_med = {k: statistics.median(v) for k, v in t_std.items()}
+    std_diff = float((std(True).logits - std(False).logits).abs().max())
     print(f"window cache on {a.window_model} (windows {sorted(set(windows))}), recurrent-full, batch {a.window_batch}:")
     for full in (False, True):
         name = "full cache  " if full else "window cache"
@@ -264,13 +281,16 @@ def window_figure(a, device, placement) -> dict:
               f"ratio {ratio[full]:.2f}  (median of {a.window_repeats}; linear = {long_ / short:.2f})")
     print(f"  window / full at T={long_}: {med[long_, False] / med[long_, True]:.2f}; goal ratio <= {GOAL_WINDOW} with "
           f"the window cache: {'PASS' if ratio[False] <= GOAL_WINDOW else 'FAIL'}; logits agree to {diff:.1e}")
+    print(f"  standard pass T={long_}: full {std_med[False]:.2f} s, chunked over the window cache {std_med[True]:.2f} s: "
+          f"{std_med[False] / std_med[True]:.2f}x (medians of {a.window_repeats + 1}); logits agree to {std_diff:.1e}")
     return {"model": a.window_model, "windows": sorted(set(windows)), "batch": a.window_batch,
             "repeats": a.window_repeats,
             "T_short": short, "T_long": long_,
             "window_s": {str(T): med[T, False] for T in lengths}, "full_s": {str(T): med[T, True] for T in lengths},
             "window_ratio": ratio[False], "full_ratio": ratio[True], "goal_max": GOAL_WINDOW,
             "pass": ratio[False] <= GOAL_WINDOW, "window_over_full_long": med[long_, False] / med[long_, True],
-            "max_abs_logit_diff": diff}
+            "max_abs_logit_diff": diff, "standard_full_s": std_med[False], "standard_chunked_s": std_med[True],
+            "standard_full_over_chunked": std_med[False] / std_med[True], "standard_max_abs_logit_diff": std_diff}
 
 
 if __name__ == "__main__":

@@ -147,7 +147,7 @@ def verdict(report: dict) -> tuple[str, str]:
         return ("not applicable (no feedback)",
                 f"{cfg['task']} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): {why}, so "
                 f"the fed-state analyses do not apply (clean accuracy {_f(clean['accuracy'])} "
-                f"{_ci(clean, 'accuracy')}, n={clean['n']})" + _resid_clause(res) + ".")
+                f"{_ci(clean, 'accuracy')}, n={clean['n']})" + _resid_clause(res) + _loop_clause(res) + ".")
     ne, ci = swap["normalized_effect"], swap["normalized_effect_ci"]
     lo = ci[0] if ci else None
     if clean["accuracy"] is None or clean["accuracy"] < 0.6:
@@ -175,6 +175,26 @@ def verdict(report: dict) -> tuple[str, str]:
          f"{_ci(parts['random_subspace_swap'], 'normalized_effect')} "
          f"(probe held-out accuracy on {w['state'].split(' ')[0]} {_f(sub['probe_heldout_accuracy'])}).")
     return label, s + _path_clause(label, clean, _row(res, "gate_bypass_all"))
+
+
+def _loop_clause(res: dict) -> str:
+    """A looped model's feedback in depth: from which iteration its loop state carries the answer (the swap with
+    the paired sample's makes most predictions follow the donor), at T only and at every position (from iteration 1:
+    s_0 is the prelude's output, so swapping it everywhere swaps the whole input)."""
+    lp = res.get("loop_iterations")
+    if not lp or not lp.get("rows"):
+        return ""
+
+    def first(key):
+        rows = [r for r in lp["rows"] if key == "swap_T" or r["iteration"] > 0]
+        for r in rows:
+            v = r[key]["follows_donor_rate"]
+            if v is not None and v > 0.5:
+                return f"from iteration {r['iteration']} ({_f(v)} {_ci(r[key], 'follows_donor_rate')})"
+        return f"at no iteration (at most {_f(max(r[key]['follows_donor_rate'] or 0 for r in rows))})"
+
+    return (f"; the loop state ({lp['mode']}, {lp['iterations']} iterations) makes most predictions follow the "
+            f"donor when swapped at T {first('swap_T')}, at every position {first('swap_all_positions')}")
 
 
 def _resid_clause(res: dict) -> str:

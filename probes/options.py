@@ -44,8 +44,9 @@ def parse_args(argv):
     add_task_flags(p, ALL_TASKS, required=True)
     add_model_flag(p, DEFAULT_MODEL)
     add_tokenizer_flag(p)
-    p.add_argument("--modes", help="comma-separated prefill modes (standard, recurrent-K, recurrent-full, "
-                                   "fused-N); default: the paper's for the task")
+    p.add_argument("--modes", "--mode", dest="modes",
+                   help="comma-separated prefill modes (standard, recurrent-K, recurrent-full, fused-N, loop-R); "
+                        "default: the paper's for the task (a looped checkpoint: standard, its trained iterations)")
     p.add_argument("--recirculate", action="append", default=[], metavar="S:D:ALPHA[:convex|residual]",
                    help="also probe the model under training-free recirculation (engine.recirculation, exact "
                         "sequential prefill): depth S mixed into depth D with weight ALPHA; repeatable. Adds a mode "

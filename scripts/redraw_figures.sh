@@ -5,7 +5,9 @@
 #   scripts/redraw_figures.sh length_curves depth_curves_memory      # only these
 #
 # length_curves.{html,png} come from the shipped eval.json files (checkpoints/tiny-fbt-track, tiny-std-track),
-# length_curves_group.{html,png} from tiny-fbt-group's and tiny-std-group's;
+# length_curves_group.{html,png} from tiny-fbt-group's and tiny-std-group's; length_curves_loop.{html,png} from
+# tiny-std-track's, tiny-fbt-track's (eval.json and eval_long.json: N = 512, 1024) and tiny-loop-track's;
+# where_state.{html,png} from probes.run and interventions.run on tiny-loop-track and tiny-fbt-track (parity, N = 8);
 # each depth_curves_*.png from the probes.json of a `python -m probes.run` run, made here first (into
 # $FIGURES/<model>/<task>/, default figures/ of the repository: probes.run's own default folder, so a folder
 # holding a different run is refused, not replaced). The PNGs need headless Chromium (`make chromium`).
@@ -17,7 +19,7 @@ PY=${PY:-.venv/bin/python}
 FIGURES=${FIGURES:-figures}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
-ALL=(length_curves length_curves_group depth_curves_completion depth_curves_memory depth_curves_multi_register
+ALL=(length_curves length_curves_group length_curves_loop where_state depth_curves_completion depth_curves_memory depth_curves_multi_register
      depth_curves_smollm2_completion depth_curves_smollm2_ioi causal_smollm2_ioi)
 
 "$PY" -c "import sys; from probes.depth_curves import find_chromium; sys.exit(find_chromium() is None)" || {
@@ -41,6 +43,25 @@ draw() {
       "$PY" -m analysis.length_curves checkpoints/tiny-fbt-group/eval.json checkpoints/tiny-std-group/eval.json \
         --modes std,recurrent-full --model-modes tiny-std-group:std \
         --out docs/length_curves_group.html --png docs/length_curves_group.png --overwrite ;;
+    length_curves_loop)  # the three-way comparison (issue 41): twin, feedback across positions, looped depth
+      "$PY" -m analysis.length_curves checkpoints/tiny-std-track/eval.json checkpoints/tiny-std-track/eval_long.json \
+        checkpoints/tiny-fbt-track/eval.json checkpoints/tiny-fbt-track/eval_long.json \
+        checkpoints/tiny-loop-track/eval.json --modes std,recurrent-full,standard,loop-1,loop-2,loop-8,loop-16 \
+        --model-modes tiny-std-track:std --model-modes tiny-fbt-track:recurrent-full \
+        --model-modes tiny-loop-track:loop-1,loop-2,standard,loop-8,loop-16 \
+        --title "Feedback across positions vs in depth: accuracy vs N (tiny-loop-track standard = its trained 4 iterations)" \
+        --out docs/length_curves_loop.html --png docs/length_curves_loop.png --overwrite ;;
+    where_state)  # the looped model per iteration beside the fed state (parity, N = 8)
+      "$PY" -m probes.run --task parity --model tiny-loop-track --distractors 8 \
+        --out "$FIGURES/tiny-loop-track/parity-standard" --no-progress
+      "$PY" -m interventions.run --task parity --model tiny-loop-track --distractors 8 \
+        --out "$FIGURES/tiny-loop-track/parity-causal" --overwrite --no-progress
+      "$PY" -m interventions.run --task parity --model tiny-fbt-track --mode recurrent-full --distractors 8 \
+        --out "$FIGURES/tiny-fbt-track/parity-causal" --overwrite --no-progress
+      "$PY" -m analysis.where_state --probes "$FIGURES/tiny-loop-track/parity-standard/probes.json" \
+        --causal "$FIGURES/tiny-loop-track/parity-causal/causal_report.json" \
+        --feedback "$FIGURES/tiny-fbt-track/parity-causal/causal_report.json" \
+        --out docs/where_state.html --png docs/where_state.png --overwrite ;;
     depth_curves_completion) depth depth_curves_completion tiny-fbt completion ;;
     depth_curves_memory) depth depth_curves_memory tiny-fbt memory ;;
     depth_curves_multi_register) depth depth_curves_multi_register tiny-fbt multi_register ;;

@@ -343,3 +343,19 @@ def test_adaptive_exit_runs_each_prompt_to_its_settled_iteration():
                   (5, 6))
     with pytest.raises(UserError, match="evaluation mode"):
         CausalContext(model, batch, modes=("loop-8:0.05",))
+
+
+def test_the_verdict_names_the_first_iteration_whose_loop_state_carries_the_answer():
+    from interventions.report import _loop_clause
+
+    def row(i, t, a):
+        return {"iteration": i, "swap_T": {"follows_donor_rate": t, "follows_donor_rate_ci": [t, t]},
+                "swap_all_positions": {"follows_donor_rate": a, "follows_donor_rate_ci": [a, a]}}
+
+    res = {"loop_iterations": {"mode": "loop-8", "iterations": 8,
+                               "rows": [row(0, 0.1, 1.0), row(1, 0.0, 0.2), row(2, 0.5, 0.9), row(3, 0.99, 1.0)]}}
+    text = _loop_clause(res)
+    assert "swapped at T from iteration 3 (0.99" in text and "at every position from iteration 2 (0.90" in text
+    res["loop_iterations"]["rows"] = [row(0, 0.1, 0.3), row(1, 0.2, 0.4)]
+    assert "at T at no iteration (at most 0.20)" in _loop_clause(res)
+    assert _loop_clause({}) == ""
