@@ -15,7 +15,7 @@ JSON schema {"name": "causal-report", "version": 8}. Version 8 keeps every field
                                 {iia, iia_ci, n} (the whole swap at the site on the same rows: IIA at k = d equals it)
     results.loop_iterations     a looped model (models.looped) only: mode, iterations (r of the mode), spec, reference,
                                 rows [{iteration i = 0..r, depth (of s_i), swap_T / swap_all_positions / mean_T
-                                <metrics>, lens_accuracy, lens_ld_mean, state_change (|s_i - s_(i-1)| / |s_i| at T,
+                                <metrics>, dose_T [{alpha, <metrics>}], lens_accuracy, lens_ld_mean, state_change (|s_i - s_(i-1)| / |s_i| at T,
                                 null for i = 0)}]
     results.attribution         attribution patching (interventions.attribution): mode, method, metric, reference,
                                 sites ["state", "d0", ..., "dL", "attn0", ..., "mlp0", ...], positions (offsets), position_names, mean_estimate
@@ -323,13 +323,16 @@ def _loop_markdown(res) -> list[str]:
            f"{lp['iterations']}, coda {sp['coda']}{', injection' if sp['inject'] else ''})", "",
            "The loop state s_i (the residual after iteration i; s_0 = the prelude's output e) from the paired sample, "
            "at T only and at every position (the rest recomputed; with injection each iteration still reads the "
-           "row's own e), its batch mean at T, the logit lens on s_i at T, and |s_i - s_(i-1)| / |s_i| at T.", "",
+           "row's own e), its batch mean at T, a dose at T ((1 - a) s_i + a s_i(donor)), the logit lens on s_i at T, and "
+           "|s_i - s_(i-1)| / |s_i| at T.", "",
            "| iteration | depth | swap at T: follows donor | swap everywhere: follows donor | mean at T: accuracy | "
-           "lens accuracy | change |", "|---|---|---|---|---|---|---|"]
+           "dose at T (a = " + " / ".join(f"{d['alpha']:g}" for d in lp["rows"][0].get("dose_T", [])) + "): follows "
+           "donor | lens accuracy | change |", "|---|---|---|---|---|---|---|---|"]
     for r in lp["rows"]:
         out.append(f"| {r['iteration']} | {r['depth']} | {_f(r['swap_T']['follows_donor_rate'])} "
                    f"{_ci(r['swap_T'], 'follows_donor_rate')} | {_f(r['swap_all_positions']['follows_donor_rate'])} "
                    f"{_ci(r['swap_all_positions'], 'follows_donor_rate')} | {_f(r['mean_T']['accuracy'])} | "
+                   f"{' / '.join(_f(d['follows_donor_rate']) for d in r.get('dose_T', [])) or 'n/a'} | "
                    f"{_f(r['lens_accuracy'])} | {_f(r['state_change'], 3)} |")
     return out
 

@@ -44,6 +44,7 @@ from .metrics import changed, decisions, label_ld, summarize
 from .subspace import energy_fraction, fold_subspaces, per_fold_states
 
 DOSE_GRID = tuple(round(a / 10, 1) for a in range(11))
+LOOP_DOSE = (0.25, 0.5, 0.75)  # the per-iteration dose of a looped model's loop state at T (a = 0 and 1: clean, swap)
 METRIC_KEYS = ("ld_mean", "accuracy", "follows_donor_rate", "changed_rate", "normalized_effect")
 
 DESCRIPTIONS = {
@@ -349,8 +350,8 @@ class Suite:
         """A looped model (models.looped): per iteration i = 0..r of the mode under study, its loop state s_i (the
         residual at depth P + R i; s_0 = e) swapped with the paired sample's at T only and at every position (the
         rest recomputed; with injection every iteration also reads the row's own e), replaced by its batch mean at
-        T, the logit lens on it (final norm and head), and its relative change from s_{i-1} at T (the fixed-point
-        diagnostic). None for other models."""
+        T, a dose at T ((1 - a) s_i + a s_i(donor), a in LOOP_DOSE), the logit lens on it (final norm and head), and
+        its relative change from s_{i-1} at T (the fixed-point diagnostic). None for other models."""
         from .core import Patch
         from .metrics import label_ld
 
@@ -376,6 +377,9 @@ class Suite:
                                             depth=d, pos=c - T) for c in range(T)]).logits
             mean_T = ctx.run(mode, [Patch("resid", s_T.mean(0, keepdim=True).expand_as(s_T).clone(), depth=d,
                                           pos=-1)]).logits
+            dose_T = [{"alpha": a, **self.metrics(ctx.run(mode, [Patch("resid", (1 - a) * s_T + a * s_T[b.pair],
+                                                                       depth=d, pos=-1)]).logits)}
+                      for a in LOOP_DOSE]
             with torch.no_grad():
                 w = next(ctx.model.parameters())
                 lens = ctx.model.head(ctx.model.family.final_norm(ctx.model.lm)(s_T.to(w.device, w.dtype))).float().cpu()
@@ -386,6 +390,7 @@ class Suite:
             prev = s_T
             rows.append({"iteration": i, "depth": d, "swap_T": self.metrics(swap_T),
                          "swap_all_positions": self.metrics(swap_all), "mean_T": self.metrics(mean_T),
+                         "dose_T": dose_T,
                          "lens_accuracy": float((ld_lens > 0).mean() + 0.5 * (ld_lens == 0).mean()),
                          "lens_ld_mean": float(ld_lens.mean()), "state_change": change})
         self.timings["loop_iterations"] = time.perf_counter() - t0
@@ -619,7 +624,7 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
     if getattr(ctx.model, "spec", None) is not None and hasattr(ctx.model, "iterations"):  # a looped model
         m = parse_mode(ctx.mode)
         r = m.loop_iterations or ctx.model.spec.iterations
-        steps.append(("loop_iterations", s.loop_iterations, 3 * (r + 1)))
+        steps.append(("loop_iterations", s.loop_iterations, (3 + len(LOOP_DOSE)) * (r + 1)))
     if sweep:
         steps.append(("position_sweep", lambda: s.position_sweep(sweep_depth),
                       len(s.sweep_positions()) + (s.first_line_extra_runs() if fed else 0)))

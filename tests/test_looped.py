@@ -295,6 +295,9 @@ def test_the_battery_runs_on_a_looped_checkpoint_at_another_r(tmp_path):
     assert [r["depth"] for r in it["rows"]] == [1, 3, 5, 7, 9] and it["rows"][0]["state_change"] is None
     for r in it["rows"]:
         assert {"swap_T", "swap_all_positions", "mean_T"} <= set(r) and 0 <= r["lens_accuracy"] <= 1
+        assert [d["alpha"] for d in r["dose_T"]] == [0.25, 0.5, 0.75] and all("follows_donor_rate" in d
+                                                                               for d in r["dose_T"])
+    assert "dose at T (a = 0.25 / 0.5 / 0.75)" in (out / "causal_report.md").read_text()
 
 
 def test_probes_write_the_iteration_axis_and_its_heatmap(tmp_path):
