@@ -67,3 +67,18 @@ def test_argmax_counts_agrees_with_the_card():
     right = sum(a == s.answer for a, s in zip(said, samples))
     assert right / len(samples) == pytest.approx(want["recurrent-full"]["accuracy"], abs=1e-9)
     assert set(said) - {"0", "1"}, "the twin's recurrent-full gives non-label answers at N = 4 (eval: 0.455)"
+
+
+@pytest.mark.skipif(not (checkpoint_dir("tiny-loop-track") / "eval.json").is_file(),
+                    reason="tiny-loop-track is not shipped in this checkout")
+@pytest.mark.parametrize("task", ["parity", "shell_game"])
+def test_looped_model_reproduces_its_card_at_every_r(task):
+    """The looped card's N = 16 cells: its trained r (standard) and test-time r = 1, 2, 8 (where the limit moves)."""
+    card, want = _card_rows("tiny-loop-track", task, 16)
+    model, tok, _ = load_model("tiny-loop-track")
+    modes = ["standard", "loop-1", "loop-2", "loop-8"]
+    rows = evaluate(model, tok, [task], [16], modes, 0, card["meta"]["n_pairs"], progress=False)
+    assert {r["mode"] for r in rows} == set(modes)
+    for r in rows:
+        assert r["accuracy"] == pytest.approx(want[r["mode"]]["accuracy"], abs=1e-9), r["mode"]
+        assert r["label_loss"] == pytest.approx(want[r["mode"]]["label_loss"], rel=1e-4, abs=1e-5), r["mode"]

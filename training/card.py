@@ -63,12 +63,17 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
     ev = json.loads((path / "eval.json").read_text()) if (path / "eval.json").is_file() else None
     tc = log.get("config", {})
     base = cfg["base_config"]
+    loop = cfg.get("loop")  # a looped checkpoint (models.looped)
     from safetensors.torch import load_file
     n_params = sum(t.numel() for t in load_file(str(path / "model.safetensors")).values())
     hist = log.get("history", [])
     lines = [f"# {path.name}", "",
-             f"Full-bandwidth checkpoint (format {cfg['format']} v{cfg['format_version']}); fusion "
-             f"{'enabled' if cfg['fusion']['enabled'] else 'disabled'}.", "",
+             (f"Looped checkpoint (format {cfg['format']} v{cfg['format_version']}, models.looped): a prelude of "
+              f"{loop['prelude']} blocks, a core of {loop['core']} blocks iterated {loop['iterations']} times "
+              f"({'with Huginn input injection' if loop['inject'] else 'plain iteration'}), a coda of "
+              f"{loop['coda']}; no fusion: the feedback is in depth only." if loop else
+              f"Full-bandwidth checkpoint (format {cfg['format']} v{cfg['format_version']}); fusion "
+              f"{'enabled' if cfg['fusion']['enabled'] else 'disabled'}."), "",
              "## Reproduce", "", "```bash", command, "```", "",
              "## Architecture", "",
              f"- base: {base.get('model_type')}-style decoder, "
@@ -95,9 +100,12 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                   + (" and every column between" if tc.get("dense_every") else "")
                   + (f"; length curriculum N <= {tc.get('length_start', 4)} * 2^(step // {tc['length_doubling']})"
                      if tc.get("length_doubling") else "")
-                  + f"; depth scaling {tc.get('depth_scale')}; fusion gate init "
-                  f"{tc.get('gate_init', 'default')}"
-                  + (f" (pre-activation std {tc['gate_std']})" if tc.get("gate_std") else "")
+                  + f"; depth scaling {tc.get('depth_scale')}"
+                  + (f"; loop iterations per step 1 + Poisson({tc.get('loop_iterations', 1) - 1}), at most "
+                     f"{2 * tc.get('loop_iterations', 1)}"
+                     + (f", backpropagation through the last {tc['loop_truncate']}" if tc.get("loop_truncate") else "")
+                     if loop else f"; fusion gate init {tc.get('gate_init', 'default')}"
+                     + (f" (pre-activation std {tc['gate_std']})" if tc.get("gate_std") else ""))
                   + (f"; state-consistency window {tc['consistency_window']}" if tc.get("consistency_window") else "")
                   + ("; state consistency over every block's output" if tc.get("consistency_layers") == "all" else ""),
                   f"- data: tasks {', '.join(tc.get('tasks', []))} ({_layout(tc)}), "
