@@ -13,7 +13,7 @@ from pathlib import Path
 PRESET_NAMES = ("tiny-base", "tiny-fbt", "tiny-std", "tiny-fbt-no3", "tiny-fbt-track", "tiny-std-track",
                 "tiny-fbt-track-iit", "tiny-fbt-group", "tiny-std-group",
                 "tiny-fbt-track2", "tiny-std-track2", "tiny-loop-track", "tiny-loop-group",
-                "tiny-loop-track2", "tiny-fbt-track3", "smoke")
+                "tiny-loop-track2", "smoke")
 
 
 def checkpoint_dir(name: str) -> Path:

@@ -6,7 +6,7 @@
 #
 # length_curves.{html,png} come from the shipped eval.json files (checkpoints/tiny-fbt-track, tiny-std-track),
 # length_curves_group.{html,png} from tiny-fbt-group's and tiny-std-group's; length_curves_loop.{html,png} from
-# tiny-std-track's, tiny-fbt-track's (eval.json and eval_long.json: N = 512, 1024) and tiny-loop-track's;
+# tiny-std-track's, tiny-fbt-track's and tiny-loop-track's;
 # where_state.{html,png} from probes.run and interventions.run on tiny-loop-track and tiny-fbt-track (parity, N = 8);
 # each depth_curves_*.png from the probes.json of a `python -m probes.run` run, made here first (into
 # $FIGURES/<model>/<task>/, default figures/ of the repository: probes.run's own default folder, so a folder
@@ -44,8 +44,7 @@ draw() {
         --modes std,recurrent-full --model-modes tiny-std-group:std \
         --out docs/length_curves_group.html --png docs/length_curves_group.png --overwrite ;;
     length_curves_loop)  # the three-way comparison (issue 41): twin, feedback across positions, looped depth
-      "$PY" -m analysis.length_curves checkpoints/tiny-std-track/eval.json checkpoints/tiny-std-track/eval_long.json \
-        checkpoints/tiny-fbt-track/eval.json checkpoints/tiny-fbt-track/eval_long.json \
+      "$PY" -m analysis.length_curves checkpoints/tiny-std-track/eval.json checkpoints/tiny-fbt-track/eval.json \
         checkpoints/tiny-loop-track/eval.json --modes std,recurrent-full,standard,loop-1,loop-2,loop-8,loop-16 \
         --model-modes tiny-std-track:std --model-modes tiny-fbt-track:recurrent-full \
         --model-modes tiny-loop-track:loop-1,loop-2,standard,loop-8,loop-16 \

@@ -85,10 +85,6 @@ PRESETS["tiny-loop-group"] = TrainConfig(**_GROUP, **_LOOP)
 # An experiment, not shipped (docs/recipe.md item 25): the looped network on tiny-fbt-track2's data (hold and
 # periodic draws, held-out transition pairs).
 PRESETS["tiny-loop-track2"] = TrainConfig(**_TRACK2, **_LOOP)
-# The tracking pair's data of tiny-fbt-track2 with a 4-token window, one update line (issue 40, docs/recipe.md item
-# 26): a layer sees the line it reads and nothing before it, so neither a stretch of still lines nor a pair of
-# lines can be read from the window; only the fed state carries the value from line to line.
-PRESETS["tiny-fbt-track3"] = TrainConfig(objective="recurrent", **{**_TRACK2, "attn_window": 4})
 PRESETS["smoke"] = replace(TrainConfig(), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,
                            steps=4, batch_tokens=256, seq_len=128, curriculum_steps=0, eval_every=2, save_every=2,
                            distractors={0: 0.5, 8: 0.5}, warmup=1)
