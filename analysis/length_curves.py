@@ -169,18 +169,10 @@ def main(argv=None):
 
 
 def write_png(evals, png, modes=DEFAULT_MODES, model_modes=None, title: str = TITLE) -> Path:
-    """The figure as a PNG (headless Chromium), drawn from a temporary self-contained page, so it needs neither a
-    network nor plotly.min.js beside the HTML."""
-    import tempfile
+    """The figure as a PNG (headless Chromium, probes.depth_curves.figure_png)."""
+    from probes.depth_curves import figure_png
 
-    from probes.depth_curves import html_to_png
-
-    fig = length_figure(evals, modes, model_modes=model_modes, title=title)
-    with tempfile.TemporaryDirectory() as d:
-        page = Path(d) / "page.html"
-        page.write_text(fig.to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID,
-                                    config={"displayModeBar": False, "staticPlot": True}), encoding="utf-8")
-        return html_to_png(page, png, width=int(fig.layout.width), height=int(fig.layout.height))
+    return figure_png(length_figure(evals, modes, model_modes=model_modes, title=title), png, DIV_ID)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,6 @@ is read from the fed state alone).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from common.cli import Parser, add_output_flags, add_plotly_flag, output_file
 from common.errors import UserError, cli_entry
 from common.io import atomic_write
@@ -129,15 +127,9 @@ def main(argv=None):
                                   config={"displayModeBar": False}))
     print(f"wrote {out}")
     if png:
-        import tempfile
+        from probes.depth_curves import figure_png
 
-        from probes.depth_curves import html_to_png
-
-        with tempfile.TemporaryDirectory() as d:
-            page = Path(d) / "page.html"
-            page.write_text(fig.to_html(include_plotlyjs=True, full_html=True, div_id=DIV_ID,
-                                        config={"displayModeBar": False, "staticPlot": True}), encoding="utf-8")
-            html_to_png(page, png, width=int(fig.layout.width), height=int(fig.layout.height))
+        figure_png(fig, png, DIV_ID)
         print(f"wrote {png}")
     return 0
 

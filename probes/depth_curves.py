@@ -361,6 +361,17 @@ def html_to_png(html_path: str | Path, png_path: str | Path, width: int = 1200, 
     return png_path
 
 
+def figure_png(fig, png_path: str | Path, div_id: str, pad: int = 0) -> Path:
+    """A plotly figure as a PNG at its own size: a temporary self-contained static page, screenshot by headless
+    Chromium (so it needs neither a network nor plotly.min.js beside any page)."""
+    width, height = int(fig.layout.width), int(fig.layout.height)
+    with tempfile.TemporaryDirectory() as d:
+        html = Path(d) / "page.html"
+        html.write_text(fig.to_html(include_plotlyjs=True, full_html=True, div_id=div_id,
+                                    config={"displayModeBar": False, "staticPlot": True}), encoding="utf-8")
+        return html_to_png(html, png_path, width=width + pad, height=height + pad)
+
+
 def write_png(doc_or_path, png_path: str | Path, title: str | None = None) -> Path:
     """PNG of the depth curves (for the README): render the HTML, screenshot it with headless Chromium."""
     fig = depth_curve_figure(doc_or_path, title)
