@@ -5,7 +5,7 @@
 #   scripts/redraw_figures.sh length_curves depth_curves_memory      # only these
 #
 # length_curves.{html,png} come from the shipped eval.json files (checkpoints/tiny-fbt-track, tiny-std-track),
-# length_curves_group.{html,png} from tiny-fbt-group's and tiny-std-group's; length_curves_loop.{html,png} from
+# length_curves_group.{html,png} from tiny-fbt-group's, tiny-std-group's and tiny-loop-group's; length_curves_loop.{html,png} from
 # tiny-std-track's, tiny-fbt-track's and tiny-loop-track's;
 # where_state.{html,png} from probes.run and interventions.run on tiny-loop-track and tiny-fbt-track (parity, N = 8);
 # each depth_curves_*.png from the probes.json of a `python -m probes.run` run, made here first (into
@@ -41,7 +41,9 @@ draw() {
         --out docs/length_curves.html --png docs/length_curves.png --overwrite ;;
     length_curves_group)  # the S5 / A5 pair (checkpoints/tiny-fbt-group, tiny-std-group)
       "$PY" -m analysis.length_curves checkpoints/tiny-fbt-group/eval.json checkpoints/tiny-std-group/eval.json \
-        --modes std,recurrent-full --model-modes tiny-std-group:std \
+        checkpoints/tiny-loop-group/eval.json --modes std,recurrent-full,standard,loop-1,loop-8,loop-16 \
+        --model-modes tiny-std-group:std --model-modes tiny-loop-group:loop-1,standard,loop-8,loop-16 \
+        --title "S5 and A5: feedback across positions vs in depth (tiny-loop-group standard = its trained 4 iterations)" \
         --out docs/length_curves_group.html --png docs/length_curves_group.png --overwrite ;;
     length_curves_loop)  # the three-way comparison (issue 41): twin, feedback across positions, looped depth
       "$PY" -m analysis.length_curves checkpoints/tiny-std-track/eval.json checkpoints/tiny-fbt-track/eval.json \

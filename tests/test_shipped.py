@@ -69,15 +69,16 @@ def test_argmax_counts_agrees_with_the_card():
     assert set(said) - {"0", "1"}, "the twin's recurrent-full gives non-label answers at N = 4 (eval: 0.455)"
 
 
-@pytest.mark.skipif(not (checkpoint_dir("tiny-loop-track") / "eval.json").is_file(),
-                    reason="tiny-loop-track is not shipped in this checkout")
-@pytest.mark.parametrize("task", ["parity", "shell_game"])
-def test_looped_model_reproduces_its_card_at_every_r(task):
-    """The looped card's N = 16 cells: its trained r (standard) and test-time r = 1, 2, 8 (where the limit moves)."""
-    card, want = _card_rows("tiny-loop-track", task, 16)
-    model, tok, _ = load_model("tiny-loop-track")
+@pytest.mark.parametrize("name,task,n", [("tiny-loop-track", "parity", 16), ("tiny-loop-track", "shell_game", 16),
+                                          ("tiny-loop-group", "s5", 8), ("tiny-loop-group", "a5", 8)])
+def test_looped_models_reproduce_their_cards_at_every_r(name, task, n):
+    """A looped card's cells where r matters: its trained r (standard) and test-time r = 1, 2, 8."""
+    if not (checkpoint_dir(name) / "eval.json").is_file():
+        pytest.skip(f"{name} is not shipped in this checkout")
+    card, want = _card_rows(name, task, n)
+    model, tok, _ = load_model(name)
     modes = ["standard", "loop-1", "loop-2", "loop-8"]
-    rows = evaluate(model, tok, [task], [16], modes, 0, card["meta"]["n_pairs"], progress=False)
+    rows = evaluate(model, tok, [task], [n], modes, 0, card["meta"]["n_pairs"], progress=False)
     assert {r["mode"] for r in rows} == set(modes)
     for r in rows:
         assert r["accuracy"] == pytest.approx(want[r["mode"]]["accuracy"], abs=1e-9), r["mode"]
