@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.cli import Parser, add_output_flags, add_plotly_flag, output_file
+from common.cli import Parser, add_output_flags, add_plotly_flag, page_outputs
 from common.errors import UserError, cli_entry
 from common.io import atomic_write
 from common.paths import figures_dir
@@ -139,11 +139,7 @@ def main(argv=None):
                         "a column per N)")
     add_plotly_flag(p)
     a = p.parse_args(argv)
-    out = output_file(a.out if a.out is not None else figures_dir("length_curves.html"))
-    png = output_file(a.png, "--png") if a.png else None
-    for f in [out] + ([png] if png else []):
-        if f.exists() and not a.overwrite:
-            raise UserError(f"{f} exists; pass --overwrite to replace it")
+    out, png = page_outputs(a.out if a.out is not None else figures_dir("length_curves.html"), a.png, a.overwrite)
     modes = tuple(m.strip() for m in a.modes.split(",") if m.strip())
     evals = [load_eval(e) for e in a.evals]
     names = [n for n, _ in evals]

@@ -17,29 +17,25 @@ is read from the fed state alone).
 """
 from __future__ import annotations
 
-from common.cli import Parser, add_output_flags, add_plotly_flag, output_file
+from common.cli import Parser, add_output_flags, add_plotly_flag, page_outputs
 from common.errors import UserError, cli_entry
 from common.io import atomic_write
 from common.jsonio import read_user_json
 from common.paths import figures_dir
 from common.plotlyjs import include_plotlyjs, write_plotly_js
-from probes.depth_curves import PALETTE, load_results_doc, rgba
+from probes.depth_curves import PALETTE, load_results_doc, loop_core_rows, loop_grid, rgba
 
 DIV_ID = "where-state"
 
 
 def loop_probe_grid(probes: dict) -> tuple[str, list[int], list[int], list[list[float | None]]]:
     """(panel title, iterations, core blocks, accuracy[block][iteration]) of the first (mode, N) of the loop rows."""
-    rows = [r for r in probes["results"] if r.get("loop") and r["loop"]["part"] == "core" and r.get("writes") is None]
+    rows = loop_core_rows(probes)
     if not rows:
         raise UserError("--probes: no loop rows (run probes.run on a looped checkpoint)")
     mode, n = rows[0]["mode"], rows[0]["n_distractors"]
-    rows = [r for r in rows if r["mode"] == mode and r["n_distractors"] == n]
-    its = sorted({r["loop"]["iteration"] for r in rows})
-    blocks = sorted({r["loop"]["block"] for r in rows})
-    cell = {(r["loop"]["block"], r["loop"]["iteration"]): r["accuracy"] for r in rows}
-    return f"probe accuracy per iteration ({mode}, N = {n})", its, blocks, [[cell.get((b, i)) for i in its]
-                                                                          for b in blocks]
+    its, blocks, z = loop_grid([r for r in rows if r["mode"] == mode and r["n_distractors"] == n])
+    return f"probe accuracy per iteration ({mode}, N = {n})", its, blocks, z
 
 
 def loop_swap_rows(causal: dict) -> tuple[dict, list[dict]]:
@@ -113,11 +109,7 @@ def main(argv=None):
     p.add_argument("--png", help="also write a PNG here (needs headless Chromium)")
     add_plotly_flag(p)
     a = p.parse_args(argv)
-    out = output_file(a.out if a.out is not None else figures_dir("where_state.html"))
-    png = output_file(a.png, "--png") if a.png else None
-    for f in [out] + ([png] if png else []):
-        if f.exists() and not a.overwrite:
-            raise UserError(f"{f} exists; pass --overwrite to replace it")
+    out, png = page_outputs(a.out if a.out is not None else figures_dir("where_state.html"), a.png, a.overwrite)
     probes = load_results_doc(a.probes, "probes.json")
     causal = read_user_json(a.causal, "causal_report.json")
     feedback = [read_user_json(f, "causal_report.json") for f in a.feedback]

@@ -247,6 +247,16 @@ def output_file(value: str | Path | None, flag: str = "--out") -> Path:
     return path
 
 
+def page_outputs(out: str | Path, png: str | None, overwrite: bool) -> tuple[Path, Path | None]:
+    """A figure CLI's page (`--out`) and optional PNG (`--png`), checked as output_file, each refused when it exists
+    without `overwrite`."""
+    paths = (output_file(out), output_file(png, "--png") if png else None)
+    for f in paths:
+        if f is not None and f.exists() and not overwrite:
+            raise UserError(f"{f} exists; pass --overwrite to replace it")
+    return paths
+
+
 def safe_name(name_or_path: str | Path) -> str:
     """A name for a model given by preset or path, safe as one folder name (no '', '.', '..', no separator)."""
     s = str(name_or_path).strip()

@@ -272,25 +272,33 @@ def _method_traces(fig, go, panels, mode, label, rs, c, col, erased_rs, fed_rs):
                            " bits, uniform %{customdata[1]:.1f} bits<extra></extra>")), row=i, col=col)
 
 
+def loop_grid(rows) -> tuple[list[int], list[int], list[list[float | None]]]:
+    """(iterations, core blocks, accuracy[block][iteration]) of a looped model's core rows of one (mode, N)."""
+    its = sorted({r["loop"]["iteration"] for r in rows})
+    blocks = sorted({r["loop"]["block"] for r in rows})
+    cell = {(r["loop"]["block"], r["loop"]["iteration"]): r["accuracy"] for r in rows}
+    return its, blocks, [[cell.get((b, i)) for i in its] for b in blocks]
+
+
+def loop_core_rows(doc) -> list[dict]:
+    """A probes document's rows on a looped model's core (rows with `loop`, part core), first writes setting."""
+    return [r for r in doc["results"] if r.get("loop") and r["loop"]["part"] == "core" and r.get("writes") is None]
+
+
 def iteration_heatmap(doc_or_path):
     """A looped model's probes (rows with `loop`): held-out accuracy per (core block, iteration), one panel per
     (mode, N) of the first writes setting; None for other models."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    doc = _load(doc_or_path)
-    rows = [r for r in doc["results"] if r.get("loop") and r["loop"]["part"] == "core" and r.get("writes") is None]
+    rows = loop_core_rows(_load(doc_or_path))
     if not rows:
         return None
     panels = sorted({(r["mode"], r["n_distractors"]) for r in rows}, key=lambda k: (_mode_key(k[0]), k[1]))
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[f"{m}, N = {n}" for m, n in panels],
                         horizontal_spacing=0.05)
     for col, (mode, n) in enumerate(panels, start=1):
-        rs = [r for r in rows if r["mode"] == mode and r["n_distractors"] == n]
-        its = sorted({r["loop"]["iteration"] for r in rs})
-        blocks = sorted({r["loop"]["block"] for r in rs})
-        cell = {(r["loop"]["block"], r["loop"]["iteration"]): r for r in rs}
-        z = [[cell[(b, i)]["accuracy"] if (b, i) in cell else None for i in its] for b in blocks]
+        its, blocks, z = loop_grid([r for r in rows if r["mode"] == mode and r["n_distractors"] == n])
         text = [[f"{v:.2f}" if v is not None else "" for v in row] for row in z]
         fig.add_trace(go.Heatmap(z=z, x=its, y=[f"core block {b}" for b in blocks], zmin=0, zmax=1,
                                  colorscale="Viridis", showscale=col == 1, text=text, texttemplate="%{text}",

@@ -77,3 +77,20 @@ cp figures/tiny-std-track2/eval.json checkpoints/tiny-std-track2/eval.json
 for p in tiny-fbt-track2 tiny-std-track2; do
   $PY -m training.card checkpoints/$p --command "python -m training.train --preset $p" --notes docs/cards/$p.md > /dev/null
 done
+# Looped depth beside the feedback models (docs/recipe.md item 25): the same 6 blocks as a prelude of 2, a core of
+# 2 iterated r = 4 times (Huginn injection) and a coda of 2, on the tracking pair's and the group pair's data.
+# Their evaluations run r = 1 ... 16 to N = 1024 (25 and 58 min at two threads: the standard pass chunked over the
+# window cache).
+for p in tiny-loop-track tiny-loop-group; do
+  $PY -m training.train --preset $p --threads 2 --no-progress --overwrite
+done
+$PY -m analysis.evaluate --model checkpoints/tiny-loop-track --tasks parity,shell_game \
+  --modes standard,loop-1,loop-2,loop-8,loop-16 --distractors 8,16,32,64,128,256,512,1024 --n-pairs 100 \
+  --batch-size 16 --overwrite --no-progress
+$PY -m analysis.evaluate --model checkpoints/tiny-loop-group --tasks s5,a5 \
+  --modes standard,loop-1,loop-2,loop-8,loop-16 --distractors 8,16,32,64,128,256,512,1024 --n-pairs 100 \
+  --batch-size 16 --overwrite --no-progress
+for p in tiny-loop-track tiny-loop-group; do
+  cp figures/$p/eval.json checkpoints/$p/eval.json
+  $PY -m training.card checkpoints/$p --command "python -m training.train --preset $p" --notes docs/cards/$p.md > /dev/null
+done
