@@ -77,6 +77,14 @@ cp figures/tiny-std-track2/eval.json checkpoints/tiny-std-track2/eval.json
 for p in tiny-fbt-track2 tiny-std-track2; do
   $PY -m training.card checkpoints/$p --command "python -m training.train --preset $p" --notes docs/cards/$p.md > /dev/null
 done
+# Parity on any input to 16x (docs/recipe.md item 26): tiny-fbt-track2's recipe with a 4-token window (one update
+# line), so the fed state alone carries the value across lines. Its parity variants go into the card's eval.json.
+$PY -m training.train --preset tiny-fbt-track3 --threads 2 --no-progress --overwrite
+$PY -m analysis.evaluate --model checkpoints/tiny-fbt-track3 --tasks parity,parity@hold,parity@periodic,parity@heldout \
+  --modes recurrent-full --distractors 16,64,256,1024 --n-pairs 100 --overwrite --no-progress
+cp figures/tiny-fbt-track3/eval.json checkpoints/tiny-fbt-track3/eval.json
+$PY -m training.card checkpoints/tiny-fbt-track3 --command "python -m training.train --preset tiny-fbt-track3" \
+  --notes docs/cards/tiny-fbt-track3.md > /dev/null
 # Looped depth beside the feedback models (docs/recipe.md item 25): the same 6 blocks as a prelude of 2, a core of
 # 2 iterated r = 4 times (Huginn injection) and a coda of 2, on the tracking pair's and the group pair's data.
 # Their evaluations run r = 1 ... 16 to N = 1024 (25 and 58 min at two threads: the standard pass chunked over the

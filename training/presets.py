@@ -73,6 +73,10 @@ PRESETS["tiny-std-group"] = TrainConfig(**_GROUP)
 _TRACK2 = {**_TRACK, "heldout_split": True, "variants": {"uniform": 0.6, "hold": 0.2, "periodic": 0.2}}
 PRESETS["tiny-fbt-track2"] = TrainConfig(objective="recurrent", **_TRACK2)
 PRESETS["tiny-std-track2"] = TrainConfig(**_TRACK2)
+# The same data with a window of one update line (4 tokens: "x ^= 1 \n", "swap A C \n"; issue 40, docs/recipe.md
+# item 26): neither a still stretch nor a pair of lines can be read from the window, so the fed state is the only
+# carrier of the tracked value from one line to the next.
+PRESETS["tiny-fbt-track3"] = TrainConfig(objective="recurrent", **{**_TRACK2, "attn_window": 4})
 # Feedback in depth beside the tracking pair (issue 41, models.looped): the same 6 blocks, 64-token windows and data
 # as tiny-fbt-track / tiny-std-track, arranged as a prelude of 2, a core of 2 iterated r = 4 times (r drawn per step,
 # 1 + Poisson(3), at most 8) with Huginn's input injection, and a coda of 2; the adapter (2 D^2) has the fusion's
