@@ -86,3 +86,25 @@ def test_shipped_parity_model_holds_every_family(capsys):
     acc = json.loads(out.strip().splitlines()[-1])["accuracy"]
     assert set(acc) == set(stress.families("parity"))
     assert all(v == 1.0 for v in acc.values()), acc
+
+
+_cspec = importlib.util.spec_from_file_location("heldout_cells", ROOT / "scripts/heldout_cells.py")
+heldout_cells = importlib.util.module_from_spec(_cspec)
+_cspec.loader.exec_module(heldout_cells)
+
+
+@pytest.mark.parametrize("task", ["parity", "shell_game", "a5"])
+def test_heldout_cells_hold_one_heldout_pair_entered_with_the_cells_value(task):
+    from tasks.tracking import heldout_pairs, tracker
+
+    tr, held, n = tracker(task), heldout_pairs(task), 8
+    got = heldout_cells.cells(task, n, 3, seed=2)
+    assert {(a, b) for a, b, _ in got} == set(held)
+    for (a, b, v), (texts, labels) in got.items():
+        assert len(texts) == 3
+        for text, label in zip(texts, labels):
+            idx = [tr.lines.index(ln) for ln in text.split("\n")[1:-1]]
+            pairs = [i for i, pq in enumerate(zip(idx, idx[1:])) if pq in held]
+            assert pairs == [n // 2 - 1] and idx[n // 2 - 1:n // 2 + 1] == [a, b]
+            run = simulate(task, text)
+            assert run[-1] == label and run[n // 2 - 1] == v
