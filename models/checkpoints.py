@@ -12,7 +12,7 @@ from pathlib import Path
 # training (models/ may not import training/); training.presets refuses to import when the two lists differ.
 PRESET_NAMES = ("tiny-base", "tiny-fbt", "tiny-std", "tiny-fbt-no3", "tiny-fbt-track", "tiny-std-track",
                 "tiny-fbt-track-iit", "tiny-fbt-group", "tiny-std-group",
-                "tiny-fbt-track2", "tiny-std-track2", "tiny-fbt-track3", "tiny-loop-track", "tiny-loop-group",
+                "tiny-fbt-track2", "tiny-std-track2", "tiny-fbt-track3", "tiny-fbt-track4", "tiny-loop-track", "tiny-loop-group",
                 "tiny-loop-track2", "smoke")
 
 

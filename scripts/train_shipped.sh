@@ -85,6 +85,14 @@ $PY -m analysis.evaluate --model checkpoints/tiny-fbt-track3 --tasks parity,pari
 cp figures/tiny-fbt-track3/eval.json checkpoints/tiny-fbt-track3/eval.json
 $PY -m training.card checkpoints/tiny-fbt-track3 --command "python -m training.train --preset tiny-fbt-track3" \
   --notes docs/cards/tiny-fbt-track3.md > /dev/null
+# Parity and the shell game on any input, held-out line pairs included (docs/recipe.md item 27): a 2-token window.
+$PY -m training.train --preset tiny-fbt-track4 --threads 2 --no-progress --overwrite
+$PY -m analysis.evaluate --model checkpoints/tiny-fbt-track4 --tasks shell_game,shell_game@hold,shell_game@periodic,\
+shell_game@heldout,parity,parity@hold,parity@periodic,parity@heldout --modes recurrent-full \
+  --distractors 16,64,256,1024 --n-pairs 100 --overwrite --no-progress
+cp figures/tiny-fbt-track4/eval.json checkpoints/tiny-fbt-track4/eval.json
+$PY -m training.card checkpoints/tiny-fbt-track4 --command "python -m training.train --preset tiny-fbt-track4" \
+  --notes docs/cards/tiny-fbt-track4.md > /dev/null
 # Looped depth beside the feedback models (docs/recipe.md item 25): the same 6 blocks as a prelude of 2, a core of
 # 2 iterated r = 4 times (Huginn injection) and a coda of 2, on the tracking pair's and the group pair's data.
 # Their evaluations run r = 1 ... 16 to N = 1024 (25 and 58 min at two threads: the standard pass chunked over the

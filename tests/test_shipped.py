@@ -85,13 +85,15 @@ def test_looped_models_reproduce_their_cards_at_every_r(name, task, n):
         assert r["label_loss"] == pytest.approx(want[r["mode"]]["label_loss"], rel=1e-4, abs=1e-5), r["mode"]
 
 
-@pytest.mark.parametrize("task", ["parity", "parity@hold", "parity@periodic", "parity@heldout"])
-def test_window4_parity_model_reproduces_its_card(task):
-    """tiny-fbt-track3's card cells at N = 16, every variant (recurrent-full over a 4-token window cache)."""
-    if not (checkpoint_dir("tiny-fbt-track3") / "eval.json").is_file():
-        pytest.skip("tiny-fbt-track3 is not shipped in this checkout")
-    card, want = _card_rows("tiny-fbt-track3", task, 16)
-    model, tok, _ = load_model("tiny-fbt-track3")
+@pytest.mark.parametrize("name, task", [("tiny-fbt-track3", t) for t in ("parity", "parity@hold", "parity@periodic",
+                                                                         "parity@heldout")]
+                         + [("tiny-fbt-track4", t) for t in ("shell_game", "shell_game@heldout", "parity@hold")])
+def test_short_window_models_reproduce_their_cards(name, task):
+    """The 4- and 2-token window models' card cells at N = 16 (recurrent-full over a window cache)."""
+    if not (checkpoint_dir(name) / "eval.json").is_file():
+        pytest.skip(f"{name} is not shipped in this checkout")
+    card, want = _card_rows(name, task, 16)
+    model, tok, _ = load_model(name)
     rows = evaluate(model, tok, [task], [16], ["recurrent-full"], 0, card["meta"]["n_pairs"], progress=False)
     assert [r["mode"] for r in rows] == ["recurrent-full"]
     assert rows[0]["accuracy"] == pytest.approx(want["recurrent-full"]["accuracy"], abs=1e-9)

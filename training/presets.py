@@ -77,6 +77,9 @@ PRESETS["tiny-std-track2"] = TrainConfig(**_TRACK2)
 # item 26): neither a still stretch nor a pair of lines can be read from the window, so the fed state is the only
 # carrier of the tracked value from one line to the next.
 PRESETS["tiny-fbt-track3"] = TrainConfig(objective="recurrent", **{**_TRACK2, "attn_window": 4})
+# A 2-token window (docs/recipe.md item 27): a swap's two cups are in view together at its second cup, and no
+# position sees operands of two different lines.
+PRESETS["tiny-fbt-track4"] = TrainConfig(objective="recurrent", **{**_TRACK2, "attn_window": 2})
 # Feedback in depth beside the tracking pair (issue 41, models.looped): the same 6 blocks, 64-token windows and data
 # as tiny-fbt-track / tiny-std-track, arranged as a prelude of 2, a core of 2 iterated r = 4 times (r drawn per step,
 # 1 + Poisson(3), at most 8) with Huginn's input injection, and a coda of 2; the adapter (2 D^2) has the fusion's
