@@ -32,15 +32,23 @@ def cells(task: str, n: int, per_cell: int, seed: int) -> dict[tuple[int, int, i
     held = heldout_pairs(task)
     rng = random.Random(f"{seed}-{task}-heldout-cells")
     j = n // 2  # the pair sits at update lines j - 1, j
+    lines = range(len(tr.lines))
+
+    def pick(prev, then=None):  # a line that forms no held-out pair with its neighbours
+        options = [k for k in lines if (prev, k) not in held and (then is None or (k, then) not in held)]
+        if not options:
+            raise UserError(f"{task}: no line may stand between {prev} and {then} without a held-out pair")
+        return options[rng.randrange(len(options))]
+
     out: dict = {}
     for a, b in sorted(held):
-        for _ in range(200 * per_cell * tr.n_states):
+        for _ in range(50 * per_cell * tr.n_states):  # drawn forward (no rejection): any N fills every cell
             if all(len(out.get((a, b, s), ([],))[0]) >= per_cell for s in range(tr.n_states)):
                 break
-            idx = [rng.randrange(len(tr.lines)) for _ in range(n)]
-            idx[j - 1], idx[j] = a, b
-            if any((p, q) in held for i, (p, q) in enumerate(zip(idx, idx[1:])) if i != j - 1):
-                continue
+            idx: list[int] = []
+            for i in range(n):
+                prev = idx[-1] if idx else None
+                idx.append(a if i == j - 1 else b if i == j else pick(prev, a if i == j - 2 else None))
             start = tr.starts[rng.randrange(len(tr.starts))]
             v = start
             for k in idx[:j]:

@@ -108,3 +108,9 @@ def test_heldout_cells_hold_one_heldout_pair_entered_with_the_cells_value(task):
             assert pairs == [n // 2 - 1] and idx[n // 2 - 1:n // 2 + 1] == [a, b]
             run = simulate(task, text)
             assert run[-1] == label and run[n // 2 - 1] == v
+
+
+def test_heldout_cells_fill_every_cell_at_a_long_n():
+    """The lines around the pair are drawn forward, never rejected: N = 300 (299 line pairs) fills every cell."""
+    got = heldout_cells.cells("shell_game", 300, 4, seed=3)
+    assert len(got) == 6 and all(len(t) == 4 for t, _ in got.values())
