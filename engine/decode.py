@@ -54,5 +54,5 @@ def greedy_steps(model, out, cache, input_ids: torch.Tensor, attention_mask: tor
 def greedy(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """std decoding: the model's cached greedy decoding on token embeddings. New token ids [batch, max_new_tokens]."""
     input_ids, attention_mask = check_generation(model, input_ids, attention_mask, max_new_tokens)
-    out = model(input_ids, attention_mask, cache=new_cache(), use_cache=True)
+    out = model(input_ids, attention_mask, cache=new_cache(reserve=max_new_tokens), use_cache=True)
     return greedy_steps(model, out, out.cache, input_ids, attention_mask, max_new_tokens, fed=False)

@@ -240,7 +240,11 @@ def recurrent_steps(model, ids, mask, start: int, prev: torch.Tensor, cache, fus
     `before(t)`: called before each step (a recorder's columns)."""
     T = ids.shape[1]
     decoy_cols = set() if decoy is None else set(decoy[0].any(0).nonzero()[:, 0].tolist())
-    with sequential_threads():  # one-token steps: 1 thread (common.cpus); a prefill before them keeps them all
+    # Without autograd the steps run in torch.inference_mode: ~12% less per-op overhead on a one-token step,
+    # which is nearly all overhead. Tensors made inside are inference tensors: the callers copy the outputs they
+    # keep into tensors of their own, and a GrowLayer copies such a buffer before writing it outside.
+    fast = torch.inference_mode() if not torch.is_grad_enabled() else nullcontext()
+    with sequential_threads(), fast:  # one-token steps: 1 thread (common.cpus); a prefill before them keeps all
         for t in range(start, T):
             if before is not None:
                 before(t)
@@ -305,8 +309,10 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     short = not full_std and k > 0 and 2 * (T - k) <= T
     if rec is not None:
         rec.cols = cols[cols < s] if short else cols
-    # slack: the columns a crop takes back (the k recomputed ones after a full-width prefill; a decoy's re-step)
-    cache = new_cache() if full_cache else new_cache(model, slack=(0 if short else k) + (decoy is not None))
+    # slack: the columns a crop takes back (the k recomputed ones after a full-width prefill; a decoy's re-step);
+    # reserve: the columns the steps add after a short prefill (engine.cache.GrowLayer allocates them with it)
+    cache = new_cache(reserve=k if short else 0) if full_cache else \
+        new_cache(model, slack=(0 if short else k) + (decoy is not None), reserve=k if short else 0)
     std = model(ids[:, :s], mask[:, :s], cache=cache, use_cache=True) if short else \
         model(ids, mask, cache=cache, use_cache=True)
     std_resid = rec.take() if rec is not None else None

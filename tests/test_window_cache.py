@@ -44,8 +44,8 @@ def model():
 
 
 def test_new_cache_picks_window_layers_only_for_sliding_layers(model):
-    assert type(new_cache()).__name__ == "DynamicCache" and type(new_cache(model_of(window=None))).__name__ == \
-        "DynamicCache"
+    assert type(new_cache()).__name__ == "GrowCache" and type(new_cache(model_of(window=None))).__name__ == \
+        "GrowCache"
     c = new_cache(model, slack=2)
     assert isinstance(c, WindowCache) and all(isinstance(l, WindowLayer) and l.keep == W + 1 for l in c.layers)
     mixed = new_cache(model_of(layer_types=["sliding_attention", "full_attention", "sliding_attention"]))
