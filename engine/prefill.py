@@ -24,10 +24,9 @@ from typing import NamedTuple
 import torch
 from transformers import DynamicCache
 
-from common.cpus import sequential_threads
 from common.errors import UserError
 from engine.cache import WindowCache, cache_prefix, new_cache
-from engine.decode import check_generation, greedy, greedy_steps
+from engine.decode import check_generation, greedy, greedy_steps, step_loop
 from engine.edits import RowSwap, apply
 from engine.hooks import maybe_record
 from engine.inputs import check_inputs, pad_left, to_model
@@ -240,11 +239,7 @@ def recurrent_steps(model, ids, mask, start: int, prev: torch.Tensor, cache, fus
     `before(t)`: called before each step (a recorder's columns)."""
     T = ids.shape[1]
     decoy_cols = set() if decoy is None else set(decoy[0].any(0).nonzero()[:, 0].tolist())
-    # Without autograd the steps run in torch.inference_mode: ~12% less per-op overhead on a one-token step,
-    # which is nearly all overhead. Tensors made inside are inference tensors: the callers copy the outputs they
-    # keep into tensors of their own, and a GrowLayer copies such a buffer before writing it outside.
-    fast = torch.inference_mode() if not torch.is_grad_enabled() else nullcontext()
-    with sequential_threads(), fast:  # one-token steps: 1 thread (common.cpus); a prefill before them keeps all
+    with step_loop():  # 1 thread, inference mode without autograd (engine.decode); a prefill keeps every thread
         for t in range(start, T):
             if before is not None:
                 before(t)
