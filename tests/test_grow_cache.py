@@ -122,3 +122,28 @@ def test_recurrence_with_grow_cache_equals_hf_dynamic_cache(monkeypatch):
     for a, b in zip(runs["grow"], runs["hf"]):
         assert torch.allclose(a.logits, b.logits, atol=1e-6, rtol=0) and torch.allclose(a.top, b.top, atol=1e-6, rtol=0)
         assert a.cache.get_seq_length() == b.cache.get_seq_length() == 19
+
+
+def test_the_engine_returns_ordinary_tensors():
+    """The steps run under torch.inference_mode; nothing of it may leak out: callers edit results in place and
+    feed them to autograd (probes, DAS), and keep stepping a returned cache outside inference mode."""
+    from engine.prefill import generate, prefill_many
+
+    torch.manual_seed(1)
+    model = FullBandwidthLM.from_config(qwen3_config(40, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2,
+                                                     max_len=128)).eval()
+    ids = torch.randint(2, 40, (2, 9))
+    mask = torch.ones_like(ids)
+    res = prefill_many(model, ids, mask, ("standard", "recurrent-full", "recurrent-3"), positions=(-1, -4))
+    for r in res.values():
+        for x in (r.logits, r.top, r.resid):
+            assert not x.is_inference()
+            x.add_(0)  # an in-place edit, refused on an inference tensor outside inference mode
+    assert not generate(model, ids, mask, 4, "soft").is_inference()
+    with torch.no_grad():
+        run = recurrent_run(model, ids, mask, 3, torch.tensor([8]))
+        more = model(ids[:, :1], torch.ones(2, 10, dtype=torch.long), cache=run.cache, use_cache=True)
+    assert run.cache.get_seq_length() == 10 and not more.logits.is_inference()
+    w = torch.zeros(32, requires_grad=True)
+    (res["recurrent-full"].top * w).sum().backward()  # autograd accepts them
+    assert w.grad is not None
