@@ -36,8 +36,8 @@ class GrowLayer(DynamicLayer):
 
     `update` writes the new columns in place (no copy of the earlier ones) and grows the buffer by half when it
     is full; `reserve`: spare columns of the first buffer (the steps known to follow a prefill). Under autograd
-    (grad enabled and the new keys require grad) it is HF's DynamicLayer: the concatenation, never an in-place
-    write into a tensor autograd saved. A crop keeps the buffer, so the next step overwrites the dropped
+    (grad enabled and the new or the cached keys require grad) it is HF's DynamicLayer: the concatenation, never
+    an in-place write into a tensor autograd saved. A crop keeps the buffer, so the next step overwrites the dropped
     columns: nothing else may hold views of them (`cache_prefix` copies)."""
 
     def __init__(self, reserve: int = 0):
@@ -46,7 +46,8 @@ class GrowLayer(DynamicLayer):
         self._keys = self._values = None  # [batch, heads, capacity, head_dim] buffers; None = none owned
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if torch.is_grad_enabled() and (key_states.requires_grad or value_states.requires_grad):
+        if torch.is_grad_enabled() and (key_states.requires_grad or value_states.requires_grad or (
+                self.is_initialized and (self.keys.requires_grad or self.values.requires_grad))):
             self._keys = self._values = None
             return super().update(key_states, value_states)
         if not self.is_initialized:

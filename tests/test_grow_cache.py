@@ -69,6 +69,28 @@ def test_autograd_gets_the_concatenation_and_the_same_gradients():
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
+def test_a_step_without_grad_after_one_with_grad_keeps_the_graph():
+    """A cache that holds grad-carrying columns never writes in place again while autograd records, whatever the
+    new columns carry (an in-place write would break the backward of the earlier steps' attention)."""
+    layer = GrowLayer(reserve=8)
+    k0, v0 = kv(4, 0, grad=True)
+    keys, values = layer.update(k0, v0)
+    loss = (keys * values).sum()
+    for i in (1, 2):  # no grad in the new columns
+        keys, values = layer.update(*kv(1, i))
+        loss = loss + (keys.sin() * values).sum()  # sin saves its input for the backward pass
+    loss.backward()
+    ref = DynamicLayer()
+    k1, v1 = kv(4, 0, grad=True)
+    a, b = ref.update(k1, v1)
+    ref_loss = (a * b).sum()
+    for i in (1, 2):
+        a, b = ref.update(*kv(1, i))
+        ref_loss = ref_loss + (a.sin() * b).sum()
+    ref_loss.backward()
+    assert torch.equal(k0.grad, k1.grad) and torch.equal(v0.grad, v1.grad)
+
+
 def test_a_buffer_made_in_inference_mode_is_copied_before_a_write_outside_it():
     layer = GrowLayer(reserve=4)
     with torch.inference_mode():
