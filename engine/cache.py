@@ -22,9 +22,9 @@ falls back to the concatenation wherever autograd records the step (training bac
 """
 from __future__ import annotations
 
-import torch
 from functools import partial
 
+import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 

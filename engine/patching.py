@@ -312,7 +312,7 @@ class RecurrentPatcher(Patcher):
         for _, out in recurrent_steps(model, ids, mask, start, prev, cache, state_edits=edits,
                                       step_hooks=step_hooks):
             pass
-        return out.logits[:, 0]
+        return out.logits[:, 0].clone()  # made in inference mode (engine.decode.step_loop): an ordinary copy
 
 
 class FusedPatcher(Patcher):

@@ -236,7 +236,9 @@ def recurrent_steps(model, ids, mask, start: int, prev: torch.Tensor, cache, fus
     intervention's patch, the trainer's interchange: engine.edits.RowSwap); `step_hooks(t)` -> a context
     manager (or None) held during step t (hooks on sites inside the model); `decoy` (cols [B, T] bool, donor
     [B]): at a marked column the cached keys/values are recomputed from the donor row's state (recurrent_run);
-    `before(t)`: called before each step (a recorder's columns)."""
+    `before(t)`: called before each step (a recorder's columns). The loop runs in engine.decode.step_loop, and so
+    does the caller's loop body between steps (a generator's context stays entered while it is suspended):
+    without autograd, what the body makes is an inference tensor; it copies what it keeps into its own tensors."""
     T = ids.shape[1]
     decoy_cols = set() if decoy is None else set(decoy[0].any(0).nonzero()[:, 0].tolist())
     with step_loop():  # 1 thread, inference mode without autograd (engine.decode); a prefill keeps every thread

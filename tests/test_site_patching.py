@@ -146,6 +146,7 @@ def test_recurrent_full_head_and_mlp_patch_match_hand_written(fbt):
             torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
             assert (got - ref_clean).abs().max() > 1e-3  # it propagated to T, three columns later
     torch.testing.assert_close(ctx.clean["recurrent-full"].logits, ref_clean, atol=1e-4, rtol=1e-4)
+    assert not got.is_inference()  # the steps run in inference mode; what the patcher returns is an ordinary tensor
 
 
 @pytest.mark.parametrize("s,d", [(3, 1), (2, 1), (3, 2)])
