@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
+from models.lean_step import RESIDUAL_HOOK
 
 
 def on_depth(layers: nn.ModuleList, depth: int, fn):
@@ -30,6 +31,7 @@ def on_depth(layers: nn.ModuleList, depth: int, fn):
                 return (h,) + tuple(args[1:]), kwargs
             return args, {**kwargs, "hidden_states": h}
 
+        setattr(pre, RESIDUAL_HOOK, True)  # models.lean_step may call it in its one-token steps
         return layers[0].register_forward_pre_hook(pre, with_kwargs=True)
 
     def post(mod, args, out):
@@ -38,6 +40,7 @@ def on_depth(layers: nn.ModuleList, depth: int, fn):
             return None
         return (h,) + tuple(out[1:]) if isinstance(out, tuple) else h
 
+    setattr(post, RESIDUAL_HOOK, True)
     return layers[depth - 1].register_forward_hook(post)
 
 

@@ -13,6 +13,7 @@ One small frozen adapter per family says, for the models of the `model_type`s it
     windows       per-layer attention windows from `layer_types` and `sliding_window` (HF's meaning: a sliding
                   layer's position attends to itself and the `sliding_window - 1` before it); None = full causal
     logit_softcap the config field of a final logit soft-cap (Gemma 2/3: logits = c * tanh(logits / c))
+    lean_step     whether models.lean_step runs its cached one-token steps (else HF's base model does)
     attention_masks  a custom 4-D mask pattern with each layer's window applied (HF uses a 4-D mask as given)
 
 Semantics the engine relies on and every family here shares: the decoder blocks take the residual stream as
@@ -66,6 +67,7 @@ class Family:
     context_field: str = "max_position_embeddings"
     logit_softcap_field: str | None = None
     positions: str = "rotary"  # how positions enter: "rotary" (in attention) or "learned" (added before block 0)
+    lean_step: bool = False  # models.lean_step reproduces its one-token step (HF's Llama / Qwen decoder layers)
 
     # ----- modules ------------------------------------------------------------------------------------------
     def layers(self, lm) -> nn.ModuleList:
@@ -157,8 +159,8 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("llama", ("llama", "mistral")),
-    Family("qwen", ("qwen2", "qwen3")),
+    Family("llama", ("llama", "mistral"), lean_step=True),
+    Family("qwen", ("qwen2", "qwen3"), lean_step=True),
     Family("gpt2", ("gpt2",), blocks="h", final_norm_path="ln_f", embedding_path="wte", attn_path="attn",
            attn_out_path="c_proj", depth_field="n_layer", width_field="n_embd", heads_field="n_head",
            context_field="n_positions", positions="learned"),

@@ -1,0 +1,256 @@
+"""The decoder's one-token step without HF's per-call machinery: the same ops, in the same order, as HF computes
+them, so the result is bit for bit HF's (tests/test_lean_step.py), at about half the cost.
+
+Why: a cached one-token step of a small model is all overhead. On the benchmark's 4-layer model HF spends ~3.5 ms
+in a step whose arithmetic takes well under one: ~80 module calls, decorators, config look-ups, mask building.
+The recurrence (recurrent-k, recurrent-full) and greedy decoding are nothing but such steps.
+
+When it runs (`lean_reason` is None), FullBandwidthLM.forward calls `lean_step` instead of the base model:
+  * one column (q = 1), no padding in the batch, a cache given, no autograd, the model in eval mode;
+  * a family with `lean_step` (models.families: llama / mistral, qwen2 / qwen3) whose every block is exactly one
+    of HF's decoder-layer classes built of its own modules (`_BLOCKS`), full causal attention in every layer
+    (no sliding window) through "sdpa";
+  * nothing observes or rewrites the model's insides: no forward or backward hooks on any module, no global
+    module hooks, no `forward` replaced on an instance (nnsight's wrapper, a tensor-parallel one), except the
+    residual-stream hooks on the blocks themselves that carry `RESIDUAL_HOOK` (engine.hooks.on_depth marks its
+    own): those are called here exactly as nn.Module calls them, with the block's input as the only argument.
+Anything else takes HF's own path, unchanged. `enabled(False)` switches it off (benchmarks, tests).
+"""
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules import module as _module
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+RESIDUAL_HOOK = "_reads_residual_only"  # attribute of a block hook that reads or replaces only the residual
+#                                         stream: the block's first argument (pre-hook) or its output (post)
+_ON = [True]
+
+
+@contextmanager
+def enabled(on: bool = True):
+    """Within the block, the lean step runs where it can (on) or never (off)."""
+    prev, _ON[0] = _ON[0], bool(on)
+    try:
+        yield
+    finally:
+        _ON[0] = prev
+
+
+def _block_classes() -> dict[type, tuple]:
+    """HF's decoder-layer classes this step reproduces: (RMSNorm, attention, MLP class, has q_norm / k_norm)."""
+    from transformers.models.llama import modeling_llama as llama
+    from transformers.models.mistral import modeling_mistral as mistral
+    from transformers.models.qwen2 import modeling_qwen2 as qwen2
+    from transformers.models.qwen3 import modeling_qwen3 as qwen3
+    return {llama.LlamaDecoderLayer: (llama.LlamaRMSNorm, llama.LlamaAttention, llama.LlamaMLP, False),
+            mistral.MistralDecoderLayer: (mistral.MistralRMSNorm, mistral.MistralAttention, mistral.MistralMLP,
+                                          False),
+            qwen2.Qwen2DecoderLayer: (qwen2.Qwen2RMSNorm, qwen2.Qwen2Attention, qwen2.Qwen2MLP, False),
+            qwen3.Qwen3DecoderLayer: (qwen3.Qwen3RMSNorm, qwen3.Qwen3Attention, qwen3.Qwen3MLP, True)}
+
+
+_BLOCKS: dict = {}  # filled on first use: importing the model modules costs ~0.1 s
+
+
+def _blocks() -> dict:
+    if not _BLOCKS:
+        _BLOCKS.update(_block_classes())
+    return _BLOCKS
+
+
+def _plain(m: nn.Module) -> bool:
+    """No hooks of any kind on `m`, its class's own forward (no instance-level wrapper), eval mode."""
+    return not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+                or "forward" in m.__dict__ or m.training)
+
+
+def _residual_hooks_only(block: nn.Module) -> bool:
+    if (block._backward_hooks or block._backward_pre_hooks or "forward" in block.__dict__ or block.training
+            or block._forward_hooks_with_kwargs or block._forward_hooks_always_called):
+        return False
+    return all(getattr(h, RESIDUAL_HOOK, False) for h in (*block._forward_pre_hooks.values(),
+                                                           *block._forward_hooks.values()))
+
+
+class StepPlan(NamedTuple):
+    """What the step runs, found once per model structure: the blocks with their parts, and every module link
+    the plan was read through (re-checked at each call: a replaced submodule makes a new plan)."""
+    n_layers: int
+    window_fields: tuple  # (sliding_window, layer_types) as the plan found them
+    links: tuple  # (parent._modules, name, child)
+    blocks: tuple  # (block, attention, mlp, has q_norm / k_norm)
+    parts: tuple  # every module the step runs other than the blocks: plain at each call
+    rotary: nn.Module | None  # the base model's rotary embedding and final norm
+    norm: nn.Module | None
+    why: str | None  # why this structure takes HF's path; None: the lean step reproduces it
+
+
+_PLANS: "weakref.WeakKeyDictionary[nn.Module, StepPlan]" = weakref.WeakKeyDictionary()
+
+
+def _child(links: list, parent: nn.Module, name: str):
+    child = parent._modules.get(name)
+    links.append((parent._modules, name, child))
+    return child
+
+
+def _new_plan(lm, family, n: int, window_fields: tuple) -> StepPlan:
+    links, blocks, parts = [], [], []
+    rotary = norm = None
+
+    def plan(why):
+        return StepPlan(n, window_fields, tuple(links), tuple(blocks), tuple(parts), rotary, norm, why)
+
+    base = _child(links, lm, lm.base_model_prefix)
+    layers = _child(links, base, family.blocks) if base is not None else None
+    if base is not None:
+        norm, rotary = _child(links, base, "norm"), _child(links, base, "rotary_emb")
+    if layers is None or norm is None or rotary is None or len(layers) < n:
+        return plan("a base model without layers, norm and rotary_emb")
+    parts += [base, rotary, norm]
+    specs = _blocks()
+    if type(norm) not in {spec[0] for spec in specs.values()}:
+        return plan(f"final norm {type(norm).__name__}")
+    for i in range(n):
+        block = _child(links, layers, str(i))
+        spec = specs.get(type(block))
+        if spec is None:
+            return plan(f"block {type(block).__name__}")
+        norm_cls, attn_cls, mlp_cls, qk = spec
+        a, m = _child(links, block, "self_attn"), _child(links, block, "mlp")
+        norms = [_child(links, block, "input_layernorm"), _child(links, block, "post_attention_layernorm")]
+        if qk:
+            norms += [_child(links, a, "q_norm"), _child(links, a, "k_norm")]
+        linears = [_child(links, a, k) for k in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
+            [_child(links, m, k) for k in ("gate_proj", "up_proj", "down_proj")]
+        act = _child(links, m, "act_fn")
+        if (type(a) is not attn_cls or type(m) is not mlp_cls or any(type(x) is not norm_cls for x in norms)
+                or any(type(x) is not nn.Linear for x in linears) or not isinstance(act, nn.Module)):
+            return plan(f"block {i} holds parts HF's {type(block).__name__} does not")
+        blocks.append((block, a, m, qk))
+        parts += [a, m, act, *norms, *linears]
+    return plan(None)
+
+
+def step_plan(lm, family, inputs_embeds: torch.Tensor, padded: bool, cache) -> StepPlan | str:
+    """The plan by which `lean_step` reproduces `lm.base_model` on this call, or why it cannot (a few words)."""
+    if not _ON[0]:
+        return "switched off"
+    if inputs_embeds.shape[1] != 1 or padded or cache is None:
+        return "not an unpadded one-token step with a cache"
+    if torch.is_grad_enabled():
+        return "autograd"
+    if not family.lean_step:
+        return f"family {family.name}"
+    config = lm.config
+    if config._attn_implementation != "sdpa":
+        return "attention not through sdpa"
+    if (_module._global_forward_hooks or _module._global_forward_pre_hooks or _module._global_backward_hooks
+            or _module._global_backward_pre_hooks):
+        return "global module hooks"
+    n = config.num_hidden_layers
+    window_fields = (getattr(config, "sliding_window", None), getattr(config, "layer_types", None))
+    plan = _PLANS.get(lm)
+    if (plan is None or plan.n_layers != n or plan.window_fields != window_fields
+            or not all(d.get(k) is v for d, k, v in plan.links)):
+        plan = _new_plan(lm, family, n, window_fields)
+        if plan.why is None and (any(w is not None for w in family.windows(config))
+                                 or any(t != "full_attention" for t in window_fields[1] or ())):
+            plan = plan._replace(why="sliding-window attention")
+        _PLANS[lm] = plan
+    if plan.why is not None:
+        return plan.why
+    if not lm.training and all(_plain(m) for m in plan.parts) and all(_residual_hooks_only(b[0]) for b in plan.blocks):
+        return plan
+    return "hooks, wrappers or training mode inside the model"
+
+
+def _w(module: nn.Module, name: str = "weight"):
+    return module._parameters[name]  # a plain nn.Linear / RMSNorm (the plan checked): no __getattr__ per step
+
+
+def _rms(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    # HF's LlamaRMSNorm / Qwen*RMSNorm / MistralRMSNorm forward, op for op (its casts are no-ops in float32)
+    if x.dtype == torch.float32:
+        return _w(norm) * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return _w(norm) * h.to(x.dtype)
+
+
+def _linear(x: torch.Tensor, lin: nn.Module) -> torch.Tensor:
+    return F.linear(x, lin._parameters["weight"], lin._parameters["bias"])
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """HF's (x * cos) + (rotate_half(x) * sin) with rotate_half(x) * sin = roll(x, half) * [-sin_1, sin_2]: the
+    same products (a negation is exact), in two ops instead of five."""
+    return (x * cos) + (torch.roll(x, x.shape[-1] // 2, -1) * signed_sin)
+
+
+def _call_hooks(block: nn.Module, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """nn.Module's hook protocol on one block whose only argument is `x`: its pre-hooks (out None; returns the
+    input they leave) or its forward hooks (returns the output they leave)."""
+    args = (x,)
+    if out is not None:
+        for hook in block._forward_hooks.values():
+            r = hook(block, args, out)
+            if r is not None:
+                out = r
+        return out
+    for hid, hook in block._forward_pre_hooks.items():
+        if hid in block._forward_pre_hooks_with_kwargs:
+            r = hook(block, args, {})
+            if r is not None:
+                args = r[0] if r[0] else (r[1]["hidden_states"],)
+        else:
+            r = hook(block, args)
+            if r is not None:
+                args = r if isinstance(r, tuple) else (r,)
+    return args[0]
+
+
+def _block(x: torch.Tensor, block: nn.Module, a: nn.Module, m: nn.Module, qk: bool, cos: torch.Tensor,
+           sin: torch.Tensor, cache) -> torch.Tensor:
+    """One decoder layer on one column [batch, 1, d_model], as HF's LlamaDecoderLayer and LlamaAttention (with
+    Qwen3's q_norm / k_norm) compute it; `cos`, `sin` [batch, 1, 1, head_dim] (`sin` signed, see _rotary)."""
+    mods = a._modules
+    hidden_shape = (x.shape[0], 1, -1, a.head_dim)
+    residual = x
+    h = _rms(x, block._modules["input_layernorm"])
+    q = _linear(h, mods["q_proj"]).view(hidden_shape)
+    k = _linear(h, mods["k_proj"]).view(hidden_shape)
+    if qk:
+        q, k = _rms(q, mods["q_norm"]), _rms(k, mods["k_norm"])
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # [batch, heads, 1, head_dim]
+    v = _linear(h, mods["v_proj"]).view(hidden_shape).transpose(1, 2)
+    q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)
+    k, v = cache.update(k, v, a.layer_idx)  # [batch, kv_heads, cols, head_dim]
+    o, _ = sdpa_attention_forward(a, q, k, v, None, dropout=0.0, scaling=a.scaling)  # HF's own, unmasked
+    x = residual + _linear(o.reshape(x.shape[0], 1, -1).contiguous(), mods["o_proj"])
+    mods = m._modules
+    h = _rms(x, block._modules["post_attention_layernorm"])
+    return x + _linear(mods["act_fn"].forward(_linear(h, mods["gate_proj"])) * _linear(h, mods["up_proj"]),
+                       mods["down_proj"])
+
+
+def lean_step(plan: StepPlan, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, cache) -> torch.Tensor:
+    """`lm.base_model(inputs_embeds=..., position_ids=..., cache=..., use_cache=True).last_hidden_state` on a call
+    `step_plan` accepted: the post-final-norm state [batch, 1, d_model]; the cache gains the column."""
+    x = inputs_embeds
+    cos, sin = plan.rotary(x, position_ids)  # [batch, 1, head_dim]
+    half = sin.shape[-1] // 2
+    cos, sin = cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
+    for block, a, m, qk in plan.blocks:
+        if block._forward_pre_hooks:
+            x = _call_hooks(block, x)
+        y = _block(x, block, a, m, qk, cos, sin, cache)
+        x = _call_hooks(block, x, y) if block._forward_hooks else y
+    return _rms(x, plan.norm)
