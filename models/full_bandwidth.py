@@ -182,9 +182,9 @@ class FullBandwidthLM(nn.Module):
         padded = not bool(attention_mask.all())
         # CPU SDPA with an explicit padding mask falls back to a slow kernel (measured ~3x slower than eager
         # on the tiny presets); without padding the mask is dropped so SDPA takes its causal fast path.
-        plan = step_plan(self.lm, self.family, x, padded, cache) if use_cache and not hidden_states else None
+        plan = step_plan(self.lm, self.family, x, cache) if use_cache and not hidden_states else None
         if isinstance(plan, StepPlan):  # a cached one-token step, bit for bit HF's at less cost (models.lean_step)
-            top = lean_step(plan, x, position_ids, cache)
+            top = lean_step(plan, self.lm.config, x, attention_mask if padded else None, position_ids, cache)
             return LMOutput(logits=self.head(top), top=top, cache=cache)
         impl = self.lm.config._attn_implementation
         use_eager = padded and input_ids.shape[1] > 1 and impl == "sdpa"

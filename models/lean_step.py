@@ -6,10 +6,10 @@ in a step whose arithmetic takes well under one: ~80 module calls, decorators, c
 The recurrence (recurrent-k, recurrent-full) and greedy decoding are nothing but such steps.
 
 When it runs (`lean_reason` is None), FullBandwidthLM.forward calls `lean_step` instead of the base model:
-  * one column (q = 1), no padding in the batch, a cache given, no autograd, the model in eval mode;
+  * one column (q = 1), a cache given, no autograd, the model in eval mode; padded batches and sliding-window
+    layers get HF's own masks, made by the functions the family's base model calls;
   * a family with `lean_step` (models.families: llama / mistral, qwen2 / qwen3) whose every block is exactly one
-    of HF's decoder-layer classes built of its own modules (`_BLOCKS`), full causal attention in every layer
-    (no sliding window) through "sdpa";
+    of HF's decoder-layer classes built of its own modules (`_BLOCKS`), attention through "sdpa";
   * nothing observes or rewrites the model's insides: no forward or backward hooks on any module, no global
     module hooks, no `forward` replaced on an instance (nnsight's wrapper, a tensor-parallel one), except the
     residual-stream hooks on the blocks themselves that carry `RESIDUAL_HOOK` (engine.hooks.on_depth marks its
@@ -18,6 +18,7 @@ Anything else takes HF's own path, unchanged. `enabled(False)` switches it off (
 """
 from __future__ import annotations
 
+import sys
 import weakref
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -89,6 +90,8 @@ class StepPlan(NamedTuple):
     parts: tuple  # every module the step runs other than the blocks: plain at each call
     rotary: nn.Module | None  # the base model's rotary embedding and final norm
     norm: nn.Module | None
+    masks: dict  # {mask kind: HF's mask function, as the family's base model calls it}
+    mask_kinds: tuple  # each block's mask kind ("full_attention" / "sliding_attention")
     why: str | None  # why this structure takes HF's path; None: the lean step reproduces it
 
 
@@ -102,11 +105,13 @@ def _child(links: list, parent: nn.Module, name: str):
 
 
 def _new_plan(lm, family, n: int, window_fields: tuple) -> StepPlan:
-    links, blocks, parts = [], [], []
+    links, blocks, parts, kinds = [], [], [], []
     rotary = norm = None
+    masks = {}
 
     def plan(why):
-        return StepPlan(n, window_fields, tuple(links), tuple(blocks), tuple(parts), rotary, norm, why)
+        return StepPlan(n, window_fields, tuple(links), tuple(blocks), tuple(parts), rotary, norm, masks,
+                        tuple(kinds), why)
 
     base = _child(links, lm, lm.base_model_prefix)
     layers = _child(links, base, family.blocks) if base is not None else None
@@ -136,15 +141,35 @@ def _new_plan(lm, family, n: int, window_fields: tuple) -> StepPlan:
             return plan(f"block {i} holds parts HF's {type(block).__name__} does not")
         blocks.append((block, a, m, qk))
         parts += [a, m, act, *norms, *linears]
+    masks, kinds[:] = _mask_plan(lm.config, base, n, window_fields)
     return plan(None)
 
 
-def step_plan(lm, family, inputs_embeds: torch.Tensor, padded: bool, cache) -> StepPlan | str:
+def _mask_plan(config, base: nn.Module, n: int, window_fields: tuple) -> tuple[dict, list]:
+    """Which of HF's mask functions each block's attention gets, as the family's base model forward chooses them
+    (Llama: the causal mask; Mistral: the sliding-window one when `sliding_window` is set; Qwen 2 / 3: by
+    `layer_types`), taken from the base model's own module."""
+    hf = sys.modules[type(base).__module__]
+    full, sliding = "full_attention", "sliding_attention"
+    window, types = window_fields
+    if type(base).__name__.startswith("Qwen"):
+        kinds = list(types[:n]) if types else [full] * n
+    elif type(base).__name__.startswith("Mistral"):
+        kinds = [full if window is None else sliding] * n
+    else:
+        kinds = [full] * n
+    fns = {full: hf.create_causal_mask}
+    if sliding in kinds:
+        fns[sliding] = hf.create_sliding_window_causal_mask
+    return fns, kinds
+
+
+def step_plan(lm, family, inputs_embeds: torch.Tensor, cache) -> StepPlan | str:
     """The plan by which `lean_step` reproduces `lm.base_model` on this call, or why it cannot (a few words)."""
     if not _ON[0]:
         return "switched off"
-    if inputs_embeds.shape[1] != 1 or padded or cache is None:
-        return "not an unpadded one-token step with a cache"
+    if inputs_embeds.shape[1] != 1 or cache is None:
+        return "not a one-token step with a cache"
     if torch.is_grad_enabled():
         return "autograd"
     if not family.lean_step:
@@ -161,9 +186,6 @@ def step_plan(lm, family, inputs_embeds: torch.Tensor, padded: bool, cache) -> S
     if (plan is None or plan.n_layers != n or plan.window_fields != window_fields
             or not all(d.get(k) is v for d, k, v in plan.links)):
         plan = _new_plan(lm, family, n, window_fields)
-        if plan.why is None and (any(w is not None for w in family.windows(config))
-                                 or any(t != "full_attention" for t in window_fields[1] or ())):
-            plan = plan._replace(why="sliding-window attention")
         _PLANS[lm] = plan
     if plan.why is not None:
         return plan.why
@@ -218,7 +240,7 @@ def _call_hooks(block: nn.Module, x: torch.Tensor, out: torch.Tensor | None = No
 
 
 def _block(x: torch.Tensor, block: nn.Module, a: nn.Module, m: nn.Module, qk: bool, cos: torch.Tensor,
-           sin: torch.Tensor, cache) -> torch.Tensor:
+           sin: torch.Tensor, cache, mask: torch.Tensor | None) -> torch.Tensor:
     """One decoder layer on one column [batch, 1, d_model], as HF's LlamaDecoderLayer and LlamaAttention (with
     Qwen3's q_norm / k_norm) compute it; `cos`, `sin` [batch, 1, 1, head_dim] (`sin` signed, see _rotary)."""
     mods = a._modules
@@ -233,7 +255,7 @@ def _block(x: torch.Tensor, block: nn.Module, a: nn.Module, m: nn.Module, qk: bo
     v = _linear(h, mods["v_proj"]).view(hidden_shape).transpose(1, 2)
     q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)
     k, v = cache.update(k, v, a.layer_idx)  # [batch, kv_heads, cols, head_dim]
-    o, _ = sdpa_attention_forward(a, q, k, v, None, dropout=0.0, scaling=a.scaling)  # HF's own, unmasked
+    o, _ = sdpa_attention_forward(a, q, k, v, mask, dropout=0.0, scaling=a.scaling)  # HF's own
     x = residual + _linear(o.reshape(x.shape[0], 1, -1).contiguous(), mods["o_proj"])
     mods = m._modules
     h = _rms(x, block._modules["post_attention_layernorm"])
@@ -241,16 +263,23 @@ def _block(x: torch.Tensor, block: nn.Module, a: nn.Module, m: nn.Module, qk: bo
                        mods["down_proj"])
 
 
-def lean_step(plan: StepPlan, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, cache) -> torch.Tensor:
-    """`lm.base_model(inputs_embeds=..., position_ids=..., cache=..., use_cache=True).last_hidden_state` on a call
-    `step_plan` accepted: the post-final-norm state [batch, 1, d_model]; the cache gains the column."""
+def lean_step(plan: StepPlan, config, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None,
+              position_ids: torch.Tensor, cache) -> torch.Tensor:
+    """`lm.base_model(inputs_embeds=..., attention_mask=..., position_ids=..., cache=..., use_cache=True)
+    .last_hidden_state` on a call `step_plan` accepted: the post-final-norm state [batch, 1, d_model]; the cache
+    gains the column. `attention_mask` [batch, past + 1] or None (no padding)."""
     x = inputs_embeds
+    if attention_mask is None and len(plan.masks) == 1 and "full_attention" in plan.masks:
+        masks = {"full_attention": None}  # HF's causal mask of an unpadded one-token query is none (tested)
+    else:  # HF's own masks, made before any block writes the cache, as its base model makes them
+        masks = {kind: fn(config=config, inputs_embeds=x, attention_mask=attention_mask, cache=cache,
+                          position_ids=position_ids) for kind, fn in plan.masks.items()}
     cos, sin = plan.rotary(x, position_ids)  # [batch, 1, head_dim]
     half = sin.shape[-1] // 2
     cos, sin = cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
-    for block, a, m, qk in plan.blocks:
+    for (block, a, m, qk), kind in zip(plan.blocks, plan.mask_kinds):
         if block._forward_pre_hooks:
             x = _call_hooks(block, x)
-        y = _block(x, block, a, m, qk, cos, sin, cache)
+        y = _block(x, block, a, m, qk, cos, sin, cache, masks[kind])
         x = _call_hooks(block, x, y) if block._forward_hooks else y
     return _rms(x, plan.norm)

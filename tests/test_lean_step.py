@@ -1,5 +1,6 @@
-"""models.lean_step: the cached one-token step without HF's per-call machinery is bit for bit HF's own step, and it
-runs only where it is: no foreign hook, wrapper, padding, autograd, sliding window or unknown block.
+"""models.lean_step: the cached one-token step without HF's per-call machinery is bit for bit HF's own step (padded
+rows and sliding windows included), and it runs only where it is: no foreign hook, wrapper, autograd or unknown
+block.
 
 Golden reference: the same FullBandwidthLM with the lean step switched off (`enabled(False)`), i.e. HF's base model
 (`lm.base_model(inputs_embeds=..., cache=...)`); every comparison is `torch.equal`, not a tolerance."""
@@ -30,13 +31,14 @@ def tiny_model(model_type: str, seed: int = 0, kv_heads: int = 2, dtype=torch.fl
     return FullBandwidthLM.from_config(cfg, seed=seed).eval().to(dtype)
 
 
-def steps(model, ids, n_steps=4, state_seed=1):
-    """Prefill ids[:, :-n_steps] into a fresh cache, then the cached one-token fused steps of the rest, each fed a
-    fixed random state: (tops, logits, final keys of every layer)."""
+def steps(model, ids, n_steps=4, state_seed=1, mask=None, window_cache=False):
+    """Prefill ids[:, :-n_steps] into a fresh cache (`window_cache`: a windowed model's sliding layers keep their
+    window only), then the cached one-token fused steps of the rest, each fed a fixed random state: (tops, logits,
+    final keys of every layer). `mask`: a left-padding mask (default none)."""
     g = torch.Generator().manual_seed(state_seed)
     T, s = ids.shape[1], ids.shape[1] - n_steps
-    mask = torch.ones_like(ids)
-    cache = new_cache(model)
+    mask = torch.ones_like(ids) if mask is None else mask
+    cache = new_cache(model) if not window_cache else new_cache(model, slack=0)
     tops, logits = [], []
     with torch.no_grad():
         model(ids[:, :s], mask[:, :s], cache=cache, use_cache=True)
@@ -52,10 +54,10 @@ def ids_for(batch=2, T=12, seed=3):
     return torch.randint(1, 64, (batch, T), generator=torch.Generator().manual_seed(seed))
 
 
-def plan_of(model, padded=False, grad=False, T=1):
+def plan_of(model, grad=False, T=1):
     x = torch.zeros(1, T, model.d_model)
     with torch.set_grad_enabled(grad):
-        return step_plan(model.lm, model.family, x, padded, new_cache())
+        return step_plan(model.lm, model.family, x, new_cache())
 
 
 def assert_same(a, b):
@@ -194,19 +196,38 @@ def test_replaced_module_makes_a_new_plan():
     assert "parts" in plan_of(model)
 
 
+WINDOWED = [("qwen3", {"use_sliding_window": True, "sliding_window": 3, "max_window_layers": 0}),
+            ("qwen2", {"use_sliding_window": True, "sliding_window": 3,
+                       "layer_types": ["full_attention", "sliding_attention", "sliding_attention"]}),
+            ("mistral", {"sliding_window": 3})]
+
+
+@pytest.mark.parametrize("model_type,kw", [(t, {}) for t in TYPES] + WINDOWED)
+@pytest.mark.parametrize("window_cache", (False, True))
+def test_bit_for_bit_padded_and_windowed(model_type, kw, window_cache):
+    """Left-padded rows and sliding-window layers (windows shorter than the prompt), with the full cache and with
+    the window cache (engine.cache.WindowLayer): HF's own masks, so HF's results, bit for bit."""
+    from engine.inputs import pad_left
+
+    model = tiny_model(model_type, **kw)
+    ids, mask = pad_left([[5, 9, 2, 7, 3, 11, 4, 8, 6, 1], [6, 1, 12, 3, 10, 2, 9], [7, 7, 2, 5, 30, 4]])
+    assert isinstance(plan_of(model), StepPlan)
+    lean = steps(model, ids, mask=mask, window_cache=window_cache)
+    with enabled(False):
+        hf = steps(model, ids, mask=mask, window_cache=window_cache)
+    assert_same(lean, hf)
+    if kw:  # the window acts: the same steps with the window dropped differ
+        assert not torch.equal(lean[0], steps(tiny_model(model_type), ids, mask=mask)[0])
+
+
 def test_where_it_does_not_run(make_tiny_config):
     from nnsight import NNsight
 
     model = tiny_model("qwen3")
-    assert plan_of(model, padded=True) == "not an unpadded one-token step with a cache"
-    assert plan_of(model, T=3) == "not an unpadded one-token step with a cache"
+    assert plan_of(model, T=3) == "not a one-token step with a cache"
     assert plan_of(model, grad=True) == "autograd"
     gpt2 = FullBandwidthLM.from_config(make_tiny_config("gpt2"), seed=0).eval()
     assert plan_of(gpt2) == "family gpt2"
-    for kw in ({"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0},
-               {"layer_types": ["full_attention", "sliding_attention", "full_attention"]}):
-        assert plan_of(tiny_model("qwen3", **kw)) == "sliding-window attention"
-    assert plan_of(tiny_model("mistral", sliding_window=4096)) == "sliding-window attention"
     model.train()
     assert isinstance(plan_of(model), str)
     model.eval()
@@ -215,18 +236,20 @@ def test_where_it_does_not_run(make_tiny_config):
     assert isinstance(plan_of(model), str)
 
 
-def test_padded_batch_and_autograd_still_right():
-    """Where the lean step does not run, the engine's results are unchanged (HF's path): a padded batch and the
-    trainer's differentiable recurrence."""
+def test_padded_windowed_engine_and_autograd():
+    """The engine's recurrence on a padded batch of a windowed model (window cache, recorder) equals HF's path;
+    the trainer's differentiable recurrence (autograd: HF's path) agrees with the no-grad lean one."""
     from engine.inputs import pad_left
     from engine.prefill import recurrent_logits
 
-    model = tiny_model("qwen3")
+    model = tiny_model("qwen3", use_sliding_window=True, sliding_window=3, max_window_layers=0)
     ids, mask = pad_left([[5, 9, 2, 7, 3, 11, 4, 8], [6, 1, 12, 3, 10]])
-    lean = prefill_many(model, ids, mask, ("recurrent-full",), positions=(-1,))["recurrent-full"]
+    lean = prefill_many(model, ids, mask, ("recurrent-full", "recurrent-2"), positions=(-1, -3))
     with enabled(False):
-        hf = prefill_many(model, ids, mask, ("recurrent-full",), positions=(-1,))["recurrent-full"]
-    assert torch.equal(lean.logits, hf.logits)
+        hf = prefill_many(model, ids, mask, ("recurrent-full", "recurrent-2"), positions=(-1, -3))
+    for m in lean:
+        assert torch.equal(lean[m].logits, hf[m].logits) and torch.equal(lean[m].resid, hf[m].resid)
+    model = tiny_model("qwen3")
     ids = ids_for(T=8)
     a = recurrent_logits(model, ids, torch.ones_like(ids))
     with torch.no_grad():
