@@ -41,6 +41,7 @@ ENTRY_POINTS = {
     "benchmarks/attribution.py": {"--model", "--task", "--threads"},
     "benchmarks/collect.py": {"--model", "--threads"},
     "benchmarks/collect_processes.py": {"--model", "--threads"},
+    "benchmarks/cold_step.py": {"--seed"},
     "benchmarks/decode.py": {"--threads", "--seed", "--device"},
     "benchmarks/fixed_point.py": {"--model", "--threads"},
     "benchmarks/interventions.py": {"--model", "--task"},
