@@ -5,7 +5,8 @@ Measured side by side in one run, on a randomly initialised tiny Qwen3-style mod
 d_model 128, vocab 64, batch 1):
 
   1. recurrent-full at T=short and T=long (median of --repeats); ratio time(long)/time(short).
-     Linear scaling gives long/short (4.0 for 1024/256); goal <= 4.5.
+     Linear scaling gives long/short (4.0 for 1024/256); goal <= 4.5. Beside them, recurrent-full at T=long with
+     HF's own one-token step (models.lean_step switched off): the lean step's share of the speed.
   2. speed-up of recurrent-full over the naive full-prefix recompute at T=long (for every t: a full forward
      on tokens[:t+1] with the previously computed top states fed back; O(T^2)). Goal >= 5x.
      --naive sample (default) times one naive step at --naive-samples positions t spread over 0..T-1 and
@@ -156,17 +157,22 @@ def main(argv=None) -> dict:
     run("standard", ids_long, mask_long)
 
     # 1. recurrent-full scaling (short and long interleaved, so background load hits both alike)
-    t_short, t_long = [], []
+    # beside them, recurrent-full at T=long with HF's own one-token step (models.lean_step off)
+    t_short, t_long, t_long_hf = [], [], []
     for _ in range(a.repeats):
         t_short.append(timed(lambda: run("recurrent-full", ids_short, mask_short), device))
         t_long.append(timed(lambda: run("recurrent-full", ids_long, mask_long), device))
+        t_long_hf.append(timed(lambda: run_hf_step("recurrent-full", ids_long, mask_long), device))
     rf_short, rf_long = statistics.median(t_short), statistics.median(t_long)
+    lean_ratio = statistics.median(lean / hf for lean, hf in zip(t_long, t_long_hf))
     scaling = rf_long / rf_short
     scaling_pairs = statistics.median(lo / sh for sh, lo in zip(t_short, t_long))
     print(f"recurrent-full  T={a.short:5d}: {rf_short * 1e3:9.1f} ms   T={a.long:5d}: {rf_long * 1e3:9.1f} ms   "
           f"(median of {a.repeats}; {rf_long / a.long * 1e3:.2f} ms/token at T={a.long})")
     print(f"  scaling time(T={a.long})/time(T={a.short}) = {scaling:.2f}  (ratio of medians; median of per-pair ratios "
           f"{scaling_pairs:.2f}; linear = {a.long / a.short:.2f}, goal <= {GOAL_SCALING})  {'PASS' if scaling <= GOAL_SCALING else 'FAIL'}")
+    print(f"  with HF's own one-token step (models.lean_step off) T={a.long}: {statistics.median(t_long_hf) * 1e3:9.1f} ms;"
+          f" lean / HF's step = {lean_ratio:.3f} (median of per-pair ratios)")
 
     # 2. naive full-prefix recompute at T=long; its inputs are the recurrent-full top states
     full = run("recurrent-full", ids_long, mask_long, positions=tuple(range(-a.long, 0)))
@@ -240,6 +246,7 @@ def main(argv=None) -> dict:
         "load_avg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None, "device": str(device), "clock": a.clock, "repeats": a.repeats,
         "T_short": a.short, "T_long": a.long,
         "recurrent_full_s": {str(a.short): rf_short, str(a.long): rf_long},
+        "recurrent_full_hf_step_s": {str(a.long): statistics.median(t_long_hf)}, "recurrent_full_lean_over_hf_step": lean_ratio,
         "scaling_ratio": scaling, "scaling_ratio_pairs": scaling_pairs, "scaling_goal_max": GOAL_SCALING, "scaling_pass": scaling <= GOAL_SCALING,
         "naive_s": naive_s, "naive_method": a.naive, "naive_note": naive_how, "naive_max_abs_diff": max_diff,
         "speedup_vs_naive": speedup, "speedup_goal_min": GOAL_SPEEDUP, "speedup_pass": speedup >= GOAL_SPEEDUP,

@@ -1,15 +1,16 @@
 """The decoder's one-token step without HF's per-call machinery: the same ops, in the same order, as HF computes
-them, so the result is bit for bit HF's (tests/test_lean_step.py), at about half the cost.
+them, so the result is bit for bit HF's (tests/test_lean_step.py), at ~30% less cost.
 
 Why: a cached one-token step of a small model is all overhead. On the benchmark's 4-layer model HF spends ~3.5 ms
 in a step whose arithmetic takes well under one: ~80 module calls, decorators, config look-ups, mask building.
 The recurrence (recurrent-k, recurrent-full) and greedy decoding are nothing but such steps.
 
-When it runs (`lean_reason` is None), FullBandwidthLM.forward calls `lean_step` instead of the base model:
+When it runs (`step_plan` returns a StepPlan), FullBandwidthLM.forward calls `lean_step` instead of the base model:
   * one column (q = 1), a cache given, no autograd, the model in eval mode; padded batches and sliding-window
     layers get HF's own masks, made by the functions the family's base model calls;
-  * a family with `lean_step` (models.families: llama / mistral, qwen2 / qwen3) whose every block is exactly one
-    of HF's decoder-layer classes built of its own modules (`_BLOCKS`), attention through "sdpa";
+  * a family with `lean_step` (models.families: llama / mistral, qwen2 / qwen3) whose base model is exactly one
+    of HF's base-model classes and every block exactly one of its decoder-layer classes built of its own modules
+    (`_block_classes`), attention through "sdpa";
   * nothing observes or rewrites the model's insides: no forward or backward hooks on any module, no global
     module hooks, no `forward` replaced on an instance (nnsight's wrapper, a tensor-parallel one), except the
     residual-stream hooks on the blocks themselves that carry `RESIDUAL_HOOK` (engine.hooks.on_depth marks its
@@ -44,26 +45,31 @@ def enabled(on: bool = True):
         _ON[0] = prev
 
 
-def _block_classes() -> dict[type, tuple]:
-    """HF's decoder-layer classes this step reproduces: (RMSNorm, attention, MLP class, has q_norm / k_norm)."""
+def _block_classes() -> tuple[dict, dict]:
+    """HF's classes this step reproduces: {base model: how it masks ("llama": the causal mask for every block;
+    "mistral": the sliding-window one when `sliding_window` is set; "qwen": per `layer_types`)} and {decoder
+    layer: (RMSNorm, attention, MLP class, has q_norm / k_norm)}."""
     from transformers.models.llama import modeling_llama as llama
     from transformers.models.mistral import modeling_mistral as mistral
     from transformers.models.qwen2 import modeling_qwen2 as qwen2
     from transformers.models.qwen3 import modeling_qwen3 as qwen3
-    return {llama.LlamaDecoderLayer: (llama.LlamaRMSNorm, llama.LlamaAttention, llama.LlamaMLP, False),
-            mistral.MistralDecoderLayer: (mistral.MistralRMSNorm, mistral.MistralAttention, mistral.MistralMLP,
-                                          False),
-            qwen2.Qwen2DecoderLayer: (qwen2.Qwen2RMSNorm, qwen2.Qwen2Attention, qwen2.Qwen2MLP, False),
-            qwen3.Qwen3DecoderLayer: (qwen3.Qwen3RMSNorm, qwen3.Qwen3Attention, qwen3.Qwen3MLP, True)}
+    bases = {llama.LlamaModel: "llama", mistral.MistralModel: "mistral", qwen2.Qwen2Model: "qwen",
+             qwen3.Qwen3Model: "qwen"}
+    blocks = {llama.LlamaDecoderLayer: (llama.LlamaRMSNorm, llama.LlamaAttention, llama.LlamaMLP, False),
+              mistral.MistralDecoderLayer: (mistral.MistralRMSNorm, mistral.MistralAttention, mistral.MistralMLP,
+                                            False),
+              qwen2.Qwen2DecoderLayer: (qwen2.Qwen2RMSNorm, qwen2.Qwen2Attention, qwen2.Qwen2MLP, False),
+              qwen3.Qwen3DecoderLayer: (qwen3.Qwen3RMSNorm, qwen3.Qwen3Attention, qwen3.Qwen3MLP, True)}
+    return bases, blocks
 
 
-_BLOCKS: dict = {}  # filled on first use: importing the model modules costs ~0.1 s
+_CLASSES: list = []  # filled on first use: importing the model modules costs ~0.1 s
 
 
-def _blocks() -> dict:
-    if not _BLOCKS:
-        _BLOCKS.update(_block_classes())
-    return _BLOCKS
+def _classes() -> tuple[dict, dict]:
+    if not _CLASSES:
+        _CLASSES.extend(_block_classes())
+    return _CLASSES[0], _CLASSES[1]
 
 
 def _plain(m: nn.Module) -> bool:
@@ -82,10 +88,11 @@ def _residual_hooks_only(block: nn.Module) -> bool:
 
 class StepPlan(NamedTuple):
     """What the step runs, found once per model structure: the blocks with their parts, and every module link
-    the plan was read through (re-checked at each call: a replaced submodule makes a new plan)."""
+    the plan was read through (re-checked at each call: a replaced submodule, or one of another class, makes a
+    new plan)."""
     n_layers: int
     window_fields: tuple  # (sliding_window, layer_types) as the plan found them
-    links: tuple  # (parent._modules, name, child)
+    links: tuple  # (parent._modules, name, child, its class)
     blocks: tuple  # (block, attention, mlp, has q_norm / k_norm)
     parts: tuple  # every module the step runs other than the blocks: plain at each call
     rotary: nn.Module | None  # the base model's rotary embedding and final norm
@@ -100,7 +107,7 @@ _PLANS: "weakref.WeakKeyDictionary[nn.Module, StepPlan]" = weakref.WeakKeyDictio
 
 def _child(links: list, parent: nn.Module, name: str):
     child = parent._modules.get(name)
-    links.append((parent._modules, name, child))
+    links.append((parent._modules, name, child, type(child)))
     return child
 
 
@@ -117,10 +124,12 @@ def _new_plan(lm, family, n: int, window_fields: tuple) -> StepPlan:
     layers = _child(links, base, family.blocks) if base is not None else None
     if base is not None:
         norm, rotary = _child(links, base, "norm"), _child(links, base, "rotary_emb")
+    bases, specs = _classes()
+    if type(base) not in bases:
+        return plan(f"base model {type(base).__name__}")
     if layers is None or norm is None or rotary is None or len(layers) < n:
         return plan("a base model without layers, norm and rotary_emb")
     parts += [base, rotary, norm]
-    specs = _blocks()
     if type(norm) not in {spec[0] for spec in specs.values()}:
         return plan(f"final norm {type(norm).__name__}")
     for i in range(n):
@@ -141,20 +150,19 @@ def _new_plan(lm, family, n: int, window_fields: tuple) -> StepPlan:
             return plan(f"block {i} holds parts HF's {type(block).__name__} does not")
         blocks.append((block, a, m, qk))
         parts += [a, m, act, *norms, *linears]
-    masks, kinds[:] = _mask_plan(lm.config, base, n, window_fields)
+    masks, kinds[:] = _mask_plan(base, bases[type(base)], n, window_fields)
     return plan(None)
 
 
-def _mask_plan(config, base: nn.Module, n: int, window_fields: tuple) -> tuple[dict, list]:
-    """Which of HF's mask functions each block's attention gets, as the family's base model forward chooses them
-    (Llama: the causal mask; Mistral: the sliding-window one when `sliding_window` is set; Qwen 2 / 3: by
-    `layer_types`), taken from the base model's own module."""
+def _mask_plan(base: nn.Module, rule: str, n: int, window_fields: tuple) -> tuple[dict, list]:
+    """Which of HF's mask functions each block's attention gets, as the base model's forward chooses them (see
+    `_block_classes`), taken from the base model's own module."""
     hf = sys.modules[type(base).__module__]
     full, sliding = "full_attention", "sliding_attention"
     window, types = window_fields
-    if type(base).__name__.startswith("Qwen"):
+    if rule == "qwen":
         kinds = list(types[:n]) if types else [full] * n
-    elif type(base).__name__.startswith("Mistral"):
+    elif rule == "mistral":
         kinds = [full if window is None else sliding] * n
     else:
         kinds = [full] * n
@@ -184,7 +192,7 @@ def step_plan(lm, family, inputs_embeds: torch.Tensor, cache) -> StepPlan | str:
     window_fields = (getattr(config, "sliding_window", None), getattr(config, "layer_types", None))
     plan = _PLANS.get(lm)
     if (plan is None or plan.n_layers != n or plan.window_fields != window_fields
-            or not all(d.get(k) is v for d, k, v in plan.links)):
+            or not all(d.get(k) is v and type(v) is c for d, k, v, c in plan.links)):
         plan = _new_plan(lm, family, n, window_fields)
         _PLANS[lm] = plan
     if plan.why is not None:

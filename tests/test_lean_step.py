@@ -228,6 +228,11 @@ def test_where_it_does_not_run(make_tiny_config):
     assert plan_of(model, grad=True) == "autograd"
     gpt2 = FullBandwidthLM.from_config(make_tiny_config("gpt2"), seed=0).eval()
     assert plan_of(gpt2) == "family gpt2"
+    base = model.lm.model
+    base_cls = type(base)
+    base.__class__ = type("OtherModel", (base_cls,), {})  # a base model whose forward this step does not know
+    assert plan_of(model) == "base model OtherModel"
+    base.__class__ = base_cls
     model.train()
     assert isinstance(plan_of(model), str)
     model.eval()
