@@ -50,6 +50,13 @@ def steps(model, ids, n_steps=4, state_seed=1, mask=None, window_cache=False):
     return torch.cat(tops, 1), torch.cat(logits, 1), [layer.keys.clone() for layer in cache.layers]
 
 
+def lean_and_hf(model, ids, **kw):
+    """`steps` with the lean step, and with HF's own step (the golden reference)."""
+    lean = steps(model, ids, **kw)
+    with enabled(False):
+        return lean, steps(model, ids, **kw)
+
+
 def ids_for(batch=2, T=12, seed=3):
     return torch.randint(1, 64, (batch, T), generator=torch.Generator().manual_seed(seed))
 
@@ -83,9 +90,7 @@ def test_bit_for_bit_hf_step(model_type, kv_heads):
 def test_bit_for_bit_in_bfloat16(model_type):
     model = tiny_model(model_type, dtype=torch.bfloat16)
     ids = ids_for()
-    lean = steps(model, ids)
-    with enabled(False):
-        hf = steps(model, ids)
+    lean, hf = lean_and_hf(model, ids)
     assert lean[0].dtype == torch.bfloat16
     assert_same(lean, hf)
 
@@ -101,9 +106,7 @@ def test_biases_are_used():
             for name, p in model.lm.named_parameters():
                 if name.endswith("bias"):
                     p.add_(1.0)
-        after = steps(model, ids)
-        with enabled(False):
-            hf = steps(model, ids)
+        after, hf = lean_and_hf(model, ids)
         assert not torch.equal(before[0], after[0])
         assert_same(after, hf)
 
@@ -139,9 +142,7 @@ def test_residual_patch_is_applied():
     h0 = on_depth(layers, 0, lambda h: h + 0.25)
     try:
         assert isinstance(plan_of(model), StepPlan)
-        lean = steps(model, ids)
-        with enabled(False):
-            hf = steps(model, ids)
+        lean, hf = lean_and_hf(model, ids)
     finally:
         handle.remove()
         h0.remove()
@@ -166,9 +167,7 @@ def test_foreign_hooks_take_hf_path():
         handle = make()
         try:
             assert isinstance(plan_of(model), str)
-            got = steps(model, ids)
-            with enabled(False):
-                hf = steps(model, ids)
+            got, hf = lean_and_hf(model, ids)
         finally:
             handle.remove()
         assert_same(got, hf)
@@ -183,9 +182,7 @@ def test_replaced_module_makes_a_new_plan():
     mlp = model.lm.base_model.layers[2].mlp
     torch.manual_seed(5)
     mlp.down_proj = nn.Linear(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False)
-    lean = steps(model, ids)
-    with enabled(False):
-        hf = steps(model, ids)
+    lean, hf = lean_and_hf(model, ids)
     assert_same(lean, hf)
 
     class Lora(nn.Linear):  # a subclass: not HF's plain nn.Linear, so HF's path
@@ -212,9 +209,7 @@ def test_bit_for_bit_padded_and_windowed(model_type, kw, window_cache):
     model = tiny_model(model_type, **kw)
     ids, mask = pad_left([[5, 9, 2, 7, 3, 11, 4, 8, 6, 1], [6, 1, 12, 3, 10, 2, 9], [7, 7, 2, 5, 30, 4]])
     assert isinstance(plan_of(model), StepPlan)
-    lean = steps(model, ids, mask=mask, window_cache=window_cache)
-    with enabled(False):
-        hf = steps(model, ids, mask=mask, window_cache=window_cache)
+    lean, hf = lean_and_hf(model, ids, mask=mask, window_cache=window_cache)
     assert_same(lean, hf)
     if kw:  # the window acts: the same steps with the window dropped differ
         assert not torch.equal(lean[0], steps(tiny_model(model_type), ids, mask=mask)[0])
