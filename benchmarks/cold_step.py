@@ -44,13 +44,13 @@ def parse_args(argv=None):
     p = Parser(prog="python benchmarks/cold_step.py", description=__doc__.split("\n\n")[0],
                formatter_class=DefaultsFormatter)
     p.add_argument("--rounds", type=int, default=25, help="interleaved rounds (medians are reported)")
-    p.add_argument("--ops", type=int, default=300, help="tiny torch ops in the bundle of section 1")
+    p.add_argument("--ops", type=int, default=300, help="tiny torch ops in the bundle of section 1 (a multiple of 3)")
     p.add_argument("--T", type=int, default=1024, help="prompt length of the prefill before the step")
     p.add_argument("--gap-ms", type=float, default=60.0, help="how long the sleep and the busy loop of section 1 last")
     add_seed_flag(p, "the random weights and tokens")
     a = p.parse_args(argv)
-    if min(a.rounds, a.ops, a.gap_ms) <= 0 or a.T < 2:
-        p.error("--rounds, --ops and --gap-ms must be positive and --T >= 2")
+    if min(a.rounds, a.gap_ms) <= 0 or a.ops < 3 or a.ops % 3 or a.T < 2:
+        p.error("--rounds and --gap-ms must be positive, --ops a positive multiple of 3 and --T >= 2")
     return a
 
 
