@@ -11,10 +11,16 @@ When it runs (`step_plan` returns a StepPlan), FullBandwidthLM.forward calls `le
   * a family with `lean_step` (models.families: llama / mistral, qwen2 / qwen3) whose base model is exactly one
     of HF's base-model classes and every block exactly one of its decoder-layer classes built of its own modules
     (`_block_classes`), attention through "sdpa";
+  * a cache that is not compileable (HF's StaticCache masks its unwritten slots);
   * nothing observes or rewrites the model's insides: no forward or backward hooks on any module, no global
-    module hooks, no `forward` replaced on an instance (nnsight's wrapper, a tensor-parallel one), except the
+    module hooks, no `forward` replaced on an instance (nnsight's wrapper, accelerate's, a tensor-parallel one),
+    no `module.compile()`, no kernels-hub function swapped in, no other "sdpa" registered with HF, except the
     residual-stream hooks on the blocks themselves that carry `RESIDUAL_HOOK` (engine.hooks.on_depth marks its
     own): those are called here exactly as nn.Module calls them, with the block's input as the only argument.
+    HF's own output-capturing hooks, left on the modules for good by any `output_hidden_states` call, are
+    allowed while no capture runs (they return at once).
+  Not detected: a class-level monkeypatch of HF's modeling code (a replaced `LlamaMLP.forward`, Liger-style
+  swaps of module functions); the step reproduces the classes as transformers ships them.
 Anything else takes HF's own path, unchanged. `enabled(False)` switches it off (benchmarks, tests).
 """
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 RESIDUAL_HOOK = "_reads_residual_only"  # attribute of a block hook that reads or replaces only the residual
 #                                         stream: the block's first argument (pre-hook) or its output (post)
@@ -72,18 +79,48 @@ def _classes() -> tuple[dict, dict]:
     return _CLASSES[0], _CLASSES[1]
 
 
-def _plain(m: nn.Module) -> bool:
-    """No hooks of any kind on `m`, its class's own forward (no instance-level wrapper), eval mode."""
-    return not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-                or "forward" in m.__dict__ or m.training)
+try:
+    from transformers.utils.output_capturing import _active_collector as _capture
+except ImportError:  # another transformers: its capturing hooks count as foreign ones
+    _capture = None
 
 
-def _residual_hooks_only(block: nn.Module) -> bool:
-    if (block._backward_hooks or block._backward_pre_hooks or "forward" in block.__dict__ or block.training
-            or block._forward_hooks_with_kwargs or block._forward_hooks_always_called):
+def _capture_inactive() -> bool:
+    """No HF output capture (`output_hidden_states` / `output_attentions`) is running now."""
+    return _capture is not None and _capture.get() is None
+
+
+def _inert(hook, capture_inactive: bool) -> bool:
+    """HF's output-capturing hook, which any `output_hidden_states` call installs on the blocks and attention modules
+    for good, while no capture runs: it returns at once."""
+    return (capture_inactive and getattr(hook, "__module__", None) == "transformers.utils.output_capturing"
+            and getattr(hook, "__name__", None) == "output_capturing_hook")
+
+
+def _unwrapped(m: nn.Module) -> bool:
+    """Its class's own forward runs: none set on the instance (nnsight, accelerate, tensor parallelism), no
+    `m.compile()`, no kernels-hub function swapped in (HF's `use_kernelized_func` wrappers), eval mode."""
+    d = m.__dict__  # instance attributes only: nn.Module's __getattr__ fallback is slow
+    if ("forward" in d or d.get("_compiled_call_impl") is not None or m.training or m._backward_hooks
+            or m._backward_pre_hooks):
         return False
-    return all(getattr(h, RESIDUAL_HOOK, False) for h in (*block._forward_pre_hooks.values(),
-                                                           *block._forward_hooks.values()))
+    funcs = d.get("_kernel_funcs")
+    return not funcs or not any("forward" in f.__dict__ for f in funcs.values())
+
+
+def _plain(m: nn.Module, capture_inactive: bool) -> bool:
+    """No hook on `m` but an inert capturing one, and unwrapped."""
+    return (_unwrapped(m) and not m._forward_pre_hooks
+            and all(_inert(h, capture_inactive) for h in m._forward_hooks.values()))
+
+
+def _residual_hooks_only(block: nn.Module, capture_inactive: bool) -> bool:
+    """Unwrapped, and every hook on it the engine's residual hooks (called by `lean_step`) or inert."""
+    if not _unwrapped(block) or block._forward_hooks_with_kwargs or block._forward_hooks_always_called:
+        return False
+    return (all(getattr(h, RESIDUAL_HOOK, False) for h in block._forward_pre_hooks.values())
+            and all(getattr(h, RESIDUAL_HOOK, False) or _inert(h, capture_inactive)
+                    for h in block._forward_hooks.values()))
 
 
 class StepPlan(NamedTuple):
@@ -95,6 +132,8 @@ class StepPlan(NamedTuple):
     links: tuple  # (parent._modules, name, child, its class)
     blocks: tuple  # (block, attention, mlp, has q_norm / k_norm)
     parts: tuple  # every module the step runs other than the blocks: plain at each call
+    linears: tuple  # the nn.Linear and RMSNorm parts, whose weight (and bias) must be parameters at each call
+    norms: tuple
     rotary: nn.Module | None  # the base model's rotary embedding and final norm
     norm: nn.Module | None
     masks: dict  # {mask kind: HF's mask function, as the family's base model calls it}
@@ -112,13 +151,13 @@ def _child(links: list, parent: nn.Module, name: str):
 
 
 def _new_plan(lm, family, n: int, window_fields: tuple) -> StepPlan:
-    links, blocks, parts, kinds = [], [], [], []
+    links, blocks, parts, kinds, all_linears, all_norms = [], [], [], [], [], []
     rotary = norm = None
     masks = {}
 
     def plan(why):
-        return StepPlan(n, window_fields, tuple(links), tuple(blocks), tuple(parts), rotary, norm, masks,
-                        tuple(kinds), why)
+        return StepPlan(n, window_fields, tuple(links), tuple(blocks), tuple(parts), tuple(all_linears),
+                        tuple(all_norms), rotary, norm, masks, tuple(kinds), why)
 
     base = _child(links, lm, lm.base_model_prefix)
     layers = _child(links, base, family.blocks) if base is not None else None
@@ -132,6 +171,7 @@ def _new_plan(lm, family, n: int, window_fields: tuple) -> StepPlan:
     parts += [base, rotary, norm]
     if type(norm) not in {spec[0] for spec in specs.values()}:
         return plan(f"final norm {type(norm).__name__}")
+    all_norms.append(norm)
     for i in range(n):
         block = _child(links, layers, str(i))
         spec = specs.get(type(block))
@@ -150,6 +190,8 @@ def _new_plan(lm, family, n: int, window_fields: tuple) -> StepPlan:
             return plan(f"block {i} holds parts HF's {type(block).__name__} does not")
         blocks.append((block, a, m, qk))
         parts += [a, m, act, *norms, *linears]
+        all_linears += linears
+        all_norms += norms
     masks, kinds[:] = _mask_plan(base, bases[type(base)], n, window_fields)
     return plan(None)
 
@@ -178,18 +220,21 @@ def step_plan(lm, family, inputs_embeds: torch.Tensor, cache) -> StepPlan | str:
         return "switched off"
     if inputs_embeds.shape[1] != 1 or cache is None:
         return "not a one-token step with a cache"
+    if getattr(cache, "is_compileable", False):  # a static cache: HF masks its unwritten slots, even unpadded
+        return "a compileable (static) cache"
     if torch.is_grad_enabled():
         return "autograd"
     if not family.lean_step:
         return f"family {family.name}"
     config = lm.config
-    if config._attn_implementation != "sdpa":
-        return "attention not through sdpa"
+    if config._attn_implementation != "sdpa" or ALL_ATTENTION_FUNCTIONS.get("sdpa") is not sdpa_attention_forward:
+        return "attention not through HF's sdpa"
     if (_module._global_forward_hooks or _module._global_forward_pre_hooks or _module._global_backward_hooks
             or _module._global_backward_pre_hooks):
         return "global module hooks"
     n = config.num_hidden_layers
-    window_fields = (getattr(config, "sliding_window", None), getattr(config, "layer_types", None))
+    types = getattr(config, "layer_types", None)  # a copy: an in-place edit of the config's list is a change
+    window_fields = (getattr(config, "sliding_window", None), None if types is None else tuple(types))
     plan = _PLANS.get(lm)
     if (plan is None or plan.n_layers != n or plan.window_fields != window_fields
             or not all(d.get(k) is v and type(v) is c for d, k, v, c in plan.links)):
@@ -197,9 +242,14 @@ def step_plan(lm, family, inputs_embeds: torch.Tensor, cache) -> StepPlan | str:
         _PLANS[lm] = plan
     if plan.why is not None:
         return plan.why
-    if not lm.training and all(_plain(m) for m in plan.parts) and all(_residual_hooks_only(b[0]) for b in plan.blocks):
-        return plan
-    return "hooks, wrappers or training mode inside the model"
+    inactive = _capture_inactive()
+    if lm.training or not (all(_plain(m, inactive) for m in plan.parts)
+                           and all(_residual_hooks_only(b[0], inactive) for b in plan.blocks)):
+        return "hooks, wrappers or training mode inside the model"
+    if not (all("weight" in m._parameters and "bias" in m._parameters for m in plan.linears)
+            and all("weight" in m._parameters for m in plan.norms)):
+        return "a weight or bias that is not a parameter"
+    return plan
 
 
 def _w(module: nn.Module, name: str = "weight"):
@@ -278,7 +328,8 @@ def lean_step(plan: StepPlan, config, inputs_embeds: torch.Tensor, attention_mas
     gains the column. `attention_mask` [batch, past + 1] or None (no padding)."""
     x = inputs_embeds
     if attention_mask is None and len(plan.masks) == 1 and "full_attention" in plan.masks:
-        masks = {"full_attention": None}  # HF's causal mask of an unpadded one-token query is none (tested)
+        # HF's causal mask of an unpadded one-token query over a non-compileable cache is none (tested)
+        masks = {"full_attention": None}
     else:  # HF's own masks, made before any block writes the cache, as its base model makes them
         masks = {kind: fn(config=config, inputs_embeds=x, attention_mask=attention_mask, cache=cache,
                           position_ids=position_ids) for kind, fn in plan.masks.items()}

@@ -256,3 +256,60 @@ def test_padded_windowed_engine_and_autograd():
         b = prefill_many(model, ids, torch.ones_like(ids), ("recurrent-full",), positions=(-1,))["recurrent-full"]
     assert a.requires_grad
     torch.testing.assert_close(a[:, -1], b.logits[:, 0], rtol=0, atol=1e-5)
+
+
+def test_what_the_review_found():
+    """Cases a review found where the step ran but HF's path differs (or crashed), each now refused or followed:
+    a static cache, an in-place edit of layer_types, `module.compile()`, another "sdpa" registered with HF, a
+    kernels-hub function swapped in, a weight that is a buffer; and HF's inert capturing hooks left by an
+    `output_hidden_states` call do not switch the step off."""
+    from transformers import AttentionInterface, StaticCache
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    model = tiny_model("qwen3", layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+                       use_sliding_window=True, sliding_window=3, max_window_layers=0)
+    ids = ids_for()
+    x = torch.zeros(1, 1, model.d_model)
+    with torch.no_grad():
+        assert step_plan(model.lm, model.family, x, StaticCache(config=model.config, max_cache_len=32)) == \
+            "a compileable (static) cache"
+    assert_same(*lean_and_hf(model, ids))
+    model.config.layer_types[1] = "full_attention"  # in place: a new plan, HF's masks follow
+    assert plan_of(model).mask_kinds == ("full_attention", "full_attention", "sliding_attention")
+    assert_same(*lean_and_hf(model, ids))
+
+    mlp = model.lm.model.layers[1].mlp
+    mlp.compile()
+    assert isinstance(plan_of(model), str)
+    mlp._compiled_call_impl = None
+    assert isinstance(plan_of(model), StepPlan)
+
+    AttentionInterface.register("sdpa", lambda *a, **k: sdpa_attention_forward(*a, **k))
+    try:
+        assert plan_of(model) == "attention not through HF's sdpa"
+    finally:
+        AttentionInterface.register("sdpa", sdpa_attention_forward)
+    assert isinstance(plan_of(model), StepPlan)
+
+    attn = model.lm.model.layers[0].self_attn
+    funcs = getattr(attn, "_kernel_funcs", {})
+    if funcs:  # transformers' kernels-hub wrappers: kernelize swaps a wrapper's forward on the instance
+        wrapper = next(iter(funcs.values()))
+        wrapper.forward = wrapper.forward
+        assert isinstance(plan_of(model), str)
+        del wrapper.forward
+        assert isinstance(plan_of(model), StepPlan)
+
+    lin = model.lm.model.layers[2].self_attn.o_proj
+    w = lin.weight.detach().clone()
+    del lin.weight
+    lin.register_buffer("weight", w)
+    assert plan_of(model) == "a weight or bias that is not a parameter"
+    assert_same(*lean_and_hf(model, ids))  # HF's path, no KeyError
+    del lin.weight
+    lin.weight = nn.Parameter(w)  # (a buffer and a parameter of one name cannot coexist: the buffer is gone)
+    with torch.no_grad():
+        model(ids, torch.ones_like(ids), hidden_states=True)  # HF installs its capturing hooks for good
+    assert any(b._forward_hooks for b in model.lm.model.layers)
+    assert isinstance(plan_of(model), StepPlan)
+    assert_same(*lean_and_hf(model, ids))
