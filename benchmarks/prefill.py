@@ -18,7 +18,8 @@ d_model 128, vocab 64, batch 1):
      own one-token step (models.lean_step switched off), and the floor any engine built on the HF decoder sits
      on: the plain HF causal LM's prefill of T-1 tokens plus one cached one-token step, over its prefill of all
      T (`lm(ids, cache=DynamicCache(...))`): the same work as recurrent-1 without the fusion, the engine or the
-     recorder.
+     recorder. Beside the times, each pass's minor page faults (median): the pages glibc gave back after the
+     previous pass and the kernel maps and zeroes again, a cost every pass pays (docs/benchmarks.md).
 
   4. the window cache (engine.cache.WindowLayer) on a windowed checkpoint (--window-model, default
      checkpoints/tiny-fbt-track: every layer attends to 64 columns): recurrent-full at T=--window-short and
@@ -109,6 +110,15 @@ def sync(device: torch.device) -> None:
 
 
 CLOCK = time.perf_counter  # set from --clock in main()
+
+
+def minor_faults() -> int | None:
+    """This process's minor page faults so far (pages the kernel mapped and zeroed on first touch), None off Unix."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def timed(fn, device) -> float:
@@ -219,11 +229,14 @@ def main(argv=None) -> dict:
     arms = {"std": lambda: run("standard", ids_long, mask_long), "r1": lambda: run("recurrent-1", ids_long, mask_long),
             "r1_hf_step": lambda: run_hf_step("recurrent-1", ids_long, mask_long)}
     arms["hf"], arms["hf1"] = hf_floor(model.lm, ids_long)
-    times = {k: [] for k in arms}
+    times, faults = {k: [] for k in arms}, {k: [] for k in arms}
     order = random.Random(a.seed)
     for _ in range(a.overhead_repeats):
         for k in order.sample(list(arms), len(arms)):
+            f0 = minor_faults()
             times[k].append(timed(arms[k], device))
+            faults[k].append(None if f0 is None else minor_faults() - f0)
+    faults = {k: None if None in v else statistics.median(v) for k, v in faults.items()}
     t_std, t_r1, t_hf, t_hf1 = times["std"], times["r1"], times["hf"], times["hf1"]
     std_s, r1_s = statistics.median(t_std), statistics.median(t_r1)
     overhead = statistics.median(b / s for s, b in zip(t_std, t_r1))
@@ -237,6 +250,10 @@ def main(argv=None) -> dict:
     print(f"  recurrent-1 with HF's own one-token step (models.lean_step off) / standard = {overhead_hf_step:.3f}")
     print(f"  the HF floor, same rounds: plain HF prefill of T-1 + one cached step / HF prefill of T = {floor:.3f} "
           f"({statistics.median(t_hf1) * 1e3:.1f} vs {statistics.median(t_hf) * 1e3:.1f} ms)")
+    if faults["std"] is not None:
+        print(f"  minor page faults a pass (medians): standard {faults['std']:.0f}, recurrent-1 {faults['r1']:.0f}, "
+              f"HF prefill {faults['hf']:.0f}, HF prefill + step {faults['hf1']:.0f} (pages the "
+              "kernel maps and zeroes: glibc gives freed memory back, see docs/benchmarks.md)")
 
     window = window_figure(a, device, Placement.from_args(a)) if a.window_model.lower() != "none" else None
 
@@ -256,6 +273,7 @@ def main(argv=None) -> dict:
         "overhead_pass": overhead <= GOAL_OVERHEAD,
         "hf_floor_s": {"prefill_T": statistics.median(t_hf), "prefill_T_minus_1_plus_step": statistics.median(t_hf1)},
         "hf_floor_ratio": floor, "recurrent_1_hf_step_over_standard": overhead_hf_step,
+        "minor_faults_per_pass": faults,
         "window": window,
     }
     print(json.dumps(result))
