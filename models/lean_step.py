@@ -97,26 +97,37 @@ def _inert(hook, capture_inactive: bool) -> bool:
             and getattr(hook, "__name__", None) == "output_capturing_hook")
 
 
-def _unwrapped(m: nn.Module) -> bool:
-    """Its class's own forward runs: none set on the instance (nnsight, accelerate, tensor parallelism), no
-    `m.compile()`, no kernels-hub function swapped in (HF's `use_kernelized_func` wrappers), eval mode."""
-    d = m.__dict__  # instance attributes only: nn.Module's __getattr__ fallback is slow
-    if ("forward" in d or d.get("_compiled_call_impl") is not None or m.training or m._backward_hooks
-            or m._backward_pre_hooks):
+def _unwrapped(d: dict) -> bool:
+    """A module, given by its instance `__dict__` (nn.Module's __getattr__ fallback is slow), runs its class's own
+    forward: none set on the instance (nnsight, accelerate, tensor parallelism), no `m.compile()`, no kernels-hub
+    function swapped in (HF's `use_kernelized_func` wrappers); eval mode; no backward hooks."""
+    if ("forward" in d or d.get("_compiled_call_impl") is not None or d.get("training")
+            or d.get("_backward_hooks") or d.get("_backward_pre_hooks")):
         return False
     funcs = d.get("_kernel_funcs")
     return not funcs or not any("forward" in f.__dict__ for f in funcs.values())
 
 
-def _plain(m: nn.Module, capture_inactive: bool) -> bool:
-    """No hook on `m` but an inert capturing one, and unwrapped."""
-    return (_unwrapped(m) and not m._forward_pre_hooks
-            and all(_inert(h, capture_inactive) for h in m._forward_hooks.values()))
+def _all_plain(parts: tuple, capture_inactive: bool) -> bool:
+    """No hook on any of `parts` but an inert capturing one, and each unwrapped. Plain loops over instance dicts:
+    this runs before every step (a 30-layer model has ~450 parts; 54 -> 31 us a step on the 4-layer benchmark
+    model against `all()` over per-module attribute reads)."""
+    for m in parts:
+        d = m.__dict__
+        if not _unwrapped(d) or d.get("_forward_pre_hooks"):
+            return False
+        hooks = d.get("_forward_hooks")
+        if hooks:
+            for h in hooks.values():
+                if not _inert(h, capture_inactive):
+                    return False
+    return True
 
 
 def _residual_hooks_only(block: nn.Module, capture_inactive: bool) -> bool:
     """Unwrapped, and every hook on it the engine's residual hooks (called by `lean_step`) or inert."""
-    if not _unwrapped(block) or block._forward_hooks_with_kwargs or block._forward_hooks_always_called:
+    d = block.__dict__
+    if not _unwrapped(d) or d.get("_forward_hooks_with_kwargs") or d.get("_forward_hooks_always_called"):
         return False
     return (all(getattr(h, RESIDUAL_HOOK, False) for h in block._forward_pre_hooks.values())
             and all(getattr(h, RESIDUAL_HOOK, False) or _inert(h, capture_inactive)
@@ -236,20 +247,31 @@ def step_plan(lm, family, inputs_embeds: torch.Tensor, cache) -> StepPlan | str:
     types = getattr(config, "layer_types", None)  # a copy: an in-place edit of the config's list is a change
     window_fields = (getattr(config, "sliding_window", None), None if types is None else tuple(types))
     plan = _PLANS.get(lm)
-    if (plan is None or plan.n_layers != n or plan.window_fields != window_fields
-            or not all(d.get(k) is v and type(v) is c for d, k, v, c in plan.links)):
+    if plan is None or plan.n_layers != n or plan.window_fields != window_fields or not _links_hold(plan.links):
         plan = _new_plan(lm, family, n, window_fields)
         _PLANS[lm] = plan
     if plan.why is not None:
         return plan.why
     inactive = _capture_inactive()
-    if lm.training or not (all(_plain(m, inactive) for m in plan.parts)
+    if lm.training or not (_all_plain(plan.parts, inactive)
                            and all(_residual_hooks_only(b[0], inactive) for b in plan.blocks)):
         return "hooks, wrappers or training mode inside the model"
-    if not (all("weight" in m._parameters and "bias" in m._parameters for m in plan.linears)
-            and all("weight" in m._parameters for m in plan.norms)):
-        return "a weight or bias that is not a parameter"
+    for m in plan.linears:
+        p = m.__dict__["_parameters"]
+        if "weight" not in p or "bias" not in p:
+            return "a weight or bias that is not a parameter"
+    for m in plan.norms:
+        if "weight" not in m.__dict__["_parameters"]:
+            return "a weight or bias that is not a parameter"
     return plan
+
+
+def _links_hold(links: tuple) -> bool:
+    """Every module link the plan was read through still holds the same module, of the same class."""
+    for d, k, v, c in links:
+        if d.get(k) is not v or type(v) is not c:
+            return False
+    return True
 
 
 def _w(module: nn.Module, name: str = "weight"):

@@ -162,7 +162,10 @@ def test_foreign_hooks_take_hf_path():
              lambda: block.self_attn.k_proj.register_forward_hook(lambda m, a, o: o + 1),
              lambda: block.register_forward_hook(lambda m, a, o: o * 2),  # unmarked hook on a block
              lambda: model.lm.base_model.norm.register_forward_pre_hook(lambda m, a: (a[0] * 3,)),
-             lambda: nn.modules.module.register_module_forward_hook(lambda m, a, o: None)]
+             lambda: nn.modules.module.register_module_forward_hook(lambda m, a, o: None),
+             # backward hooks never fire in a no-grad step, but HF's path sets them up: the step leaves them to it
+             lambda: block.mlp.down_proj.register_full_backward_hook(lambda m, gi, go: None),
+             lambda: block.register_full_backward_pre_hook(lambda m, go: None)]
     for make in cases:
         handle = make()
         try:
