@@ -180,12 +180,12 @@ class FullBandwidthLM(nn.Module):
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask, input_ids.shape[1])
         padded = not bool(attention_mask.all())
-        # CPU SDPA with an explicit padding mask falls back to a slow kernel (measured ~3x slower than eager
-        # on the tiny presets); without padding the mask is dropped so SDPA takes its causal fast path.
         plan = step_plan(self.lm, self.family, x, cache) if use_cache and not hidden_states else None
         if isinstance(plan, StepPlan):  # a cached one-token step, bit for bit HF's at less cost (models.lean_step)
             top = lean_step(plan, self.lm.config, x, attention_mask if padded else None, position_ids, cache)
             return LMOutput(logits=self.head(top), top=top, cache=cache)
+        # CPU SDPA with an explicit padding mask falls back to a slow kernel (measured ~3x slower than eager
+        # on the tiny presets); without padding the mask is dropped so SDPA takes its causal fast path.
         impl = self.lm.config._attn_implementation
         use_eager = padded and input_ids.shape[1] > 1 and impl == "sdpa"
         if use_eager:

@@ -288,7 +288,7 @@ def _rms(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
 
 
 def _linear(x: torch.Tensor, lin: nn.Module) -> torch.Tensor:
-    return F.linear(x, lin._parameters["weight"], lin._parameters["bias"])
+    return F.linear(x, _w(lin), _w(lin, "bias"))
 
 
 def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
