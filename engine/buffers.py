@@ -25,63 +25,69 @@ __all__ = ["BufferPool", "POOL", "pool_enabled"]
 _use_count = getattr(torch._C, "_storage_Use_Count", None)  # private torch API; without it, no pool
 
 
-def _storage_refs(t: torch.Tensor) -> int:
-    return _use_count(t.untyped_storage()._cdata)
+class _Kept:
+    """One kept buffer with what the hand-out checks read, as plain attributes (the scan runs per cache layer)."""
+
+    __slots__ = ("numel", "dtype", "inference", "nbytes", "buf", "storage", "cdata", "alone")
+
+    def __init__(self, buf: torch.Tensor):
+        self.numel, self.dtype, self.inference = buf.numel(), buf.dtype, buf.is_inference()
+        self.nbytes = self.numel * buf.element_size()
+        self.buf, self.storage = buf, buf.untyped_storage()  # holding the storage object: no new one per check
+        self.cdata = self.storage._cdata
+        self.alone = _use_count(self.cdata)  # the count while only the pool holds it
+
+    def free(self) -> bool:
+        return _use_count(self.cdata) <= self.alone
 
 
 class BufferPool:
     """Flat CPU buffers, handed out as contiguous tensors of any shape that fits (`empty`)."""
 
-    def __init__(self, max_bytes: int = 32 << 20):
-        self.max_bytes = int(max_bytes)
+    def __init__(self, max_bytes: int = 32 << 20, max_buffers: int = 256):
+        self.max_bytes, self.max_buffers = int(max_bytes), int(max_buffers)
         self.enabled = _use_count is not None
-        self._bufs: list[torch.Tensor] = []  # flat [numel] tensors, least recently handed out first
+        self._kept: list[_Kept] = []  # least recently handed out first: after a cache dies, its buffers lead
+        self._bytes = 0
         self._lock = threading.Lock()
-        self._alone: int | None = None  # the storage use count of a tensor nothing else shares
 
     def empty(self, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """`like.new_empty(shape)` (dtype and device of `like`, no grad), on a kept buffer where one is free."""
         need = math.prod(shape)
         if not self.enabled or like.device.type != "cpu" or need == 0:
             return like.new_empty(shape)
-        inference = torch.is_inference_mode_enabled()
+        dtype, inference = like.dtype, torch.is_inference_mode_enabled()
         with self._lock:
-            if self._alone is None:
-                self._alone = _storage_refs(torch.empty(1))
-            for i, b in enumerate(self._bufs):
+            for i, k in enumerate(self._kept):
                 # at most twice the size asked for: a small request never pins a big buffer
-                if (b.dtype == like.dtype and b.is_inference() == inference and need <= b.numel() <= 2 * need
-                        and self._free(b)):
-                    self._bufs.append(self._bufs.pop(i))
-                    return b[:need].view(shape)
+                if need <= k.numel <= 2 * need and k.dtype == dtype and k.inference == inference and k.free():
+                    self._kept.append(self._kept.pop(i))
+                    return k.buf[:need].view(shape)
             size = need * like.element_size()
             if size > self.max_bytes:
                 return like.new_empty(shape)
-            kept = sum(b.numel() * b.element_size() for b in self._bufs)
-            i = 0
-            while kept + size > self.max_bytes and i < len(self._bufs):  # drop unused ones, oldest first
-                if self._free(self._bufs[i]):
-                    kept -= self._bufs[i].numel() * self._bufs[i].element_size()
-                    del self._bufs[i]
+            i = 0  # make room: drop kept buffers nothing holds, least recently handed out first
+            while (self._bytes + size > self.max_bytes or len(self._kept) >= self.max_buffers) \
+                    and i < len(self._kept):
+                if self._kept[i].free():
+                    self._bytes -= self._kept.pop(i).nbytes
                 else:
                     i += 1
-            if kept + size > self.max_bytes:  # every kept buffer is in use: this one is not kept
-                return like.new_empty(shape)
-            b = like.new_empty(need)
-            self._bufs.append(b)
-            return b.view(shape)
-
-    def _free(self, b: torch.Tensor) -> bool:
-        return _storage_refs(b) <= self._alone
+            if self._bytes + size > self.max_bytes or len(self._kept) >= self.max_buffers:
+                return like.new_empty(shape)  # every kept buffer is in use: this one is not kept
+            k = _Kept(like.new_empty(need))
+            self._kept.append(k)
+            self._bytes += k.nbytes
+            return k.buf.view(shape)
 
     def kept_bytes(self) -> int:
-        with self._lock:
-            return sum(b.numel() * b.element_size() for b in self._bufs)
+        return self._bytes
 
     def clear(self) -> None:
         """Forget every kept buffer (those in use stay valid: their holders keep them alive)."""
         with self._lock:
-            self._bufs.clear()
+            self._kept.clear()
+            self._bytes = 0
 
 
 POOL = BufferPool()

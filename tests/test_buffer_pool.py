@@ -86,6 +86,18 @@ def test_byte_cap_and_least_recently_used_first_out():
     assert a_ptr is not None
 
 
+def test_buffer_count_cap():
+    pool = BufferPool(max_buffers=2)
+    like = torch.zeros(1)
+    held = [pool.empty(like, (8,)) for _ in range(3)]  # the third is not kept: both kept ones are in use
+    assert pool.kept_bytes() == 2 * 8 * 4 and all(disjoint(a, b) for a in held for b in held if a is not b)
+    del held[0]
+    other = pool.empty(like, (8, 2))  # room made by dropping the free one
+    assert pool.kept_bytes() == (8 + 16) * 4 and all(disjoint(other, h) for h in held)
+    pool.clear()
+    assert pool.kept_bytes() == 0 and bool((other == other).all())  # held tensors stay valid
+
+
 def test_a_small_request_never_pins_a_big_buffer():
     pool = BufferPool()
     like = torch.zeros(1)
