@@ -15,11 +15,10 @@ d_model 128, vocab 64, batch 1):
   3. time(recurrent-1) / time(standard) at T=long: --overhead-repeats interleaved rounds, each in a shuffled
      (seeded) order; the headline is the median of the per-round ratios (robust to background load), the ratio
      of the medians is printed too. Goal <= 1.15 (issue 38: <= 1.10). In the same rounds: recurrent-1 with HF's
-     own one-token step (models.lean_step switched off), recurrent-1 without the engine's buffer pool
-     (engine.buffers off: its cache on freshly allocated memory), and the plain HF floor: the HF causal LM's
-     prefill of T-1 tokens plus one cached one-token step, over its prefill of all T (`lm(ids,
-     cache=DynamicCache(...))`): the same work as recurrent-1 without the fusion, the engine, the recorder or the
-     pool. Beside the times, each pass's minor page faults (median): the pages glibc gave back after the
+     own one-token step (models.lean_step switched off), and the floor any engine built on the HF decoder sits
+     on: the plain HF causal LM's prefill of T-1 tokens plus one cached one-token step, over its prefill of all
+     T (`lm(ids, cache=DynamicCache(...))`): the same work as recurrent-1 without the fusion, the engine or the
+     recorder. Beside the times, each pass's minor page faults (median): the pages glibc gave back after the
      previous pass and the kernel maps and zeroes again, a cost every pass pays (docs/benchmarks.md).
 
   4. the window cache (engine.cache.WindowLayer) on a windowed checkpoint (--window-model, default
@@ -58,7 +57,6 @@ from common.placement import Placement  # noqa: E402
 from models.configs import qwen3_config  # noqa: E402
 from models.full_bandwidth import FullBandwidthLM  # noqa: E402
 from models.lean_step import enabled as lean_step_enabled  # noqa: E402
-from engine.buffers import pool_enabled  # noqa: E402
 from engine.prefill import prefill_many  # noqa: E402
 
 GOAL_SCALING, GOAL_SPEEDUP, GOAL_OVERHEAD, GOAL_WINDOW = 4.5, 5.0, 1.15, 4.4
@@ -159,10 +157,6 @@ def main(argv=None) -> dict:
         with lean_step_enabled(False):
             return run(mode, ids, mask)
 
-    def run_no_pool(mode, ids, mask):
-        with pool_enabled(False):
-            return run(mode, ids, mask)
-
     print(f"model: Qwen3-style, {a.layers} layers, d_model {a.d_model}, {a.heads} heads, vocab {a.vocab}, "
           f"{sum(p.numel() for p in model.parameters()):,} params; batch {a.batch}; device {device}; "
           f"torch threads {torch.get_num_threads()}; clock {a.clock}")
@@ -233,8 +227,7 @@ def main(argv=None) -> dict:
     # the plain HF floor of the same work: interleaved rounds, each round's order shuffled (seeded), since a pass
     # in a fixed slot of the round measured 2-4% off the same pass in another slot
     arms = {"std": lambda: run("standard", ids_long, mask_long), "r1": lambda: run("recurrent-1", ids_long, mask_long),
-            "r1_hf_step": lambda: run_hf_step("recurrent-1", ids_long, mask_long),
-            "r1_no_pool": lambda: run_no_pool("recurrent-1", ids_long, mask_long)}
+            "r1_hf_step": lambda: run_hf_step("recurrent-1", ids_long, mask_long)}
     arms["hf"], arms["hf1"] = hf_floor(model.lm, ids_long)
     times, faults = {k: [] for k in arms}, {k: [] for k in arms}
     order = random.Random(a.seed)
@@ -248,7 +241,6 @@ def main(argv=None) -> dict:
     std_s, r1_s = statistics.median(t_std), statistics.median(t_r1)
     overhead = statistics.median(b / s for s, b in zip(t_std, t_r1))
     overhead_hf_step = statistics.median(b / s for s, b in zip(t_std, times["r1_hf_step"]))
-    overhead_no_pool = statistics.median(b / s for s, b in zip(t_std, times["r1_no_pool"]))
     floor = statistics.median(b / s for s, b in zip(t_hf, t_hf1))
     print(f"standard T={T}: {std_s * 1e3:8.1f} ms   recurrent-1 T={T}: {r1_s * 1e3:8.1f} ms   "
           f"(medians of {len(t_std)} interleaved rounds; min {min(t_std) * 1e3:.1f} / {min(t_r1) * 1e3:.1f} ms)")
@@ -256,14 +248,12 @@ def main(argv=None) -> dict:
           f"{r1_s / std_s:.3f}, of minima {min(t_r1) / min(t_std):.3f})  (goal <= {GOAL_OVERHEAD})  "
           f"{'PASS' if overhead <= GOAL_OVERHEAD else 'FAIL'}")
     print(f"  recurrent-1 with HF's own one-token step (models.lean_step off) / standard = {overhead_hf_step:.3f}")
-    print(f"  recurrent-1 without the buffer pool (engine.buffers off) / standard = {overhead_no_pool:.3f}")
     print(f"  the HF floor, same rounds: plain HF prefill of T-1 + one cached step / HF prefill of T = {floor:.3f} "
           f"({statistics.median(t_hf1) * 1e3:.1f} vs {statistics.median(t_hf) * 1e3:.1f} ms)")
     if faults["std"] is not None:
         print(f"  minor page faults a pass (medians): standard {faults['std']:.0f}, recurrent-1 {faults['r1']:.0f}, "
-              f"recurrent-1 without the pool {faults['r1_no_pool']:.0f}, HF prefill {faults['hf']:.0f}, "
-              f"HF prefill + step {faults['hf1']:.0f} (pages the kernel maps and zeroes: glibc gives freed memory "
-              "back, see docs/benchmarks.md)")
+              f"HF prefill {faults['hf']:.0f}, HF prefill + step {faults['hf1']:.0f} (pages the "
+              "kernel maps and zeroes: glibc gives freed memory back, see docs/benchmarks.md)")
 
     window = window_figure(a, device, Placement.from_args(a)) if a.window_model.lower() != "none" else None
 
@@ -283,7 +273,6 @@ def main(argv=None) -> dict:
         "overhead_pass": overhead <= GOAL_OVERHEAD,
         "hf_floor_s": {"prefill_T": statistics.median(t_hf), "prefill_T_minus_1_plus_step": statistics.median(t_hf1)},
         "hf_floor_ratio": floor, "recurrent_1_hf_step_over_standard": overhead_hf_step,
-        "recurrent_1_no_pool_over_standard": overhead_no_pool,
         "minor_faults_per_pass": faults,
         "window": window,
     }

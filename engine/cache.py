@@ -18,8 +18,7 @@ caches). tests/test_window_cache.py checks it against the full cache in every mo
 Every full-attention layer is a `GrowLayer`: HF's DynamicLayer concatenates each new column onto a new copy of
 the whole cache (`torch.cat`), so a one-token step copies O(t) keys and values and a recurrence over T columns
 O(T^2); a GrowLayer writes the new columns into spare capacity of its buffer (amortized O(1) a column) and
-falls back to the concatenation wherever autograd records the step (training backpropagates through it). Its
-buffers come from engine.buffers' pool: memory the process already has, where nothing else holds it.
+falls back to the concatenation wherever autograd records the step (training backpropagates through it).
 """
 from __future__ import annotations
 
@@ -30,7 +29,6 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 from common.errors import UserError
-from engine.buffers import POOL
 
 
 class GrowLayer(DynamicLayer):
@@ -76,9 +74,8 @@ class GrowLayer(DynamicLayer):
 
     def _grow(self, key_states, value_states, n: int, need: int) -> None:
         cap = need + self.reserve if n == 0 else max(need, n + n // 2 + 16)
-        # on kept buffers where one is free (engine.buffers: no fresh pages to fault in, ~2% of recurrent-1)
-        keys = POOL.empty(key_states, key_states.shape[:-2] + (cap, key_states.shape[-1]))
-        values = POOL.empty(value_states, value_states.shape[:-2] + (cap, value_states.shape[-1]))
+        keys = key_states.new_empty(key_states.shape[:-2] + (cap, key_states.shape[-1]))
+        values = value_states.new_empty(value_states.shape[:-2] + (cap, value_states.shape[-1]))
         if n:
             keys[..., :n, :], values[..., :n, :] = self.keys, self.values
         self._keys, self._values = keys, values
