@@ -67,13 +67,13 @@ def parse_recirculate(value: str, n_layers: int | None = None) -> RecircSpec:
     """'s:d:alpha[:convex|residual]' -> RecircSpec (validated against n_layers when given)."""
     m = _SPEC_RE.match(str(value))
     if not m:
-        raise UserError(f"bad --recirculate {value!r}: use s:d:alpha[:convex|residual], e.g. 20:8:0.1:convex")
+        raise UserError(f"bad recirculation spec {value!r}: use s:d:alpha[:convex|residual], e.g. 20:8:0.1:convex")
     try:
         alpha = float(m.group(3))
     except ValueError:
-        raise UserError(f"bad --recirculate {value!r}: alpha {m.group(3)!r} is not a number") from None
+        raise UserError(f"bad recirculation spec {value!r}: alpha {m.group(3)!r} is not a number") from None
     if not math.isfinite(alpha):
-        raise UserError(f"bad --recirculate {value!r}: alpha must be in [0, 1]")
+        raise UserError(f"bad recirculation spec {value!r}: alpha must be in [0, 1]")
     spec = RecircSpec(int(m.group(1)), int(m.group(2)), alpha, (m.group(4) or "convex").lower())
     return spec.validate(n_layers) if n_layers is not None else spec
 

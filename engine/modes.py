@@ -133,7 +133,10 @@ def parse_mode(mode, n_layers: int | None = None) -> Mode:
     if s.startswith(RECIRC_PREFIX):
         from engine.mixing import parse_recirculate
 
-        return Mode("recirc", recirc=parse_recirculate(s[len(RECIRC_PREFIX):], n_layers))
+        try:
+            return Mode("recirc", recirc=parse_recirculate(s[len(RECIRC_PREFIX):], n_layers))
+        except UserError as e:  # name what the user typed (the spec parser also serves probes.run's --recirculate)
+            raise UserError(f"mode {s!r}: {e}") from None
     m = _MODE_RE.match(s)
     if not m:
         raise UserError(f"unknown prefill mode {mode!r} (use {HELP})")

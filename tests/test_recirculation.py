@@ -194,6 +194,15 @@ def test_bad_specs_are_user_errors(value, msg):
         parse_recirculate(value, n_layers=3)
 
 
+@pytest.mark.parametrize("value", ["recirc-3:1:nan", "recirc-3-1-0.1", "recirc-3:1:1.5", "recirc-9:1:0.1"])
+def test_a_bad_recirc_mode_names_the_mode_not_another_flag(value):
+    from engine.modes import parse_mode
+
+    with pytest.raises(UserError) as e:
+        parse_mode(value, n_layers=3)
+    assert str(e.value).startswith(f"mode {value!r}: ") and "--recirculate" not in str(e.value)
+
+
 def test_missing_smollm2_is_one_line_error(monkeypatch):
     import importlib.util
 
