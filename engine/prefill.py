@@ -310,11 +310,19 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     # reserve: the columns the steps add after a short prefill (engine.cache.GrowLayer allocates them with it)
     cache = new_cache(reserve=k if short else 0) if full_cache else \
         new_cache(model, slack=(0 if short else k) + (decoy is not None), reserve=k if short else 0)
-    std = model(ids[:, :s], mask[:, :s], cache=cache, use_cache=True) if short else \
-        model(ids, mask, cache=cache, use_cache=True)
+    pre = cols < s
+    # The prefill's logits serve the standard result and the read columns it keeps; with neither (recurrent-k
+    # read at its recomputed columns only) the head is skipped: ~19% of a SmolLM2 pass, and no returned value
+    # changes (a head over fewer columns would: its matmul takes another kernel, docs/benchmarks.md).
+    head = full_std or bool(pre.any()) or not len(cols)
+    std = model(ids[:, :s], mask[:, :s], cache=cache, use_cache=True, head=head) if short else \
+        model(ids, mask, cache=cache, use_cache=True, head=head)
     std_resid = rec.take() if rec is not None else None
-    if short:
-        pre = cols < s
+    if not head:
+        logits = None  # made at the first step, which knows the vocabulary: every read column is recomputed
+        top = std.top.new_empty((ids.shape[0], len(cols), std.top.shape[-1]))
+        resid = None if std_resid is None else std_resid.new_empty((ids.shape[0], len(cols)) + std_resid.shape[2:])
+    elif short:
         logits = std.logits.new_empty((ids.shape[0], len(cols), std.logits.shape[-1]))
         top = std.top.new_empty((ids.shape[0], len(cols), std.top.shape[-1]))
         logits[:, pre], top[:, pre] = std.logits[:, cols[pre]], std.top[:, cols[pre]]
@@ -349,6 +357,9 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
                                   decoy=decoy, before=before):
         j = col_pos.get(t)
         if j is not None:
+            if logits is None:  # an ordinary tensor: the loop body runs in the steps' inference mode
+                with torch.inference_mode(False):
+                    logits = out.logits.new_empty((ids.shape[0], len(cols), out.logits.shape[-1]))
             logits[:, j], top[:, j] = out.logits[:, 0], out.top[:, 0]
             if rec is not None:
                 resid[:, j] = rec.take()[:, 0]
@@ -505,6 +516,6 @@ def generate(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: to
         out = _fused(model, input_ids, attention_mask, 1, cols, None, use_cache=True)
         cache = out.cache
     else:  # soft: recurrent-1 (of one token: the standard prefill)
-        run = recurrent_run(model, input_ids, attention_mask, 1, cols)
+        run = recurrent_run(model, input_ids, attention_mask, 1, cols, full_std=False)  # no standard result
         out, cache = LMOutput(logits=run.logits, top=run.top), run.cache
     return greedy_steps(model, out, cache, input_ids, attention_mask, max_new_tokens, fed=True)

@@ -83,7 +83,7 @@ def save_tokenizer(tok, out: Path) -> None:
 
 @dataclass
 class LMOutput:
-    logits: torch.Tensor  # [batch, pos, vocab]
+    logits: torch.Tensor | None  # [batch, pos, vocab]; None from forward(head=False)
     top: torch.Tensor  # [batch, pos, d_model] post-final-norm state: what the LM head reads and what is fed back
     cache: object | None = None
     hidden: tuple | None = None  # with hidden_states=True: block 0's input and every block's output ([-1] = top)
@@ -167,6 +167,7 @@ class FullBandwidthLM(nn.Module):
         hidden_states: bool = False,  # also return the residual stream after every block (LMOutput.hidden)
         last_logits: bool = False,  # the head at the last column only (logits [batch, 1, vocab]): a patched
         #                            run reads T alone, and the head over every column is ~19% of SmolLM2's pass
+        head: bool = True,  # False: no head at all (logits None), for a caller that reads top states only
     ) -> LMOutput:
         x = self.embed(input_ids)
         if state is not None:
@@ -183,7 +184,7 @@ class FullBandwidthLM(nn.Module):
         plan = step_plan(self.lm, self.family, x, cache) if use_cache and not hidden_states else None
         if isinstance(plan, StepPlan):  # a cached one-token step, bit for bit HF's at less cost (models.lean_step)
             top = lean_step(plan, self.lm.config, x, attention_mask if padded else None, position_ids, cache)
-            return LMOutput(logits=self.head(top), top=top, cache=cache)
+            return LMOutput(logits=self.head(top) if head else None, top=top, cache=cache)
         # CPU SDPA with an explicit padding mask falls back to a slow kernel (measured ~3x slower than eager
         # on the tiny presets); without padding the mask is dropped so SDPA takes its causal fast path.
         impl = self.lm.config._attn_implementation
@@ -197,7 +198,7 @@ class FullBandwidthLM(nn.Module):
         finally:
             self.lm.config._attn_implementation = impl
         top = out.last_hidden_state
-        logits = self.head(top[:, -1:] if last_logits else top)
+        logits = None if not head else self.head(top[:, -1:] if last_logits else top)
         return LMOutput(logits=logits, top=top, cache=out.cache if use_cache else None,
                         hidden=tuple(out.hidden_states) if hidden_states else None)
 

@@ -135,6 +135,31 @@ def test_recurrent_k_past_the_prompt_is_recurrent_full(model):
     assert (res["recurrent-9"].resid - res["recurrent-full"].resid).abs().max() <= TOL
 
 
+@pytest.mark.parametrize("mode", ["recurrent-1", "recurrent-3", "recurrent-full"])
+def test_recurrent_k_read_at_recomputed_columns_runs_no_head_over_the_prefill(model, mode):
+    """The prefill's logits serve the standard result and the columns the recurrence keeps. Read at recomputed
+    columns only, recurrent-k runs the LM head on its one-token steps alone, and every returned value is the
+    same, bit for bit, as in the run that also reads column 0 (whose prefill does run the head)."""
+    ids = torch.tensor([PROMPT, PROMPT[::-1]])
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # a padded row
+    read = (-1,) if mode == "recurrent-1" else (-1, -2)  # recomputed columns
+    widths: list[int] = []
+    hook = model.family.head(model.lm).register_forward_hook(lambda m, i, o: widths.append(i[0].shape[1]))
+    try:
+        lean = prefill_many(model, ids, mask, [mode], positions=read)[mode]
+        lean_widths, widths[:] = list(widths), []
+        ref = prefill_many(model, ids, mask, [mode], positions=read + (-len(PROMPT),))[mode]
+    finally:
+        hook.remove()
+    assert lean_widths and max(lean_widths) == 1  # the steps' heads, one column each
+    assert len(widths) == len(lean_widths) + 1  # and the prefill's, when it keeps a read column
+    n = len(read)
+    for a, b in ((lean.logits, ref.logits[:, :n]), (lean.top, ref.top[:, :n]), (lean.resid, ref.resid[:, :n])):
+        assert torch.equal(a, b) and not a.is_inference()
+    lean.logits.add_(0)  # an ordinary tensor, editable outside the steps' inference mode
+
+
 # ----- fused ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_fused_n_equals_hand_written_passes(model, n):
