@@ -15,7 +15,11 @@ and every --batches size, on random prompt tokens (no padding), with a KV cache:
      from an empty cache, `lm(ids[:, t:t+1], cache=cache, use_cache=True)` for t = 0..T-1 (transformers 5's name
      for past_key_values). Per prompt token = total / T; headline: engine/floor, the median of the per-pair
      ratios. Goal <= 1.10. Also printed: the engine's standard prefill (its first model call, cropped to one
-     column afterwards) as a share of the floor, and its mean one-token step / the floor's step.
+     column afterwards) as a share of the floor, and its mean one-token step / the floor's step. The engine runs
+     the LM head at the read position T alone (its earlier steps need only their top state); the floor, HF's
+     causal LM, runs it at every step. So beside it, in the same rounds (each arm in each slot of a round in
+     turn), the floor with the head at T alone (`lm.base_model` steps, then one `lm` step): engine / that floor
+     is the engine against the same work.
 
 Models: `smol` = a random-init FullBandwidthLM of SmolLM2-135M's shape (Llama: 30 layers, D 576, 9 heads / 3 KV
 heads, head_dim 64, d_ff 1536, vocab 49152, tied embeddings; --smol-arch qwen3 builds it with the project's
@@ -71,7 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--new-tokens", type=int_in(2, 100_000), default=32,
                    help="N: greedy tokens per generate call; N-1 decoding steps are timed (default: %(default)s)")
     p.add_argument("--repeats", type=int_in(1, 10_000), default=5,
-                   help="interleaved pairs per figure, their order alternating (default: %(default)s)")
+                   help="interleaved pairs per figure, their order alternating (recurrent-full: rounds of three arms, "
+                        "each arm in each slot in turn) (default: %(default)s)")
     p.add_argument("--parts", default="decode,recurrent-full",
                    help="which measurements: decode, recurrent-full or both (default: %(default)s)")
     add_threads_flag(p, available_cpus(), default_text=f"{available_cpus()}, the CPUs available to this process")
@@ -195,6 +200,18 @@ def bench_recurrent(model, ids, mask, a, device, clock) -> dict:
         for t in range(ids_.shape[1]):
             lm(ids_[:, t:t + 1], cache=cache, use_cache=True)
 
+    @torch.no_grad()
+    def floor_head_at_T(ids_: torch.Tensor) -> None:
+        # The same steps with the LM head at the last one only (HF's base model before it): what the engine
+        # runs when it reads T alone (engine.prefill.recurrent_steps' `logits_at`). No hook on the base model:
+        # the engine calls it too, and a hook there takes the engine off its lean step.
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=lm.config)
+        for t in range(ids_.shape[1] - 1):
+            lm.base_model(ids_[:, t:t + 1], cache=cache, use_cache=True)
+        lm(ids_[:, -1:], cache=cache, use_cache=True)
+
     # Both sides carry one pre-hook per one-token step: the engine's on the wrapper (which it calls), the floor's
     # on the HF model (which the engine never calls; it runs lm.base_model and the LM head itself).
     with CallClock(model, device, clock) as eng, CallClock(lm, device, clock) as hf:
@@ -208,21 +225,24 @@ def bench_recurrent(model, ids, mask, a, device, clock) -> dict:
                 raise RuntimeError(f"recurrent-full made {len(eng.stamps)} model calls for T={T}, expected {T}")
             return end - t0, eng.stamps[1] - eng.stamps[0], (end - eng.stamps[1]) / (T - 1)
 
-        def time_floor() -> float:
+        def time_floor(run=floor) -> float:
             hf.stamps.clear()
             sync(device)
             t0 = clock()
-            floor(ids)
+            run(ids)
             sync(device)
             return clock() - t0
 
         prefill(model, ids[:, -8:], mask[:, -8:], "recurrent-full", collect=False)  # warm-up
-        floor(ids[:, -8:])
-        t_eng, t_pre, t_step, t_hf = [], [], [], []
+        floor(ids[:, -8:]), floor_head_at_T(ids[:, -8:])
+        t_eng, t_pre, t_step, t_hf, t_hf_T = [], [], [], [], []
+        sides = ("floor", "engine", "floor_T")
         for r in range(a.repeats):
-            for side in (("floor", "engine") if r % 2 == 0 else ("engine", "floor")):
+            for side in sides[r % 3:] + sides[:r % 3]:  # each arm in each slot of the round in turn
                 if side == "floor":
                     t_hf.append(time_floor())
+                elif side == "floor_T":
+                    t_hf_T.append(time_floor(floor_head_at_T))
                 else:
                     total, pre, step = time_engine()
                     t_eng.append(total), t_pre.append(pre), t_step.append(step)
@@ -231,6 +251,8 @@ def bench_recurrent(model, ids, mask, a, device, clock) -> dict:
     return {"hf_ms_per_token": h / T * 1e3, "engine_ms_per_token": e / T * 1e3,
             "engine_over_hf": median_ratio(t_eng, t_hf), "engine_over_hf_ratio_of_medians": e / h,
             "engine_over_hf_ratio_of_minima": min(t_eng) / min(t_hf),
+            "hf_head_at_T_ms_per_token": statistics.median(t_hf_T) / T * 1e3,
+            "engine_over_hf_head_at_T": median_ratio(t_eng, t_hf_T),
             "engine_prefill_ms": statistics.median(t_pre) * 1e3,
             "engine_prefill_share_of_floor": statistics.median(p / f for p, f in zip(t_pre, t_hf)),
             "engine_step_ms": statistics.median(t_step) * 1e3,
@@ -300,6 +322,8 @@ def main(argv=None) -> dict:
                       f"{100 * r['engine_prefill_share_of_floor']:.1f}% of the floor; one-token step "
                       f"{r['engine_step_ms']:.3f} ms = {r['engine_step_over_hf_step']:.3f} x the floor's "
                       f"{r['hf_step_ms']:.3f} ms")
+                print(f"             the floor with the head at T alone {r['hf_head_at_T_ms_per_token']:.3f} ms/token: "
+                      f"engine / it {r['engine_over_hf_head_at_T']:.3f}")
 
     print("\nsummary (median of per-pair ratios)")
     print(f"  {'model':32s} {'batch':>5s} {'soft/std':>9s} {'rf/floor':>9s}")

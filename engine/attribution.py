@@ -136,7 +136,8 @@ def _one_chunk(model, ids, mask, mode: Mode, metric, rows, shift=None) -> SiteGr
 
             out = None
             for _, out in recurrent_steps(model, ids, mask, s, std.top[:, s - 1], cache, fuse,
-                                          position_ids=positions_from_mask(mask, T), state_edits=edits, before=before):
+                                          position_ids=positions_from_mask(mask, T), state_edits=edits, before=before,
+                                          logits_at=(T - 1,)):
                 pass
             logits = out.logits[:, 0] if out is not None else std.logits[:, -1]
         m = metric(logits.float(), rows)

@@ -310,7 +310,7 @@ class RecurrentPatcher(Patcher):
             return _hooks(model, other, lambda p: 0) if other else None
 
         for _, out in recurrent_steps(model, ids, mask, start, prev, cache, state_edits=edits,
-                                      step_hooks=step_hooks):
+                                      step_hooks=step_hooks, logits_at=(T - 1,)):  # the head at T alone
             pass
         return out.logits[:, 0].clone()  # made in inference mode (engine.decode.step_loop): an ordinary copy
 

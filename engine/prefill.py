@@ -216,19 +216,21 @@ def recurrent_fuse(attention_mask: torch.Tensor, t: int) -> torch.Tensor:
 
 def recurrent_step(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor, t: int,
                    state: torch.Tensor, cache, fuse_mask: torch.Tensor | None = None,
-                   gate: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> LMOutput:
+                   gate: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                   head: bool = True) -> LMOutput:
     """The recurrence's cached one-token step at column t fed `state` [batch, d_model] (the top state of t-1);
     `cache` holds columns 0..t-1 and gains column t. `fuse_mask` [batch, T] (default: previous and current
     column real), `gate` [batch, T, D]: the model's token_gate(ids), when the caller has it; `position_ids`
-    [batch, T]: positions_from_mask(attention_mask, T), when the caller has it (a loop computes them once)."""
+    [batch, T]: positions_from_mask(attention_mask, T), when the caller has it (a loop computes them once);
+    `head=False`: no logits (None), the top state only."""
     fuse = recurrent_fuse(attention_mask, t) if fuse_mask is None else fuse_mask[:, t:t + 1]
     return model(input_ids[:, t:t + 1], attention_mask[:, :t + 1], state=state[:, None], fuse_mask=fuse,
                  cache=cache, use_cache=True, gate=None if gate is None else gate[:, t:t + 1],
-                 position_ids=None if position_ids is None else position_ids[:, t:t + 1])
+                 position_ids=None if position_ids is None else position_ids[:, t:t + 1], head=head)
 
 
 def recurrent_steps(model, ids, mask, start: int, prev: torch.Tensor, cache, fuse_mask=None, gate=None,
-                    position_ids=None, state_edits=None, step_hooks=None, decoy=None, before=None):
+                    position_ids=None, state_edits=None, step_hooks=None, decoy=None, before=None, logits_at=None):
     """The one loop of the recurrence: yields (t, step output) for the cached one-token steps t = start..T-1,
     starting from `prev` (the top state of start-1) and `cache` (columns 0..start-1).
 
@@ -236,7 +238,9 @@ def recurrent_steps(model, ids, mask, start: int, prev: torch.Tensor, cache, fus
     intervention's patch, the trainer's interchange: engine.edits.RowSwap); `step_hooks(t)` -> a context
     manager (or None) held during step t (hooks on sites inside the model); `decoy` (cols [B, T] bool, donor
     [B]): at a marked column the cached keys/values are recomputed from the donor row's state (recurrent_run);
-    `before(t)`: called before each step (a recorder's columns). The loop runs in engine.decode.step_loop, and so
+    `before(t)`: called before each step (a recorder's columns); `logits_at`: the columns whose step runs the LM
+    head (default every one; elsewhere the output's logits are None: a step's head is ~1/5 of a SmolLM2-sized
+    step, and a patched run reads T alone). The loop runs in engine.decode.step_loop, and so
     does the caller's loop body between steps (a generator's context stays entered while it is suspended):
     without autograd, what the body makes is an inference tensor; it copies what it keeps into its own tensors."""
     T = ids.shape[1]
@@ -249,11 +253,12 @@ def recurrent_steps(model, ids, mask, start: int, prev: torch.Tensor, cache, fus
                 prev = apply(state_edits[t], prev)
             held = step_hooks(t) if step_hooks is not None else None
             with held if held is not None else nullcontext():
-                out = recurrent_step(model, ids, mask, t, prev, cache, fuse_mask, gate, position_ids)
+                out = recurrent_step(model, ids, mask, t, prev, cache, fuse_mask, gate, position_ids,
+                                     head=logits_at is None or t in logits_at)
             if t in decoy_cols:  # the chain's step stays in `out`; its column in the cache is replaced
                 cache.crop(-1)  # drop column t again
                 recurrent_step(model, ids, mask, t, RowSwap(decoy[0][:, t], decoy[1])(prev), cache, fuse_mask,
-                               gate, position_ids)
+                               gate, position_ids, head=False)
             prev = out.top[:, 0]
             yield t, out
 
@@ -354,7 +359,7 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
             rec.cols = torch.tensor([0]) if t in col_pos else None
 
     for t, out in recurrent_steps(model, ids, mask, s, prev, cache, fuse_mask, gate, position_ids, edits,
-                                  decoy=decoy, before=before):
+                                  decoy=decoy, before=before, logits_at=col_pos):
         j = col_pos.get(t)
         if j is not None:
             if logits is None:  # an ordinary tensor: the loop body runs in the steps' inference mode

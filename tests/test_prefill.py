@@ -137,9 +137,10 @@ def test_recurrent_k_past_the_prompt_is_recurrent_full(model):
 
 @pytest.mark.parametrize("mode", ["recurrent-1", "recurrent-3", "recurrent-full"])
 def test_recurrent_k_read_at_recomputed_columns_runs_no_head_over_the_prefill(model, mode):
-    """The prefill's logits serve the standard result and the columns the recurrence keeps. Read at recomputed
-    columns only, recurrent-k runs the LM head on its one-token steps alone, and every returned value is the
-    same, bit for bit, as in the run that also reads column 0 (whose prefill does run the head)."""
+    """The prefill's logits serve the standard result and the columns the recurrence keeps, a step's the column it
+    computes. Read at recomputed columns only, recurrent-k runs the LM head on the read columns' steps alone, and
+    every returned value is the same, bit for bit, as in the run that also reads column 0 (whose prefill does run
+    the head)."""
     ids = torch.tensor([PROMPT, PROMPT[::-1]])
     mask = torch.ones_like(ids)
     mask[1, :2] = 0  # a padded row
@@ -152,8 +153,8 @@ def test_recurrent_k_read_at_recomputed_columns_runs_no_head_over_the_prefill(mo
         ref = prefill_many(model, ids, mask, [mode], positions=read + (-len(PROMPT),))[mode]
     finally:
         hook.remove()
-    assert lean_widths and max(lean_widths) == 1  # the steps' heads, one column each
-    assert len(widths) == len(lean_widths) + 1  # and the prefill's, when it keeps a read column
+    assert lean_widths == [1] * len(read)  # the heads of the read columns' steps, one column each, and no other
+    assert len(widths) == len(read) + 1  # and the prefill's, when it keeps a read column
     n = len(read)
     for a, b in ((lean.logits, ref.logits[:, :n]), (lean.top, ref.top[:, :n]), (lean.resid, ref.resid[:, :n])):
         assert torch.equal(a, b) and not a.is_inference()
