@@ -17,8 +17,9 @@ d_model 128, vocab 64, batch 1):
      of the medians is printed too. Goal <= 1.15 (issue 38: <= 1.10). In the same rounds: recurrent-1 with HF's
      own one-token step (models.lean_step switched off), and the floor any engine built on the HF decoder sits
      on: the plain HF causal LM's prefill of T-1 tokens plus one cached one-token step, over its prefill of all
-     T (`lm(ids, cache=DynamicCache(...))`): the same work as recurrent-1 without the fusion, the engine or the
-     recorder. Beside the times, each pass's minor page faults (median): the pages glibc gave back after the
+     T (`lm(ids, cache=DynamicCache(...))`, the prefill's head at its last column only, `logits_to_keep=1`, as
+     HF's generate runs it; recurrent-1 runs none there): the same work as recurrent-1 without the fusion, the
+     engine or the recorder. Beside the times, each pass's minor page faults (median): the pages glibc gave back after the
      previous pass and the kernel maps and zeroes again, a cost every pass pays (docs/benchmarks.md).
 
   4. the window cache (engine.cache.WindowLayer) on a windowed checkpoint (--window-model, default
@@ -290,9 +291,9 @@ def hf_floor(lm, ids):
         return lm(input_ids=ids).logits[:, -1]
 
     @torch.no_grad()
-    def prefill_and_step():
+    def prefill_and_step():  # the prefill's head at its last column only, as HF's generate runs it
         cache = DynamicCache(config=lm.config)
-        lm(input_ids=ids[:, :-1], cache=cache, use_cache=True)
+        lm(input_ids=ids[:, :-1], cache=cache, use_cache=True, logits_to_keep=1)
         return lm(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1]
 
     return prefill, prefill_and_step
