@@ -4,8 +4,11 @@
      a) probes.collect: one nnsight trace of the prefill engine, reading block 0's input and every block's
         output at the last position (standard mode), and
      b) a plain ``model.lm(ids, output_hidden_states=True)`` forward (no nnsight),
-   as --repeats interleaved pairs; headline = median of the per-pair ratios a/b (robust to background
-   load), goal <= 1.15. Both wall-clock and process-CPU medians are printed.
+     c) the same without the LM head, ``model.lm.base_model(ids, output_hidden_states=True)``: the collector
+        reads residuals only and runs no head (``prefill_many(logits=False)``), so c) is the same work,
+   as --repeats interleaved rounds (each arm in each slot in turn); headline = median of the per-round ratios
+   a/b (robust to background load), goal <= 1.15, and a/c beside it. Both wall-clock and process-CPU medians
+   are printed.
 2. End-to-end wall time (and CPU time) of the default command ``python -m probes.run --task completion``
    in a subprocess with a fresh activation cache (goal < 180 s on 2 cores). Skipped with --skip-e2e, or when
    the default model has no checkpoint and no --model is given.
@@ -88,26 +91,39 @@ def main(argv=None):
     def plain_run():
         model.lm(input_ids=ids, output_hidden_states=True)
 
-    nnsight_run(), plain_run()  # warm up
+    @torch.no_grad()
+    def base_run():
+        model.lm.base_model(input_ids=ids, output_hidden_states=True)
+
+    nnsight_run(), plain_run(), base_run()  # warm up
     # same numbers from both paths (depths 0..L-1; HF's last entry is after the final norm)
     got = col.collect_batch(ids, mask, ["standard"])["standard"]
     with torch.no_grad():
         hs = torch.stack(model.lm(input_ids=ids, output_hidden_states=True).hidden_states, 1)[:, :, -1]
     max_diff = float((got[:, :-1] - hs[:, :-1]).abs().max())
-    pairs = []
-    for _ in range(a.repeats):
-        pairs.append((_timed(nnsight_run), _timed(plain_run)))
+    arms = (nnsight_run, plain_run, base_run)
+    pairs, base_t = [], []
+    for r in range(a.repeats):
+        t = {}
+        for i in (r % 3, (r + 1) % 3, (r + 2) % 3):
+            t[i] = _timed(arms[i])
+        pairs.append((t[0], t[1]))
+        base_t.append(t[2])
     ratio_wall = statistics.median(n[0] / p[0] for n, p in pairs)
     ratio_cpu = statistics.median(n[1] / p[1] for n, p in pairs)
+    ratio_base_wall = statistics.median(n[0] / b[0] for (n, _), b in zip(pairs, base_t))
     nn_w, pl_w = statistics.median(n[0] for n, _ in pairs), statistics.median(p[0] for _, p in pairs)
     nn_c, pl_c = statistics.median(n[1] for n, _ in pairs), statistics.median(p[1] for _, p in pairs)
+    ba_w = statistics.median(b[0] for b in base_t)
     print(f"model: {name}; batch {ids.shape[0]} x {ids.shape[1]} tokens; threads {torch.get_num_threads()}; "
           f"load avg {os.getloadavg()[0]:.1f}")
     print(f"  nnsight collection (all {got.shape[1]} depths): {nn_w * 1e3:8.1f} ms wall  {nn_c * 1e3:8.1f} ms cpu")
     print(f"  plain forward, output_hidden_states:     {pl_w * 1e3:8.1f} ms wall  {pl_c * 1e3:8.1f} ms cpu")
+    print(f"  the same without the LM head:            {ba_w * 1e3:8.1f} ms wall")
     print(f"  ratio nnsight/plain = {ratio_wall:.3f} wall, {ratio_cpu:.3f} cpu (median of {a.repeats} per-pair "
           f"ratios; goal <= {GOAL_RATIO}) {'PASS' if ratio_wall <= GOAL_RATIO else 'FAIL'}; "
           f"max |diff| {max_diff:.2e}")
+    print(f"  ratio nnsight/plain without the head (the same work) = {ratio_base_wall:.3f} wall")
 
     e2e = None
     target = a.model
@@ -140,6 +156,7 @@ def main(argv=None):
               "load_avg_1min": os.getloadavg()[0], "repeats": a.repeats,
               "nnsight_ms_wall": nn_w * 1e3, "plain_ms_wall": pl_w * 1e3, "nnsight_ms_cpu": nn_c * 1e3,
               "plain_ms_cpu": pl_c * 1e3, "ratio_wall": ratio_wall, "ratio_cpu": ratio_cpu,
+              "plain_no_head_ms_wall": ba_w * 1e3, "ratio_no_head_wall": ratio_base_wall,
               "ratio_goal_max": GOAL_RATIO, "ratio_pass": ratio_wall <= GOAL_RATIO, "max_abs_diff": max_diff,
               "e2e": e2e}
     print(json.dumps(result))

@@ -19,8 +19,9 @@ d_model 128, vocab 64, batch 1):
      on: the plain HF causal LM's prefill of T-1 tokens plus one cached one-token step, over its prefill of all
      T (`lm(ids, cache=DynamicCache(...))`, the prefill's head at its last column only, `logits_to_keep=1`, as
      HF's generate runs it; recurrent-1 runs none there): the same work as recurrent-1 without the fusion, the
-     engine or the recorder. Beside the times, each pass's minor page faults (median): the pages glibc gave back after the
-     previous pass and the kernel maps and zeroes again, a cost every pass pays (docs/benchmarks.md).
+     engine or the recorder. Beside the times, each pass's minor page faults (median): the pages glibc gave
+     back after the previous pass and the kernel maps and zeroes again, a cost every pass pays
+     (docs/benchmarks.md).
 
   4. the window cache (engine.cache.WindowLayer) on a windowed checkpoint (--window-model, default
      checkpoints/tiny-fbt-track: every layer attends to 64 columns): recurrent-full at T=--window-short and

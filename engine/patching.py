@@ -322,7 +322,7 @@ class FusedPatcher(Patcher):
         super().__init__(model, ids, mask, mode)
         self.n = mode.n
         self.tops = []
-        for _, out in iter_fused(model, ids, mask, self.n):
+        for _, out in iter_fused(model, ids, mask, self.n, heads="last"):  # the clean logits at T: the last pass
             self.tops.append(out.top)
         self._resid: dict[int, torch.Tensor] = {}
         self.clean = RunOut(out.logits[:, -1], out.top, None)

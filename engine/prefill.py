@@ -58,14 +58,14 @@ def shift_state(top: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.
 STANDARD_CHUNK = 512
 
 
-def _standard(model, ids, mask, cols, rec, use_cache=False, chunked=False) -> LMOutput:
+def _standard(model, ids, mask, cols, rec, use_cache=False, chunked=False, head=True) -> LMOutput:
     if rec is not None:
         rec.cols = cols
     if (chunked and rec is None and not use_cache and ids.shape[1] > 2 * STANDARD_CHUNK
             and _every_layer_windowed(model)):
-        return _standard_chunked(model, ids, mask, cols)
+        return _standard_chunked(model, ids, mask, cols, head=head)
     cache = new_cache() if use_cache else None
-    return model(ids, mask, cache=cache, use_cache=use_cache)
+    return model(ids, mask, cache=cache, use_cache=use_cache, head=head)
 
 
 def _every_layer_windowed(model) -> bool:
@@ -75,53 +75,63 @@ def _every_layer_windowed(model) -> bool:
     return bool(windows) and all(w is not None for w in windows)
 
 
-def _standard_chunked(model, ids, mask, cols, chunk: int | None = None) -> LMOutput:
+def _standard_chunked(model, ids, mask, cols, chunk: int | None = None, head: bool = True) -> LMOutput:
     """The standard pass as consecutive chunks over a window cache: logits and top state at `cols` only (the
-    other columns of the returned [batch, T, ...] tensors are zero: callers read `cols`)."""
+    other columns of the returned [batch, T, ...] tensors are zero: callers read `cols`). `head=False`: no
+    logits (None)."""
     B, T = ids.shape
     chunk = chunk or STANDARD_CHUNK
     cache, pos = new_cache(model), positions_from_mask(mask, T)
     logits = top = None
     for s in range(0, T, chunk):
         e = min(T, s + chunk)
-        out = model(ids[:, s:e], mask[:, :e], cache=cache, use_cache=True, position_ids=pos[:, s:e])
-        if logits is None:
-            logits = out.logits.new_zeros(B, T, out.logits.shape[-1])
+        out = model(ids[:, s:e], mask[:, :e], cache=cache, use_cache=True, position_ids=pos[:, s:e], head=head)
+        if top is None:
+            logits = out.logits.new_zeros(B, T, out.logits.shape[-1]) if head else None
             top = out.top.new_zeros(B, T, out.top.shape[-1])
         here = [int(c) for c in cols if s <= int(c) < e]
-        logits[:, here], top[:, here] = out.logits[:, [c - s for c in here]], out.top[:, [c - s for c in here]]
+        top[:, here] = out.top[:, [c - s for c in here]]
+        if head:
+            logits[:, here] = out.logits[:, [c - s for c in here]]
     return LMOutput(logits, top)
 
 
 def jacobi_pass(model, ids, mask, top, fuse_mask=None, gate=None, cache=None, use_cache=False,
-                state=None, hidden_states=False, last_logits=False) -> LMOutput:
+                state=None, hidden_states=False, last_logits=False, head=True) -> LMOutput:
     """One Jacobi pass: every position fuses the previous pass's top state of the position before it
     (`fuse_mask` default: wherever that position is a real token of the same row). `state` [B, T, D]: the
-    shifted state to feed instead (the trainer's noised state, an intervention's patched one)."""
+    shifted state to feed instead (the trainer's noised state, an intervention's patched one). `head=False`:
+    no logits (None)."""
     shifted, fuse = shift_state(top, mask) if state is None else (state, shift_state(top, mask)[1])
     kw = {"hidden_states": True} if hidden_states else {}
     if last_logits:
         kw["last_logits"] = True
+    if not head:
+        kw["head"] = False
     return model(ids, mask, state=shifted, fuse_mask=fuse if fuse_mask is None else fuse_mask, gate=gate,
                  cache=cache, use_cache=use_cache, **kw)
 
 
-def iter_fused(model, ids, mask, n, cols=None, rec=None, use_cache=False):
+def iter_fused(model, ids, mask, n, cols=None, rec=None, use_cache=False, heads: str = "all"):
     """Yield (k, output) for k = 0..n Jacobi passes; pass k fuses pass k-1's top states shifted right.
-    A recorder `rec` records `cols` of the last pass only."""
-    out = model(ids, mask)  # pass 0 (standard)
+    A recorder `rec` records `cols` of the last pass only. `heads`: the passes that run the LM head, "all",
+    "last" (pass n: a pass feeds the next its top states, not its logits) or "none"; the others' logits are None."""
+    if heads not in ("all", "last", "none"):
+        raise ValueError(f"iter_fused: heads must be 'all', 'last' or 'none', got {heads!r}")
+    out = model(ids, mask, head=heads == "all" or (heads == "last" and n == 0))  # pass 0 (standard)
     yield 0, out
     for i in range(n):
         last = i == n - 1
         if rec is not None and last:
             rec.cols = cols
         cache = new_cache() if (use_cache and last) else None
-        out = jacobi_pass(model, ids, mask, out.top, cache=cache, use_cache=use_cache and last)
+        out = jacobi_pass(model, ids, mask, out.top, cache=cache, use_cache=use_cache and last,
+                          head=heads == "all" or (heads == "last" and last))
         yield i + 1, out
 
 
-def _fused(model, ids, mask, n, cols, rec, use_cache=False) -> LMOutput:
-    for _, out in iter_fused(model, ids, mask, n, cols, rec, use_cache):
+def _fused(model, ids, mask, n, cols, rec, use_cache=False, head=True) -> LMOutput:
+    for _, out in iter_fused(model, ids, mask, n, cols, rec, use_cache, heads="last" if head else "none"):
         pass
     return out
 
@@ -277,7 +287,8 @@ class RecurrentRun(NamedTuple):
 
 def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None, full_std=True,
                   swap: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  decoy: tuple[torch.Tensor, torch.Tensor] | None = None, full_cache: bool = False) -> RecurrentRun:
+                  decoy: tuple[torch.Tensor, torch.Tensor] | None = None, full_cache: bool = False,
+                  with_logits: bool = True) -> RecurrentRun:
     """Standard prefill with cache, crop the last k columns (None = T-1), recompute them with `recurrent_step`.
 
     `fuse_mask` [B, T] (default: every real position after a real one) says where the recomputed columns are
@@ -299,6 +310,9 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     r's loss reaches the donor row's chain through the decoy as well.
     A windowed model's sliding layers keep only their window (engine.cache.WindowLayer: O(T * W), not O(T^2));
     `full_cache=True` keeps every column (the interventions copy prefixes of the returned cache).
+    `with_logits=False`: no LM head anywhere (the returned logits, and std's, are None): top states and residuals
+    only (probes.collect). Otherwise the head runs where logits are read: the prefill's columns when the
+    standard result or a kept column is wanted, and the steps of the read columns.
     """
     if decoy is not None and rec is not None:
         raise ValueError("decoy columns are a training option: no residual recorder")
@@ -319,25 +333,23 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
     # The prefill's logits serve the standard result and the read columns it keeps; with neither (recurrent-k
     # read at its recomputed columns only) the head is skipped: ~19% of a SmolLM2 pass, and no returned value
     # changes (a head over fewer columns would: its matmul takes another kernel, docs/benchmarks.md).
-    head = full_std or bool(pre.any()) or not len(cols)
+    head = with_logits and (full_std or bool(pre.any()) or not len(cols))
     std = model(ids[:, :s], mask[:, :s], cache=cache, use_cache=True, head=head) if short else \
         model(ids, mask, cache=cache, use_cache=True, head=head)
     std_resid = rec.take() if rec is not None else None
-    if not head:
-        logits = None  # made at the first step, which knows the vocabulary: every read column is recomputed
-        top = std.top.new_empty((ids.shape[0], len(cols), std.top.shape[-1]))
-        resid = None if std_resid is None else std_resid.new_empty((ids.shape[0], len(cols)) + std_resid.shape[2:])
-    elif short:
-        logits = std.logits.new_empty((ids.shape[0], len(cols), std.logits.shape[-1]))
-        top = std.top.new_empty((ids.shape[0], len(cols), std.top.shape[-1]))
-        logits[:, pre], top[:, pre] = std.logits[:, cols[pre]], std.top[:, cols[pre]]
-        resid = None
+    # The read columns the prefill keeps come from it, the others from the steps. Without the prefill's head the
+    # logits are made at the first read step, which knows the vocabulary (then every read column is a step's).
+    top = std.top[:, cols].clone() if not short else std.top.new_empty((ids.shape[0], len(cols), std.top.shape[-1]))
+    logits = std.logits[:, cols].clone() if head and not short else None
+    resid = std_resid.clone() if std_resid is not None and not short else None
+    if short:
+        top[:, pre] = std.top[:, cols[pre]]
+        if head:
+            logits = std.logits.new_empty((ids.shape[0], len(cols), std.logits.shape[-1]))
+            logits[:, pre] = std.logits[:, cols[pre]]
         if std_resid is not None:
             resid = std_resid.new_empty((ids.shape[0], len(cols)) + std_resid.shape[2:])
             resid[:, pre] = std_resid
-    else:
-        logits, top = std.logits[:, cols].clone(), std.top[:, cols].clone()
-        resid = std_resid.clone() if std_resid is not None else None
     if k == 0:
         return RecurrentRun(std, std_resid, logits, top, resid, cache)
     if not short:
@@ -359,13 +371,15 @@ def recurrent_run(model, ids, mask, k, cols, rec=None, fuse_mask=None, gate=None
             rec.cols = torch.tensor([0]) if t in col_pos else None
 
     for t, out in recurrent_steps(model, ids, mask, s, prev, cache, fuse_mask, gate, position_ids, edits,
-                                  decoy=decoy, before=before, logits_at=col_pos):
+                                  decoy=decoy, before=before, logits_at=col_pos if with_logits else ()):
         j = col_pos.get(t)
         if j is not None:
-            if logits is None:  # an ordinary tensor: the loop body runs in the steps' inference mode
-                with torch.inference_mode(False):
-                    logits = out.logits.new_empty((ids.shape[0], len(cols), out.logits.shape[-1]))
-            logits[:, j], top[:, j] = out.logits[:, 0], out.top[:, 0]
+            if with_logits:
+                if logits is None:  # an ordinary tensor: the loop body runs in the steps' inference mode
+                    with torch.inference_mode(False):
+                        logits = out.logits.new_empty((ids.shape[0], len(cols), out.logits.shape[-1]))
+                logits[:, j] = out.logits[:, 0]
+            top[:, j] = out.top[:, 0]
             if rec is not None:
                 resid[:, j] = rec.take()[:, 0]
     return RecurrentRun(std, std_resid, logits, top, resid, cache)
@@ -421,7 +435,7 @@ def _distinct(modes, n_layers=None) -> list[Mode]:
 @torch.no_grad()
 def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  modes=("standard",), positions: tuple[int, ...] = (-1,), collect: bool = True,
-                 full_cache: bool = False, chunked: bool = False) -> dict[str, PrefillResult]:
+                 full_cache: bool = False, chunked: bool = False, logits: bool = True) -> dict[str, PrefillResult]:
     """Run several modes on one left-padded batch, sharing work where modes allow.
 
     The standard result comes for free with any recurrent mode (same prefill, same KV cache). Recirc modes run
@@ -429,7 +443,9 @@ def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask
     every column of a windowed model's caches (engine.cache), as the interventions' clean runs do, so the two
     agree bit for bit (the window cache agrees to float rounding). `chunked`: a model whose every layer is windowed
     runs standard (and loop-R) passes longer than 2 STANDARD_CHUNK columns in chunks over a window cache, O(T W)
-    (to float rounding; without `collect`).
+    (to float rounding; without `collect`). `logits=False`: no LM head wherever the engine can leave it out (every
+    result's logits are None): for a caller that reads residuals or top states only (probes.collect); a SmolLM2
+    pass spends ~1/5 of its time in the head over every column.
     """
     from engine.recirculation import recirculated_prefill
 
@@ -450,17 +466,19 @@ def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask
                 continue
             if m.kind == "recurrent":
                 run = recurrent_run(model, input_ids, attention_mask, m.n, cols, rec,
-                                    full_std=want_std and "standard" not in results, full_cache=full_cache)
+                                    full_std=want_std and "standard" not in results, full_cache=full_cache,
+                                    with_logits=logits)
                 results[m.name] = PrefillResult(m.name, positions, run.logits, run.top, run.resid)
                 if want_std and "standard" not in results:
-                    results["standard"] = PrefillResult("standard", positions, run.std.logits[:, cols],
+                    results["standard"] = PrefillResult("standard", positions,
+                                                        run.std.logits[:, cols] if logits else None,
                                                         run.std.top[:, cols], run.std_resid)
                 continue
             if m.kind == "recirc":
                 if rec is not None:
                     rec.cols = None  # the recirculation engine records with its own recorder
                 results[m.name] = recirculated_prefill(model, m.recirc, input_ids, attention_mask, positions,
-                                                       collect)
+                                                       collect)  # its head runs at the read columns only
                 continue
             if m.adaptive_exit is not None:  # loop-R:TOL: each prompt exits where its state at T settles
                 from engine.loops import adaptive_exit
@@ -472,15 +490,18 @@ def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask
 
                 with looping(require_looped(model, m.name), m.n):
                     sub = prefill_many(model, input_ids, attention_mask, ["standard"], positions, collect,
-                                       chunked=chunked)["standard"]
+                                       chunked=chunked, logits=logits)["standard"]
                 results[m.name] = PrefillResult(m.name, positions, sub.logits, sub.top, sub.resid)
                 continue
             if m.kind == "standard":
-                out = _standard(model, input_ids, attention_mask, cols, rec, chunked=chunked)
+                out = _standard(model, input_ids, attention_mask, cols, rec, chunked=chunked, head=logits)
             else:
-                out = _fused(model, input_ids, attention_mask, m.n, cols, rec)
-            results[m.name] = PrefillResult(m.name, positions, out.logits[:, cols], out.top[:, cols],
-                                            rec.take() if rec is not None else None)
+                out = _fused(model, input_ids, attention_mask, m.n, cols, rec, head=logits)
+            results[m.name] = PrefillResult(m.name, positions, out.logits[:, cols] if logits else None,
+                                            out.top[:, cols], rec.take() if rec is not None else None)
+    if not logits:  # recirc and loop-R:TOL compute theirs at the read columns anyway: one contract for all
+        for r in results.values():
+            r.logits = None
     # Keyed by the name the caller asked for: aliases of standard (fused-0, recurrent-0) keep their names.
     return {(m if isinstance(m, str) else p.name): results[p.name] for m, p in zip(modes, parsed)}
 

@@ -3,7 +3,7 @@
 How it works
     The model (a FullBandwidthLM; plain HF LMs are wrapped with ``fusion=False``) is wrapped once with
     ``nnsight.NNsight``. For each batch ONE trace runs the prefill engine itself,
-    ``engine.prefill.prefill_many(model, ids, mask, modes, collect=False)``, as the traced function
+    ``engine.prefill.prefill_many(model, ids, mask, modes, collect=False, logits=False)``, as the traced function
     (``envoy.trace(ids, mask, fn=...)``): there is a single prefill engine, nnsight only reads from it.
     The engine calls the model several times (recurrent-k: one full standard pass, then k single-token
     steps; fused-n: n+1 parallel passes); every call is one *occurrence* of each block. The residual at the
@@ -153,8 +153,8 @@ class Collector:
         where, n_calls = call_schedule(modes, ids.shape[1], self.n_layers)
         steps = sorted(set(where.values()))
 
-        def run(ids_, mask_):
-            return prefill_many(self.model, ids_, mask_, modes, collect=False)
+        def run(ids_, mask_):  # residuals only: no LM head (~1/5 of a SmolLM2 pass)
+            return prefill_many(self.model, ids_, mask_, modes, collect=False, logits=False)
 
         by_step = self._traced(run, ids, mask, steps, n_calls, f"the engine (modes {', '.join(modes)})")
         return {**out, **{m: by_step[where[m]] for m in modes}}

@@ -113,6 +113,6 @@ def fed_states(model, token_ids, mode: str, pad_id: int = 0, batch_size: int = 3
     for s in range(0, len(order), batch_size):
         rows = order[s:s + batch_size]
         ids, mask = pad_left([token_ids[i] for i in rows], pad_id)
-        res = prefill_many(model, ids, mask, [src], positions=(-2,), collect=False)[src]
+        res = prefill_many(model, ids, mask, [src], positions=(-2,), collect=False, logits=False)[src]
         out[rows] = res.top[:, 0].float().numpy()  # [batch, D]: top state of column T-1
     return out

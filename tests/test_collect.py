@@ -42,6 +42,19 @@ def test_collected_equals_engine_same_batch(tiny_model):
         assert torch.allclose(got[m], ref[m].resid[:, 0], atol=TOL, rtol=0), m
 
 
+def test_collection_runs_no_lm_head(tiny_model):
+    """The collector reads residuals only: the traced engine runs with logits=False, and the LM head is never
+    called (it is ~1/5 of a SmolLM2 pass), while the residuals stay the engine's (the tests above)."""
+    ids, mask = pad_left(SEQS)
+    calls: list[int] = []
+    hook = tiny_model.family.head(tiny_model.lm).register_forward_hook(lambda m, i, o: calls.append(1))
+    try:
+        Collector(tiny_model, progress=False).collect_batch(ids, mask, MODES)
+    finally:
+        hook.remove()
+    assert calls == []
+
+
 def test_standard_equals_hf_output_hidden_states(tiny_model):
     got = Collector(tiny_model, progress=False).collect(SEQS, ["standard"])["standard"]
     L = tiny_model.n_layers

@@ -135,6 +135,49 @@ def test_recurrent_k_past_the_prompt_is_recurrent_full(model):
     assert (res["recurrent-9"].resid - res["recurrent-full"].resid).abs().max() <= TOL
 
 
+def test_logits_false_runs_no_head_and_changes_nothing_else(model):
+    """prefill_many(logits=False) (the collector's, the lens's): no LM head in the standard, recurrent and fused
+    modes, every result's logits None, and the top states and residuals bit for bit those of the run with logits;
+    recirc (whose head runs at the read columns only) returns None as well."""
+    ids = torch.tensor([PROMPT, PROMPT[::-1]])
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    modes = ["standard", "recurrent-1", "recurrent-3", "recurrent-full", "fused-2", "recirc-2:1:0.5"]
+    with_logits = prefill_many(model, ids, mask, modes, positions=(-1, -3))
+    calls: list[int] = []
+    hook = model.family.head(model.lm).register_forward_hook(lambda m, i, o: calls.append(1))
+    try:
+        bare = {m: prefill_many(model, ids, mask, [m], positions=(-1, -3), logits=False)[m] for m in modes[:-1]}
+        assert calls == []
+        bare.update(prefill_many(model, ids, mask, modes, positions=(-1, -3), logits=False))
+    finally:
+        hook.remove()
+    for m in modes:
+        assert bare[m].logits is None and with_logits[m].logits is not None, m
+        assert torch.equal(bare[m].top, with_logits[m].top) and torch.equal(bare[m].resid, with_logits[m].resid), m
+
+
+def test_fused_n_runs_the_head_on_its_last_pass_alone(model):
+    """A Jacobi pass feeds the next its top states, not its logits: fused-n runs the head once, on pass n."""
+    from engine.prefill import iter_fused
+
+    ids = torch.tensor([PROMPT])
+    mask = torch.ones_like(ids)
+    calls: list[int] = []
+    hook = model.family.head(model.lm).register_forward_hook(lambda m, i, o: calls.append(1))
+    try:
+        res = prefill_many(model, ids, mask, ["fused-3"], positions=(-1, -2))["fused-3"]
+    finally:
+        hook.remove()
+    assert calls == [1]
+    with torch.no_grad():
+        every = list(iter_fused(model, ids, mask, 3))  # heads="all": the trajectory's logits at every pass
+    assert all(out.logits is not None for _, out in every)
+    assert torch.equal(res.logits, every[-1][1].logits[:, [-1, -2]])
+    with pytest.raises(ValueError, match="heads"):
+        next(iter_fused(model, ids, mask, 1, heads="first"))
+
+
 @pytest.mark.parametrize("mode", ["recurrent-1", "recurrent-3", "recurrent-full"])
 def test_recurrent_k_read_at_recomputed_columns_runs_no_head_over_the_prefill(model, mode):
     """The prefill's logits serve the standard result and the columns the recurrence keeps, a step's the column it
