@@ -249,10 +249,11 @@ def recurrent_steps(model, ids, mask, start: int, prev: torch.Tensor, cache, fus
     manager (or None) held during step t (hooks on sites inside the model); `decoy` (cols [B, T] bool, donor
     [B]): at a marked column the cached keys/values are recomputed from the donor row's state (recurrent_run);
     `before(t)`: called before each step (a recorder's columns); `logits_at`: the columns whose step runs the LM
-    head (default every one; elsewhere the output's logits are None: a step's head is ~1/5 of a SmolLM2-sized
-    step, and a patched run reads T alone). The loop runs in engine.decode.step_loop, and so
-    does the caller's loop body between steps (a generator's context stays entered while it is suspended):
-    without autograd, what the body makes is an inference tensor; it copies what it keeps into its own tensors."""
+    head (default every one; elsewhere the output's logits are None: a step's head is ~1/4 of a SmolLM2-sized
+    step, 39 vs 52 ms a token in docs/benchmarks.md, and a patched run reads T alone). The loop runs in
+    engine.decode.step_loop, and so does the caller's loop body between steps (a generator's context stays
+    entered while it is suspended): without autograd, what the body makes is an inference tensor; it copies what
+    it keeps into its own tensors."""
     T = ids.shape[1]
     decoy_cols = set() if decoy is None else set(decoy[0].any(0).nonzero()[:, 0].tolist())
     with step_loop():  # 1 thread, inference mode without autograd (engine.decode); a prefill keeps every thread
@@ -445,7 +446,7 @@ def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask
     runs standard (and loop-R) passes longer than 2 STANDARD_CHUNK columns in chunks over a window cache, O(T W)
     (to float rounding; without `collect`). `logits=False`: no LM head wherever the engine can leave it out (every
     result's logits are None): for a caller that reads residuals or top states only (probes.collect); a SmolLM2
-    pass spends ~1/5 of its time in the head over every column.
+    pass spends 21-28% of its time in the head over every column (docs/benchmarks.md).
     """
     from engine.recirculation import recirculated_prefill
 

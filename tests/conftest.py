@@ -4,9 +4,12 @@
 `tiny_model` is a FullBandwidthLM built from it with seed 0;
 `make_tiny_config(family, **overrides)` builds a variant; `tiny_ckpt` is a saved 2-layer Qwen3-style checkpoint
 with the task tokenizer (module scope), for CLI tests; `smollm2` is the real SmolLM2-135M (session scope, loaded
-once; needs the `smollm2` extra). Only tests that request them are parametrized.
+once; needs the `smollm2` extra); `head_calls(model)` records the columns of every LM head call made inside its
+block. Only tests that request them are parametrized.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -21,6 +24,22 @@ def tiny_config_for(family: str, **kw):
     kw.setdefault("initializer_range", 0.1)
     build = {"qwen3": qwen3_config, "gpt2": gpt2_config}[family]
     return build(TINY_VOCAB, n_layers=2, d_model=32, **kw)
+
+
+@contextmanager
+def _head_calls(model):
+    from engine.hooks import Hooks, on_output
+
+    widths: list[int] = []  # one entry a call: the columns it computed logits for
+    with Hooks() as hooks:
+        hooks.add(on_output(model.family.head(model.lm), lambda logits: widths.append(logits.shape[1])))
+        yield widths
+
+
+@pytest.fixture
+def head_calls():
+    """`with head_calls(model) as widths:` the columns of every LM head call inside the block, in order."""
+    return _head_calls
 
 
 @pytest.fixture

@@ -68,19 +68,15 @@ def test_engine_swap_is_the_suites_state_patch(tiny_model):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_a_patched_run_runs_the_head_at_T_alone(tiny_model):
-    """A patched recurrent-full run reads T: its one-token steps before T run no LM head (a step's head is ~1/5 of
+def test_a_patched_run_runs_the_head_at_T_alone(tiny_model, head_calls):
+    """A patched recurrent-full run reads T: its one-token steps before T run no LM head (a step's head is ~1/4 of
     a SmolLM2-sized step), and the answer is the one with every head run (engine.prefill.recurrent_logits)."""
     ids = torch.tensor([A, B])
     mask = torch.ones_like(ids)
     T, c = ids.shape[1], 3
     runner = RecurrentPatcher(tiny_model, ids, mask, parse_mode("recurrent-full"))
-    widths: list[int] = []
-    hook = tiny_model.family.head(tiny_model.lm).register_forward_hook(lambda m, i, o: widths.append(i[0].shape[1]))
-    try:
+    with head_calls(tiny_model) as widths:
         got = runner.run([Patch("state", runner.state(c - T)[[1, 0]], pos=c - T)])
-    finally:
-        hook.remove()
     assert widths == [1]  # the step at T
     with torch.no_grad():
         want = recurrent_logits(tiny_model, ids, mask, (torch.tensor([c, c]), torch.tensor([1, 0])))[:, -1]

@@ -135,7 +135,7 @@ def test_recurrent_k_past_the_prompt_is_recurrent_full(model):
     assert (res["recurrent-9"].resid - res["recurrent-full"].resid).abs().max() <= TOL
 
 
-def test_logits_false_runs_no_head_and_changes_nothing_else(model):
+def test_logits_false_runs_no_head_and_changes_nothing_else(model, head_calls):
     """prefill_many(logits=False) (the collector's, the lens's): no LM head in the standard, recurrent and fused
     modes, every result's logits None, and the top states and residuals bit for bit those of the run with logits;
     recirc (whose head runs at the read columns only) returns None as well."""
@@ -144,32 +144,24 @@ def test_logits_false_runs_no_head_and_changes_nothing_else(model):
     mask[1, :3] = 0
     modes = ["standard", "recurrent-1", "recurrent-3", "recurrent-full", "fused-2", "recirc-2:1:0.5"]
     with_logits = prefill_many(model, ids, mask, modes, positions=(-1, -3))
-    calls: list[int] = []
-    hook = model.family.head(model.lm).register_forward_hook(lambda m, i, o: calls.append(1))
-    try:
+    with head_calls(model) as calls:
         bare = {m: prefill_many(model, ids, mask, [m], positions=(-1, -3), logits=False)[m] for m in modes[:-1]}
-        assert calls == []
-        bare.update(prefill_many(model, ids, mask, modes, positions=(-1, -3), logits=False))
-    finally:
-        hook.remove()
+    assert calls == []
+    bare.update(prefill_many(model, ids, mask, modes, positions=(-1, -3), logits=False))
     for m in modes:
         assert bare[m].logits is None and with_logits[m].logits is not None, m
         assert torch.equal(bare[m].top, with_logits[m].top) and torch.equal(bare[m].resid, with_logits[m].resid), m
 
 
-def test_fused_n_runs_the_head_on_its_last_pass_alone(model):
+def test_fused_n_runs_the_head_on_its_last_pass_alone(model, head_calls):
     """A Jacobi pass feeds the next its top states, not its logits: fused-n runs the head once, on pass n."""
     from engine.prefill import iter_fused
 
     ids = torch.tensor([PROMPT])
     mask = torch.ones_like(ids)
-    calls: list[int] = []
-    hook = model.family.head(model.lm).register_forward_hook(lambda m, i, o: calls.append(1))
-    try:
+    with head_calls(model) as calls:
         res = prefill_many(model, ids, mask, ["fused-3"], positions=(-1, -2))["fused-3"]
-    finally:
-        hook.remove()
-    assert calls == [1]
+    assert calls == [len(PROMPT)]  # one call, over the last pass's columns
     with torch.no_grad():
         every = list(iter_fused(model, ids, mask, 3))  # heads="all": the trajectory's logits at every pass
     assert all(out.logits is not None for _, out in every)
@@ -179,7 +171,7 @@ def test_fused_n_runs_the_head_on_its_last_pass_alone(model):
 
 
 @pytest.mark.parametrize("mode", ["recurrent-1", "recurrent-3", "recurrent-full"])
-def test_recurrent_k_read_at_recomputed_columns_runs_no_head_over_the_prefill(model, mode):
+def test_recurrent_k_read_at_recomputed_columns_runs_no_head_over_the_prefill(model, mode, head_calls):
     """The prefill's logits serve the standard result and the columns the recurrence keeps, a step's the column it
     computes. Read at recomputed columns only, recurrent-k runs the LM head on the read columns' steps alone, and
     every returned value is the same, bit for bit, as in the run that also reads column 0 (whose prefill does run
@@ -188,14 +180,10 @@ def test_recurrent_k_read_at_recomputed_columns_runs_no_head_over_the_prefill(mo
     mask = torch.ones_like(ids)
     mask[1, :2] = 0  # a padded row
     read = (-1,) if mode == "recurrent-1" else (-1, -2)  # recomputed columns
-    widths: list[int] = []
-    hook = model.family.head(model.lm).register_forward_hook(lambda m, i, o: widths.append(i[0].shape[1]))
-    try:
+    with head_calls(model) as lean_widths:
         lean = prefill_many(model, ids, mask, [mode], positions=read)[mode]
-        lean_widths, widths[:] = list(widths), []
+    with head_calls(model) as widths:
         ref = prefill_many(model, ids, mask, [mode], positions=read + (-len(PROMPT),))[mode]
-    finally:
-        hook.remove()
     assert lean_widths == [1] * len(read)  # the heads of the read columns' steps, one column each, and no other
     assert len(widths) == len(read) + 1  # and the prefill's, when it keeps a read column
     n = len(read)
