@@ -35,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere without an install
 
-from common.cli import Parser, add_model_flag, add_threads_flag, set_threads  # noqa: E402
+from common.cli import Parser, add_model_flag, add_threads_flag, int_in, set_threads  # noqa: E402
 from common.errors import cli_entry  # noqa: E402
 
 GOAL_RATIO = 1.15
@@ -46,11 +46,14 @@ def parse_args(argv=None):
     p = Parser(prog="python benchmarks/collect.py", description=__doc__)
     add_model_flag(p, None, " for both parts",
                    default_text="a random tiny-fbt-shaped model for part 1, the tiny-fbt checkpoint for part 2")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--distractors", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--batch", type=int_in(2, 100_000), default=32,
+                   help="prompts in the batch (completion pairs: an even count) (default: %(default)s)")
+    p.add_argument("--distractors", type=int_in(0, 100_000), default=32,
+                   help="N: distractors per completion prompt (default: %(default)s)")
+    p.add_argument("--repeats", type=int_in(1, 10_000), default=15,
+                   help="interleaved rounds of the three arms (default: %(default)s)")
+    p.add_argument("--skip-e2e", action="store_true", help="skip part 2, the end-to-end probes.run")
     add_threads_flag(p)
-    p.add_argument("--skip-e2e", action="store_true")
     return p.parse_args(argv)
 
 
