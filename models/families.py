@@ -11,7 +11,10 @@ One small frozen adapter per family says, for the models of the `model_type`s it
     depth / width / heads / head_dim / context   the config fields that give them (GPT-2 spells them n_layer,
                   n_embd, n_head, n_positions)
     windows       per-layer attention windows from `layer_types` and `sliding_window` (HF's meaning: a sliding
-                  layer's position attends to itself and the `sliding_window - 1` before it); None = full causal
+                  layer's position attends to itself and the `sliding_window - 1` before it); None = full causal.
+                  Only where the model type's HF base model reads them (`window_rules`): Mistral applies
+                  `sliding_window` to every layer, Qwen2/3 and Gemma 2/3 per `layer_types`; Llama, Gemma 1, GPT-2
+                  and GPT-NeoX ignore both, so a stray `sliding_window` in their config.json changes nothing
     logit_softcap the config field of a final logit soft-cap (Gemma 2/3: logits = c * tanh(logits / c))
     lean_step     whether models.lean_step runs its cached one-token steps (else HF's base model does)
     attention_masks  a custom 4-D mask pattern with each layer's window applied (HF uses a 4-D mask as given)
@@ -68,6 +71,9 @@ class Family:
     logit_softcap_field: str | None = None
     positions: str = "rotary"  # how positions enter: "rotary" (in attention) or "learned" (added before block 0)
     lean_step: bool = False  # models.lean_step reproduces its one-token step (HF's Llama / Qwen decoder layers)
+    # (model_type, rule) for the types whose HF base model windows attention: "all" (every layer gets
+    # `sliding_window`, Mistral) or "layer_types" (the layers typed "sliding_attention"); other types attend fully
+    window_rules: tuple[tuple[str, str], ...] = ()
 
     # ----- modules ------------------------------------------------------------------------------------------
     def layers(self, lm) -> nn.ModuleList:
@@ -127,12 +133,14 @@ class Family:
         return _field(config, self.context_field)
 
     def windows(self, config) -> list[int | None]:
-        """Per-layer attention window (HF's `sliding_window`), None for full causal attention."""
-        window, types = _field(config, "sliding_window"), _field(config, "layer_types")
+        """Per-layer attention window (HF's `sliding_window`), None for full causal attention, as the model type's
+        HF base model applies them (`window_rules`)."""
         n = self.depth(config)
-        if types:
-            return [window if t == "sliding_attention" else None for t in types]
-        return [window] * n
+        rule = dict(self.window_rules).get(model_type_of(config))
+        window, types = _field(config, "sliding_window"), _field(config, "layer_types")
+        if rule == "layer_types" and types:
+            return [window if t == "sliding_attention" else None for t in types[:n]]
+        return [window if rule == "all" else None] * n
 
     def attention_masks(self, config, allowed: torch.Tensor, q_cols: torch.Tensor, k_cols: torch.Tensor,
                         dtype: torch.dtype):
@@ -159,14 +167,16 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("llama", ("llama", "mistral"), lean_step=True),
-    Family("qwen", ("qwen2", "qwen3"), lean_step=True),
+    Family("llama", ("llama", "mistral"), lean_step=True, window_rules=(("mistral", "all"),)),
+    Family("qwen", ("qwen2", "qwen3"), lean_step=True,
+           window_rules=(("qwen2", "layer_types"), ("qwen3", "layer_types"))),
     Family("gpt2", ("gpt2",), blocks="h", final_norm_path="ln_f", embedding_path="wte", attn_path="attn",
            attn_out_path="c_proj", depth_field="n_layer", width_field="n_embd", heads_field="n_head",
            context_field="n_positions", positions="learned"),
     Family("gpt_neox", ("gpt_neox",), final_norm_path="final_layer_norm", embedding_path="embed_in",
            attn_path="attention", attn_out_path="dense"),
-    Family("gemma", ("gemma", "gemma2", "gemma3_text"), logit_softcap_field="final_logit_softcapping"),
+    Family("gemma", ("gemma", "gemma2", "gemma3_text"), logit_softcap_field="final_logit_softcapping",
+           window_rules=(("gemma2", "layer_types"), ("gemma3_text", "layer_types"))),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 

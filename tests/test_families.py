@@ -269,6 +269,32 @@ def test_recirculation_keeps_sliding_windows(model_type, kw):
         assert (slow.logits - base.logits)[mask.bool()].abs().max() <= 1e-4, method
 
 
+@pytest.mark.parametrize("model_type", ["llama", "gemma", "gpt2", "gpt_neox"])
+def test_a_window_the_model_ignores_is_no_window(model_type):
+    """Llama, Gemma 1, GPT-2 and GPT-NeoX attend fully whatever `sliding_window` / `layer_types` their config holds
+    (HF's base model never reads them): the engine must not window them either. Recirculation at alpha 0 through
+    its custom 4-D masks, the identity short-circuit off, is then the standard pass (a window applied would move
+    it by ~1 logit on this model: a query 7 columns on sees 3)."""
+    from engine.cache import model_windows
+    from engine.recirculation import RecirculatedLM, parse_recirculate
+    from models.full_bandwidth import FullBandwidthLM, positions_from_mask
+
+    lm = tiny_lm(model_type)
+    lm.config.sliding_window = 3  # what a stray key in config.json gives
+    lm.config.layer_types = ["sliding_attention"] * 2
+    model = FullBandwidthLM(lm, fusion=False).eval()
+    assert family_of(lm).windows(lm.config) == [None, None] and model_windows(model) == [None, None]
+    ids, mask = batch()
+    with torch.no_grad():
+        ref = lm(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask, ids.shape[1])).logits
+    zero = parse_recirculate("2:1:0", 2)
+    base = RecirculatedLM(model, zero).prefill(ids, mask)
+    slow = RecirculatedLM(model, zero, bypass_identity=False).prefill(ids, mask, method="sequential", passes=1)
+    real = mask.bool()
+    assert (slow.logits - base.logits)[real].abs().max() <= 1e-4
+    assert (base.logits[:, -1] - ref[:, -1]).abs().max() <= 1e-4
+
+
 # ----- the command lines, on the saved folder by path ---------------------------------------------------------
 @pytest.mark.parametrize("mode", ["standard", "recirc-2:1:0.5"])
 def test_interventions_run_by_path(saved, tmp_path, mode):
