@@ -1,8 +1,9 @@
 """causal_report.{json,md,html}: the verdict sentence, tables, and Plotly figures (the page loads plotly.min.js
 from its folder by default: interventions.run --plotly).
 
-JSON schema {"name": "causal-report", "version": 8}. Version 8 keeps every field of version 7 and adds, when run
-(interventions.run --das / --attribution; absent otherwise):
+JSON schema {"name": "causal-report", "version": 8}. Version 8 keeps every field of version 7 and adds
+model.config_sha256 (models.fingerprint.config_hash: the same tensors under another config are another model)
+and, when run (interventions.run --das / --attribution; absent otherwise):
     config.das                  {ranks, steps, lr, seed, optimizer, loss, parametrization, site} or null
     config.attribution          true / false; config.attribution_ig (M, 0 = the plain gradient)
     results.das                 distributed alignment search at one site (interventions.das): site {site, depth,

@@ -125,9 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where DAS searches: 'state' (the fed state entering the fusion at T; the default in feedback "
                         "modes), 'state@T-3' (at another fused position), 'resid:D' (the residual stream at depth D, "
                         "position T; the default under standard is resid:L//2) or 'resid:D@T-3'")
-    p.add_argument("--das-steps", type=int_in(1, 100_000), default=100,
-                   help="full-batch Adam steps per fitted rotation (default 100)")
-    p.add_argument("--das-lr", type=float, default=0.01, help="Adam learning rate of the rotation (default 0.01)")
+    p.add_argument("--das-steps", type=int_in(1, 100_000), default=None,
+                   help="full-batch Adam steps per fitted rotation (default 100; with --das only)")
+    p.add_argument("--das-lr", type=float, default=None,
+                   help="Adam learning rate of the rotation, in (0, 10] (default 0.01; with --das only)")
     p.add_argument("--attribution", action="store_true",
                    help="attribution patching: the first-order estimate (donor - own) . dLD/d(site) of every patch "
                         "of the fed state (recurrent modes), of the residual stream at every (depth, position) and of "
@@ -272,7 +273,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from common.placement import Placement
     from engine.modes import parse_mode
-    from models.fingerprint import weights_hash
+    from models.fingerprint import config_hash, weights_hash
     from stats.linear import ProbeConfig
     from tasks import dataset_fingerprint, probe_labels, resolve_task
     from tasks.samples import ANSWER_PROBE_LABEL
@@ -356,13 +357,21 @@ def main(argv=None) -> int:
                         "standard (residual patching, the residual position sweep and mean ablation by depth) "
                         "or recirc-S:D:ALPHA (training-free recirculation)")
     feedback = parsed.feeds_state
+    if args.sweep_depth is not None and feedback:  # a flag that would change nothing is refused, not dropped
+        raise UserError(f"--sweep-depth sets the depth of standard prefill's residual position sweep; {mode} sweeps "
+                        "its fed state: drop the flag")
+    das_flags = [f for f, v in (("--das-site", args.das_site), ("--das-steps", args.das_steps),
+                                ("--das-lr", args.das_lr)) if v is not None]
+    if das_flags and args.das is None:
+        raise UserError(f"{', '.join(das_flags)} set how --das searches: add --das RANKS")
     das_ranks = _parse_das(args.das, model.d_model)
     das_site = _parse_das_site(args.das_site, feedback, model.n_layers)
     das_cfg = None
     if das_ranks is not None:
         from .das import DasConfig
 
-        das_cfg = DasConfig(ranks=das_ranks, steps=args.das_steps, lr=args.das_lr, seed=seed)
+        given = {"steps": args.das_steps, "lr": args.das_lr}  # the others: DasConfig's defaults
+        das_cfg = DasConfig(ranks=das_ranks, seed=seed, **{k: v for k, v in given.items() if v is not None})
     if das_cfg is not None and not parsed.has_gradient:
         raise UserError(f"--das trains a rotation through the patched run, and {mode} runs without gradient (the "
                         "exact sequential recirculation engine): use its other analyses")
@@ -445,7 +454,8 @@ def main(argv=None) -> int:
             "model": {"name": model_name, "path": str(main_path),
                       # one definition with probes.json: a hash of the tensors (models.fingerprint.weights_hash);
                       # the checkpoint file's bytes are file_sha256
-                      "weights_sha256": weights_hash(model), "file_sha256": _weights_file_sha256(main_path),
+                      "weights_sha256": weights_hash(model), "config_sha256": config_hash(model),
+                      "file_sha256": _weights_file_sha256(main_path),
                       "n_layers": model.n_layers, "d_model": model.d_model, "feedback": model.has_fusion},
             "config": {"task": args.task, "task_source": source.describe(), "mode": mode, "distractors": n_dis,
                        "n_pairs": n_pairs_used, "n_pairs_requested": n_pairs, "budget": args.budget, "seed": seed,

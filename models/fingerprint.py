@@ -1,5 +1,8 @@
 """Fingerprints of a model and a tokenizer: what a run's signature and the activation cache key (probes.collect)
-record, and what causal_report.json's model.weights_sha256 is (interventions.run)."""
+record, and what causal_report.json's model.weights_sha256 / config_sha256 are (interventions.run).
+
+A model is its weights *and* its config: two folders with the same tensors and another `rope_theta`,
+`sliding_window`, norm epsilon or soft-cap are different models, and must not share cached activations."""
 from __future__ import annotations
 
 import hashlib
@@ -16,6 +19,22 @@ def weights_hash(model: torch.nn.Module) -> str:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+# Config entries that say how the model was saved or is called, not what it computes (the tensors' dtype is in
+# weights_hash): left out, so a copy of a folder elsewhere or from another transformers version keeps its hash.
+_NOT_COMPUTATION = frozenset({"_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype",
+                              "_commit_hash", "output_hidden_states", "output_attentions", "return_dict", "use_cache"})
+
+
+def config_hash(model_or_config) -> str:
+    """SHA-256 of the HF config's entries (a FullBandwidthLM's wrapped LM's; a config or config dict as given),
+    as sorted JSON, but for those in _NOT_COMPUTATION."""
+    obj = getattr(model_or_config, "lm", model_or_config)
+    config = getattr(obj, "config", obj)
+    d = config if isinstance(config, dict) else config.to_dict()
+    blob = json.dumps({k: v for k, v in d.items() if k not in _NOT_COMPUTATION}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 def tokenizer_hash(tokenizer) -> str:

@@ -82,7 +82,11 @@ def _load_hf_lm(p: Path, **from_pretrained_kw):
     from models.full_bandwidth import check_finite_weights, non_float_weights, one_line
 
     hf_logging.disable_progress_bar()  # a per-shard bar is noise for the small models loaded here
-    read_user_json(p / "config.json", "corrupt model config")  # huge ints, deep nesting, NaN: one line, not HF's
+    raw = read_user_json(p / "config.json", "corrupt model config")  # huge ints, deep nesting, NaN: one line
+    if isinstance(raw, dict) and "model_type" in raw:  # a family we cannot run: refused before HF reads anything
+        from models.families import family_of
+
+        family_of(raw)
     try:
         config = AutoConfig.from_pretrained(str(p))
     except Exception as e:  # OSError/ValueError, HF config validation errors

@@ -18,8 +18,8 @@ Layout of collected activations: ``float32 [samples, depths, d_model]``, depth 0
 (embedding, or fused input), depth l = output of block l (depth L is *before* the final norm), in the order of
 the samples given (batches are formed by length internally and put back in order).
 
-On-disk cache (:class:`ActivationCache`): one ``<key>.npz`` per (model weights hash, dataset fingerprint,
-tokenizer hash, mode, position, collector version), written atomically (``common.io.atomic_write``: a
+On-disk cache (:class:`ActivationCache`): one ``<key>.npz`` per (model weights hash, config hash, dataset
+fingerprint, tokenizer hash, mode, position, collector version), written atomically (``common.io.atomic_write``: a
 temporary file of a unique name + ``os.replace``), reused when the key matches. Concurrent processes are safe
 without a lock: a reader opens either the old complete file or the new complete one (a file it holds open
 stays intact when replaced), two writers of one entry write the same bytes and the last rename wins, and an
@@ -44,7 +44,7 @@ from nnsight import NNsight
 
 from common.errors import UserError
 from common.io import atomic_write
-from models.fingerprint import tokenizer_hash, weights_hash
+from models.fingerprint import config_hash, tokenizer_hash, weights_hash
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
 from engine.hooks import CallCounter
 from engine.modes import canonical_modes, parse_mode
@@ -200,8 +200,8 @@ def collect_activations(model: FullBandwidthLM, token_ids: list[list[int]], mode
 # ----------------------------------------------------------------------------------------------------------
 # cache keys and the on-disk cache
 # ----------------------------------------------------------------------------------------------------------
-def cache_key(weights: str, dataset: str, tokenizer: str, mode: str) -> str:
-    blob = json.dumps({"collect_version": COLLECT_VERSION, "weights": weights, "dataset": dataset,
+def cache_key(weights: str, config: str, dataset: str, tokenizer: str, mode: str) -> str:
+    blob = json.dumps({"collect_version": COLLECT_VERSION, "weights": weights, "config": config, "dataset": dataset,
                        "tokenizer": tokenizer, "mode": parse_mode(mode).name, "position": POSITION},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
@@ -256,9 +256,9 @@ def collect_with_cache(collector: Collector, token_ids, samples, modes, tokenize
     keys = {}
     if cache is not None:
         weights = weights or weights_hash(collector.model)
-        ds, tk = dataset_fingerprint(samples), tokenizer_hash(tokenizer)
+        ds, tk, cfg = dataset_fingerprint(samples), tokenizer_hash(tokenizer), config_hash(collector.model)
         for m in modes:
-            keys[m] = cache_key(weights, ds, tk, m)
+            keys[m] = cache_key(weights, cfg, ds, tk, m)
             hit = cache.get(keys[m], shape)
             if hit is not None:
                 acts[m], status[m] = hit, "hit"

@@ -23,9 +23,9 @@ successful run leaves exactly its own files (activations/ only with --save-activ
 in the folder (causal_report.*) are never touched.
 
 probes.json
-    meta     schema, run (the settings that define this run: task, model, weights hash, modes, distractors,
-             n_pairs, seed, probe config), model (name, path, n_layers, d_model, fusion), datasets (per N:
-             fingerprint, n_samples, n_groups, token lengths), tokenizer hash, versions, seed,
+    meta     schema, run (the settings that define this run: task, model, weights hash, config hash, modes,
+             distractors, n_pairs, seed, probe config), model (name, path, n_layers, d_model, fusion), datasets
+             (per N: fingerprint, n_samples, n_groups, token lengths), tokenizer hash, versions, seed,
              warnings (leakage: standard-prefill depth 0 not at chance 1/K), wall_time_s (the only field that
              differs between two runs with the same settings); for every task but the three original ones also
              labels ({"words", "n_classes", "chance"}), and for custom tasks run.task_source (kind, spec,
@@ -189,7 +189,7 @@ def main(argv=None):
             raise UserError(f"{task} N={n} with {size}: {e}") from None
         datasets[n] = samples
 
-    from models.fingerprint import tokenizer_hash, weights_hash
+    from models.fingerprint import config_hash, tokenizer_hash, weights_hash
     from models.loading import load_model
 
     model, tok, loaded_name = load_model(args.model, placement)
@@ -218,8 +218,8 @@ def main(argv=None):
         raise UserError(f"--erase {args.erase}: the model's depths are 0..{model.n_layers}")
     w_hash = weights_hash(model)
     out = out_arg if out_arg is not None else output_dir(default_output(model_name, task), "--out")
-    run_sig = {"task": task, "model": model_name, "weights": w_hash, "modes": modes, "distractors": distractors,
-               "n_pairs": n_pairs, "seed": args.seed, "probe": config.to_dict(),
+    run_sig = {"task": task, "model": model_name, "weights": w_hash, "config": config_hash(model), "modes": modes,
+               "distractors": distractors, "n_pairs": n_pairs, "seed": args.seed, "probe": config.to_dict(),
                "tokenizer": tokenizer_hash(tok)}
     if not source.builtin:
         run_sig["task_source"] = source.describe()

@@ -129,6 +129,14 @@ def test_every_entry_point_is_listed():
     assert len(ENTRY_POINTS) >= 30
 
 
+def test_every_entry_point_runs_as_a_script():
+    """An entry point with `def main(argv` also calls it when run (`python -m pkg.mod`, `python path.py`): a module
+    without the `__main__` guard runs nothing at all, silently, and exits 0."""
+    silent = [rel for rel in ENTRY_POINTS if (ROOT / rel).is_file()
+              and not re.search(r"^if __name__ == .__main__.:", (ROOT / rel).read_text(), re.M)]
+    assert not silent, f"no `if __name__ == '__main__'` in {silent}"
+
+
 @pytest.mark.parametrize("rel", sorted(WRAPPERS))
 def test_wrappers_call_their_entry_point(rel):
     text = (ROOT / rel).read_text()

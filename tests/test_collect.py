@@ -108,6 +108,17 @@ def test_cache_roundtrip_and_export(tiny_model, tmp_path):
     ids2, samples2 = tokenize_samples(make_dataset("completion", 3, 2, seed=1), tok)
     _, st = collect_with_cache(col, ids2, samples2, ["standard"], tok, cache)
     assert st == {"standard": "miss"}
+    # the same tensors under another config (RoPE base) are another model: another key, other activations
+    import copy
+
+    from models.fingerprint import config_hash, weights_hash
+
+    other = copy.deepcopy(model)
+    other.lm.config.rope_parameters = {**other.lm.config.rope_parameters, "rope_theta": 10.0}
+    other.lm.model.rotary_emb.__init__(other.lm.config)  # the inv_freq buffer follows the config, as on loading
+    assert weights_hash(other) == weights_hash(model) and config_hash(other) != config_hash(model)
+    c, st = collect_with_cache(Collector(other, progress=False), ids, samples, ["standard"], tok, cache)
+    assert st == {"standard": "miss"} and np.abs(c["standard"][:, 1:] - a["standard"][:, 1:]).max() > 1e-3
     npz, js = save_activations(tmp_path / "exp", "N2_standard", a["standard"], samples, {"mode": "standard"})
     with np.load(npz) as z:
         assert z["resid"].shape == (6, 3, 32)

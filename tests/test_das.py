@@ -144,9 +144,18 @@ def test_cli_writes_the_iia_table_and_the_attribution_heatmap(tiny_ckpt, tmp_pat
     page = (out / "causal_report.html").read_text()
     assert "DAS: IIA vs rank k" in page and "Attribution patching" in page
     # bad combinations: one line each, nothing written
+    # (a flag that would change nothing is refused, not dropped: DAS settings without --das, a residual sweep depth
+    # under a mode that sweeps its fed state)
     for bad, msg in ((["--attribution-ig", "4"], "add --attribution"), (["--das", "0"], "must be in 1.."),
-                     (["--mode", "fused-2", "--attribution"], "standard, loop-R and recurrent-K")):
-        rest = [a for a in args if a not in ("--das", "1,D", "--attribution")]
+                     (["--mode", "fused-2", "--attribution"], "standard, loop-R and recurrent-K"),
+                     (["--das-steps", "3", "--das-lr", "0.1"], "--das-steps, --das-lr set how --das searches"),
+                     (["--das-site", "resid:1"], "add --das RANKS"), (["--sweep-depth", "1"], "sweeps its fed state")):
+        rest, skip = [], 0
+        for a in args:  # the arguments without --das RANKS, --das-steps N and --attribution
+            if skip or a in ("--das", "--das-steps", "--attribution"):
+                skip = 0 if skip else int(a != "--attribution")
+                continue
+            rest.append(a)
         with pytest.raises(SystemExit) as e:
             main(rest[:rest.index("--out") + 1] + [str(tmp_path / "bad")] + rest[rest.index("--out") + 2:] + bad)
         err = capsys.readouterr().err.strip()

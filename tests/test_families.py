@@ -116,6 +116,12 @@ def test_an_unsupported_family_is_refused_in_one_line(tmp_path):
     with pytest.raises(UserError) as e:
         load(tmp_path / "opt")
     assert "\n" not in str(e.value) and "supported are llama" in str(e.value)
+    # a model type transformers does not know either: the same line, before HF reads the folder
+    (tmp_path / "foo").mkdir()
+    (tmp_path / "foo" / "config.json").write_text(json.dumps({"model_type": "foo", "hidden_size": 32}))
+    with pytest.raises(UserError) as e:
+        load(tmp_path / "foo")
+    assert "\n" not in str(e.value) and "model_type 'foo'" in str(e.value) and "supported are llama" in str(e.value)
 
 
 def test_an_unsupported_family_is_one_line_from_the_cli(tmp_path, capsys):

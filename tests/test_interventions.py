@@ -278,10 +278,11 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
     # --- identity of the run
     assert rep["schema"] == SCHEMA and SCHEMA["name"] == "causal-report" and SCHEMA["version"] >= 2  # v2 fields below
     assert rep["model"]["file_sha256"] == hashlib.sha256((TRACK / "model.safetensors").read_bytes()).hexdigest()
-    from models.fingerprint import weights_hash
+    from models.fingerprint import config_hash, weights_hash
     from models.loading import load_model
 
     assert rep["model"]["weights_sha256"] == weights_hash(load_model(str(TRACK))[0])  # probes.json's definition
+    assert rep["model"]["config_sha256"] == config_hash(load_model(str(TRACK))[0])
     assert (rep["model"]["n_layers"], rep["model"]["d_model"]) == (model.n_layers, model.d_model)
     cfg = rep["config"]
     assert (cfg["task"], cfg["mode"], cfg["distractors"], cfg["n_pairs"], cfg["max_positions"], cfg["n_classes"],

@@ -119,6 +119,33 @@ def test_recirculate_mode_on_plain_model(plain_hf_dir, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_config_change_is_another_run(plain_hf_dir, tmp_path, capsys):
+    """The same tensors under another config (here the RoPE base) are another model: its run into the first one's
+    folder is refused, and it shares no cached activations with it."""
+    import shutil
+
+    from probes.run import main
+
+    cache = tmp_path / "cache"
+    args = ["--task", "completion", "--out", str(tmp_path / "o"), "--cache-dir", str(cache), "--no-mdl",
+            "--save-activations", *FAST]
+    assert main(["--model", str(plain_hf_dir), *args]) == 0
+    other = tmp_path / "elsewhere" / plain_hf_dir.name  # the same folder name: the same model name
+    shutil.copytree(plain_hf_dir, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["rope_parameters"] = {**cfg["rope_parameters"], "rope_theta": 10.0}
+    (other / "config.json").write_text(json.dumps(cfg))
+    first = json.loads((tmp_path / "o" / "probes.json").read_text())
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        main(["--model", str(other), *args])
+    assert refused.value.code == 2 and "differs in config" in capsys.readouterr().err
+    assert json.loads((tmp_path / "o" / "probes.json").read_text()) == first  # nothing touched
+    n_cached = len(list(cache.glob("*.npz")))
+    assert main(["--model", str(other), *args, "--overwrite"]) == 0
+    assert len(list(cache.glob("*.npz"))) == 2 * n_cached  # its own entries, none reused
+
+
 @pytest.mark.parametrize("args, msg", [
     (["--task", "completion", "--recirculate", "2:3:0.1"], "deeper than the target"),
     (["--task", "completion", "--recirculate", "3:1:1.5"], "[0, 1]"),

@@ -121,3 +121,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     train(cfg, out, staged, resume=args.resume, stop=stop, progress=not args.no_progress, device=device)
+
+
+if __name__ == "__main__":  # `python -m training.cli` = `python -m training.train`
+    main()

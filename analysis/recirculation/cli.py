@@ -276,3 +276,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
     _write_results(res, out, lambda: write_figures(res, out, a.plotly))
     print(f"wrote {out}/results.json and {len(list(out.glob('*.html')))} HTML figures ({res['seconds_total']:.0f}s)")
     return res
+
+
+if __name__ == "__main__":  # `python -m analysis.recirculation.cli` = `python -m analysis.recirculation`
+    main()
