@@ -31,7 +31,7 @@ import torch
 from common.errors import UserError
 from engine.cache import new_cache
 from engine.edits import Lambda
-from engine.hooks import Hooks, on_block, on_depth, on_output
+from engine.hooks import Hooks, blocks_addressable, on_block, on_depth, on_output
 
 BLOCK_SITES = ("attn_out", "mlp_out")  # inside every block (engine.hooks.on_block; TransformerLens' hook_attn_out /
 #                                        hook_mlp_out)
@@ -79,12 +79,6 @@ def site_gradients(model: FullBandwidthLM, ids: torch.Tensor, mask: torch.Tensor
         {k: torch.cat([p.block_values[k] for p in parts]) for k in parts[0].block_values}
     return SiteGradients(torch.cat([p.metric for p in parts]), torch.cat([p.resid for p in parts]), state,
                          parts[0].fed_from, blocks, values)
-
-
-def blocks_addressable(model) -> bool:
-    """Whether every decoder block is its own module (a looped model's unrolled blocks share theirs: a hook inside
-    one would fire at every iteration, so its attention / MLP sites are left out)."""
-    return not hasattr(model, "iterations")
 
 
 def _one_chunk(model, ids, mask, mode: Mode, metric, rows, shift=None) -> SiteGradients:

@@ -11,7 +11,7 @@ reads the *patched* run's value there (an earlier patch has propagated into it).
     Mean(mean)                    mean, broadcast over rows
     Add(vector)                   base + vector                (steering)
     Scale(factor)                 factor * base
-    KeepSubspace(U)               base U U^T                   (U [width, k] orthonormal columns)
+    KeepSubspace(U)               base U U^T                   (U [width, k] orthonormal columns, checked)
     ProjectOut(U)                 base - base U U^T
     SubspaceInterchange(source, U)  base + (source - base) U U^T  (only span(U) from the source; DAS-style)
     RowSwap(rows, donor)          row r (where rows[r]) takes row donor[r]'s base: a swap inside the run
@@ -90,6 +90,23 @@ class Scale(Edit):
         return base * float(self.factor)
 
 
+def _check_basis(U: torch.Tensor) -> None:
+    """U [width, k] must have orthonormal columns: x U U^T is then the projection onto span(U); with any other U it
+    is not (ProjectOut twice would differ from once). Checked where it is cheap to trust: a float32 / float64
+    basis without autograd (a basis trained through an orthogonal parametrization, interventions.das, is
+    orthonormal by construction; a lower-precision copy is a cast of a checked one, Edit.to)."""
+    if U.ndim != 2:
+        raise ValueError(f"a subspace basis U must be [width, k], got shape {tuple(U.shape)}")
+    if U.requires_grad or U.dtype not in (torch.float32, torch.float64) or U.shape[1] == 0:
+        return
+    with torch.no_grad():
+        err = float((U.T.double() @ U.double() - torch.eye(U.shape[1], dtype=torch.float64, device=U.device))
+                    .abs().max())
+    if err > 1e-3:
+        raise ValueError(f"a subspace basis U must have orthonormal columns (max |U^T U - I| = {err:.3g}): "
+                         "orthonormalize it first, e.g. torch.linalg.qr(U).Q")
+
+
 def _proj(x: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
     U = U.to(x.device, torch.float32)
     return (x.float() @ U) @ U.T
@@ -99,13 +116,19 @@ def _proj(x: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
 class KeepSubspace(Edit):
     U: torch.Tensor  # [width, k], orthonormal columns
 
+    def __post_init__(self):
+        _check_basis(self.U)
+
     def forward(self, base):
         return _proj(base, self.U)
 
 
 @dataclass(frozen=True)
 class ProjectOut(Edit):
-    U: torch.Tensor
+    U: torch.Tensor  # [width, k], orthonormal columns
+
+    def __post_init__(self):
+        _check_basis(self.U)
 
     def forward(self, base):
         return base.float() - _proj(base, self.U)
@@ -114,7 +137,10 @@ class ProjectOut(Edit):
 @dataclass(frozen=True)
 class SubspaceInterchange(Edit):
     source: torch.Tensor  # [batch, width]
-    U: torch.Tensor  # [width, k]
+    U: torch.Tensor  # [width, k], orthonormal columns
+
+    def __post_init__(self):
+        _check_basis(self.U)
 
     def forward(self, base):
         return base.float() + _proj(_rows(self.source, base).float() - base.float(), self.U)

@@ -48,6 +48,13 @@ BLOCK_SITES = ("attn_out", "mlp_out", "head")  # inside block `layer` (0-based),
 #   blocks.{layer}.hook_attn_out / hook_mlp_out / attn.hook_z (one head's output, before the output projection)
 
 
+def blocks_addressable(model) -> bool:
+    """Whether every decoder block of an engine model is its own module (a looped model's unrolled blocks share
+    theirs: a hook inside one would fire at every iteration, so its attention / MLP / head sites are not
+    addressable; its residual sites are)."""
+    return not hasattr(model, "iterations")
+
+
 def on_block(lm, layer: int, site: str, fn, head: int | None = None):
     """Register fn(x) -> x' | None inside decoder block `layer` of an HF causal LM: on the attention output
     (`attn_out`, [batch, cols, d_model]), the MLP output (`mlp_out`) or one head's output (`head`: the slice

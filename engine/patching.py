@@ -58,7 +58,7 @@ import torch
 from common.errors import UserError
 from engine.cache import new_cache
 from engine.edits import Edit, Lambda, apply
-from engine.hooks import Hooks, ResidualRecorder, on_depth, patched, put_columns
+from engine.hooks import Hooks, ResidualRecorder, blocks_addressable, on_depth, patched, put_columns
 from engine.modes import Mode
 from engine.prefill import (cache_prefix, iter_fused, jacobi_pass, positions_from_mask, recurrent_run, recurrent_start,
                             recurrent_steps, shift_state)
@@ -156,6 +156,9 @@ class Patcher:
                             "recirc-S:D:A modes only")
         if p.site == "resid" and not 0 <= p.depth <= self.L:
             raise UserError(f"patch depth {p.depth} out of range 0..{self.L}")
+        if p.site in BLOCK_SITES and not blocks_addressable(self.model):
+            raise UserError(f"a looped model's unrolled blocks share their modules: no {p.site} site of one "
+                            "iteration's block to patch (its resid sites are addressable)")
         if p.site in BLOCK_SITES and not 0 <= p.layer < self.L:
             raise UserError(f"patch layer {p.layer} out of range 0..{self.L - 1}")
         if p.site == "head":
@@ -226,7 +229,9 @@ class StandardPatcher(Patcher):
         # only: the clean logits plus (patched suffix - unpatched suffix), each patch entering the suffix as a
         # shift by (value - clean value). A patch that changes nothing (an identity, or a row whose donor value
         # equals its own) then gives the clean logits exactly; any other, the full patched forward up to float
-        # rounding (tests/test_interventions.py holds both).
+        # rounding (tests/test_interventions.py holds both). Patches this path cannot take (column 0, block
+        # sites, several depths) run the full patched forward, whose head over one column rounds differently from
+        # the clean pass's over all: an identity there matches the clean logits to ~1e-7, not bit for bit.
         c0 = min(self.col(p) for p in patches)
         # A shift equals a replacement only where no other patch of the run changed the site first: patches at
         # one depth cannot reach each other (a residual at depth d reads depths < d only), patches at two can.

@@ -14,7 +14,9 @@ For row i with true label y_i, reference (donor) label r_i and label-word logits
                 answers with the donor's label "follows" with no intervention at all.
     changed_i   "changed", over every row: the prediction differs from the clean run's prediction (argmax over
                 the K label words; ties: 1 - P(two uniform picks from the tied sets agree), 0 for the same tied set). An identity patch
-                gives exactly 0; this is what most readers mean by a "flip".
+                gives 0: exactly where the patched run reuses the clean run's logits (engine.patching), else its
+                logits match the clean ones to float rounding (~1e-7; a prediction moves only on a tie within
+                rounding). This is what most readers mean by a "flip".
     normalized effect = (mean LD_patched - mean LD_clean) / (mean LD_ref - mean LD_clean)
                   a ratio of means (stable where single rows have LD_ref ~ LD_clean); LD_ref is the reference
                   run's clean LD measured against row i's labels (for the paired donor, LD_ref = -LD_pair).

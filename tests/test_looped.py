@@ -229,6 +229,10 @@ def test_a_loop_mode_context_patches_the_unrolled_stack_exactly():
     d = model.spec.prelude + model.spec.core * 5  # s_5
     out = ctx.run("loop-6", [Patch("resid", resid[:, -3, d], depth=d, pos=-3)]).logits
     assert torch.equal(out, ctx.clean["loop-6"].logits)
+    # the unrolled blocks share their modules: a block site (one iteration's attention / MLP / head) is refused
+    for site, kw in (("mlp_out", {}), ("attn_out", {}), ("head", {"head": 0})):
+        with pytest.raises(UserError, match="looped model's unrolled blocks share their modules"):
+            ctx.run("loop-6", [Patch(site, torch.zeros(4, model.d_model), pos=-1, layer=2, **kw)])
 
 
 def test_training_recipe_of_a_looped_model_is_checked_and_draws_r_per_step():

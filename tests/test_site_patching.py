@@ -226,6 +226,14 @@ def test_edit_objects_against_hand_written_formulas():
     for edit, want in cases:
         torch.testing.assert_close(edit(base), want, atol=1e-5, rtol=1e-5)
     assert Replace(src)(base.double()).dtype == torch.float64  # the base's dtype
+    # a basis that is not orthonormal would make x U U^T no projection: refused, for each subspace edit
+    for make in (KeepSubspace, ProjectOut, lambda W: SubspaceInterchange(src, W)):
+        with pytest.raises(ValueError, match="orthonormal columns"):
+            make(2.0 * U)
+        with pytest.raises(ValueError, match=r"\[width, k\]"):
+            make(U[:, 0])
+        make(U).to(dtype=torch.bfloat16)  # a cast of a checked basis is taken as it is
+        make(U[:, :0])  # the empty subspace: keep nothing, project out nothing
 
 
 @pytest.mark.parametrize("mode", ["recurrent-full", "recirc-3:1:0.4:convex"])
