@@ -124,3 +124,21 @@ def test_nnsight_patches_the_fusion(tiny_model):
     with nm.trace(ids, mask, state, fuse):
         again = nnsight.save(nm.output.logits)
     assert (again - fused).abs().max() <= 1e-6
+
+
+def test_a_padded_float64_batch_is_finite_and_equals_each_row_alone(tiny_model):
+    """float64 takes SDPA on a padded batch: HF's eager attention makes NaN of a fully masked padding query there,
+    and the next layer would carry it into the real rows."""
+    import copy
+
+    from engine.inputs import pad_left
+
+    model = copy.deepcopy(tiny_model).double()
+    rows = [[5, 9, 2, 7, 3], [6, 1, 12]]
+    ids, mask = pad_left(rows)
+    with torch.no_grad():
+        out = model(ids, mask)
+        for r, row in enumerate(rows):
+            alone = model(torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long))
+            assert torch.isfinite(out.logits[r, -len(row):]).all()
+            torch.testing.assert_close(out.logits[r, -1], alone.logits[0, -1], atol=1e-9, rtol=1e-9)
