@@ -256,8 +256,9 @@ def permute_labels_by_group(y, groups, rng) -> np.ndarray:
 
     Groups of equal size swap their label vectors under a random permutation; then exactly half (rounded
     at random) of the groups whose labels are internally balanced (e.g. a pair with opposite labels) are
-    flipped (a flip keeps the global balance). Samples of one group therefore still share one "control identity", but what a
-    held-out group's label is cannot be predicted from the inputs. K > 2 classes: instead of the flip, every
+    flipped (a flip keeps the global balance), and half of the other groups. Samples of one group therefore
+    still share one "control identity", but what a held-out group's label is cannot be predicted from the
+    inputs. K > 2 classes: instead of the flip, every
     group's labels are shifted cyclically (class index c -> c + s mod K) by its own s, the shifts 0..K-1 dealt
     out as evenly as the number of groups allows in a random order; members that shared a label still share
     one and members that differed still differ. ``rng``: a ``numpy.random.Generator`` (or an int seed).
@@ -283,10 +284,19 @@ def permute_labels_by_group(y, groups, rng) -> np.ndarray:
         flip = {classes[0]: classes[1], classes[1]: classes[0]}
         balanced = [g for g in uniq
                     if np.sum(out[members[g]] == classes[0]) == np.sum(out[members[g]] == classes[1])]
-        n_flip = len(balanced) // 2 + (int(rng.random() < 0.5) if len(balanced) % 2 else 0)
-        for j in rng.permutation(len(balanced))[:n_flip]:
-            idx = members[balanced[j]]
-            out[idx] = np.array([flip[v] for v in out[idx]], dtype=out.dtype)
+        # Then half of the others: a group with no partner of its size and unequal counts (or partners whose
+        # label vectors are all alike) would keep its true labels, and the control would read them. A flip there
+        # moves the global balance a little; drawn after the balanced groups', so tasks whose groups are all
+        # balanced (every built-in task's pairs) get the same control labels as before.
+        in_balanced = set(balanced)
+        unbalanced = [g for g in uniq if g not in in_balanced]
+        for pool in (balanced, unbalanced):
+            if not pool:
+                continue
+            n_flip = len(pool) // 2 + (int(rng.random() < 0.5) if len(pool) % 2 else 0)
+            for j in rng.permutation(len(pool))[:n_flip]:
+                idx = members[pool[j]]
+                out[idx] = np.array([flip[v] for v in out[idx]], dtype=out.dtype)
     elif len(classes) > 2:
         k = len(classes)
         index = np.searchsorted(classes, out)

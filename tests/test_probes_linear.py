@@ -76,13 +76,27 @@ def test_permute_labels_by_group_keeps_structure():
         assert sorted(yc[groups == g]) == [0, 1]
     assert (yc != y).any()
     assert np.array_equal(yc, permute_labels_by_group(y, groups, np.random.default_rng(0)))
-    # single-label groups: labels move with whole groups, balance preserved
+    # single-label groups: labels move with whole groups; half of them flipped, so each group's control label is
+    # its true one or not with even odds (the balance kept on average, not exactly)
     g2 = np.repeat(np.arange(20), 3)
     y2 = (np.arange(20) % 2)[g2]
     y2c = permute_labels_by_group(y2, g2, 1)
-    assert y2c.sum() == y2.sum()
     for g in range(20):
         assert len(set(y2c[g2 == g])) == 1
+    same = np.mean([np.mean(permute_labels_by_group(y2, g2, seed)[::3] == y2[::3]) for seed in range(400)])
+    assert abs(same - 0.5) < 0.02
+    assert abs(np.mean([permute_labels_by_group(y2, g2, seed).sum() for seed in range(400)]) - y2.sum()) < 1.0
+    # groups no partner can swap with (every size different, labels unbalanced inside): half of them flipped, as
+    # the balanced ones, else the control would keep their true labels and read them (control accuracy 1.0)
+    g3 = np.repeat(np.arange(20), np.arange(1, 21))
+    y3 = np.tile([0, 1], 10)[g3]
+    for seed in range(5):
+        y3c = permute_labels_by_group(y3, g3, seed)
+        moved = [bool((y3c[g3 == g] != y3[g3 == g]).all()) for g in range(20)]
+        assert sum(moved) == 10 and all(len(set(y3c[g3 == g])) == 1 for g in range(20))
+    mixed = np.repeat(np.arange(8), 3)  # triples, all [0, 0, 1]: a swap between them changes nothing
+    y4 = np.tile([0, 0, 1], 8)
+    assert (permute_labels_by_group(y4, mixed, 0) != y4).sum() == 4 * 3
 
 
 def test_deterministic_and_batched_equals_single():
