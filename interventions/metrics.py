@@ -73,8 +73,10 @@ def changed(logits: torch.Tensor, clean_logits: torch.Tensor, label_ids) -> np.n
 
 
 def correctness(ld) -> np.ndarray:
+    """Per row: 1 where LD > 0, 1/2 on a tie, 0 below; NaN where the LD is NaN (no decision: every metric it
+    enters is then undefined, as in `decisions`' K > 2 path, not a wrong answer)."""
     ld = np.asarray(ld, dtype=np.float64)
-    return np.where(ld > 0, 1.0, np.where(ld == 0, 0.5, 0.0))
+    return np.where(np.isnan(ld), np.nan, np.where(ld > 0, 1.0, np.where(ld == 0, 0.5, 0.0)))
 
 
 def _finite(x):

@@ -56,8 +56,8 @@ def percentile_ci(replicates) -> tuple[float, float] | None:
 def group_bootstrap_ci(values, groups, n_boot: int = 1000, seed: int = 0) -> list[float] | None:
     """Percentile 95% CI of the mean of per-row `values`, resampling whole groups."""
     v = np.asarray(values, dtype=np.float64)
-    if len(v) == 0:
-        return None
+    if len(v) == 0 or not np.isfinite(v).all():  # an undefined mean has no interval (not that of the draws
+        return None  # that happen to miss the non-finite rows)
     boot = ClusterBootstrap(groups, n_boot, seed)
     _, total = boot.sums(v)
     _, count = boot.sums(np.ones_like(v))

@@ -90,3 +90,19 @@ def test_percentile_ci_drops_undefined_replicates():
     assert (lo, hi) == (25.0, 975.0)
     with pytest.raises(ValueError):
         ClusterBootstrap([0, 1], 10, 0).sums([1.0, 2.0, 3.0])
+
+
+def test_a_nan_row_leaves_the_statistic_undefined_not_scored():
+    """A NaN logit difference is no decision: the binary metrics are undefined (None), as the K > 2 path's are,
+    not a wrong answer that 'follows the donor'; a mean with a NaN row has no interval (the resamples that miss
+    that row would give one)."""
+    from interventions.metrics import summarize
+    from stats.bootstrap import group_bootstrap_ci
+
+    ld = np.array([np.nan, 1.0, 1.0, 1.0])
+    y, g = np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1])
+    s = summarize(ld, np.ones(4), -np.ones(4), y, 1 - y, g, n_boot=200)
+    for k in ("ld_mean", "accuracy", "follows_donor_rate", "changed_rate"):
+        assert s[k] is None and s[k + "_ci"] is None, k
+    assert group_bootstrap_ci([0.0, 1.0, np.nan, 5.0], [0, 0, 1, 1], 500, 0) is None
+    assert group_bootstrap_ci([0.0, 1.0, 2.0, 5.0], [0, 0, 1, 1], 500, 0) is not None
