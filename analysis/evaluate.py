@@ -326,7 +326,7 @@ def main(argv=None):
 
     # every dataset can be made (the tokenizer checks need the model's); their fingerprints go into meta.datasets
     datasets = [{"task": src.name, "n_distractors": n, "n_samples": len(samples),
-                 "fingerprint": dataset_fingerprint(samples)}
+                 "n_pairs": len({s.pair_id for s in samples}), "fingerprint": dataset_fingerprint(samples)}
                 for src, n, samples in make_jobs(tasks, ns, a.n_pairs, seed=a.seed)]
     model, tok, name = load_model(a.model, placement)
     tok = resolve_tokenizer(model, tok, a.model, a.tokenizer)  # its own or --tokenizer's; none: refused
@@ -341,7 +341,9 @@ def main(argv=None):
     rows = evaluate(model, tok, tasks, ns, modes, sweep, a.n_pairs, a.batch_size, not a.no_progress, seed=a.seed)
     wall = time.time() - t0
     print(table(rows, sweep))
-    meta = {"model": a.model, "n_pairs": a.n_pairs if a.n_pairs is not None else DEFAULT_N_PAIRS,
+    # the pairs asked of each generated task; a task file without --n-pairs is used whole (its datasets' n_pairs)
+    asked = a.n_pairs if a.n_pairs is not None else (DEFAULT_N_PAIRS if any(not t.fixed for t in tasks) else None)
+    meta = {"model": a.model, "n_pairs": asked,
             "seed": a.seed, "modes": a.modes, "wall_s": round(wall, 1), "device": str(placement.torch_device),
             "dtype": placement.dtype,
             "ci": "ci_low/ci_high: 95% Wilson score interval of accuracy over the cell's n_samples"}

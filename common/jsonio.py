@@ -55,6 +55,17 @@ def _check_tree(obj) -> None:
                 raise _Refused(f"a string holds a lone surrogate escape ({x[:20]!r}), which is not text") from None
 
 
+def _unique_keys(pairs) -> dict:
+    """An object whose keys are all distinct: Python's json keeps the last of a repeated key silently, so
+    `{"label": 0, "label": 1}` would be read as 1; a typo must not pass as data."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Refused(f"key {k[:40]!r} appears twice in one object")
+        out[k] = v
+    return out
+
+
 def loads_user(text: str | bytes, where: str):
     """Parse `text` (bytes are decoded as UTF-8) or raise UserError `"{where}: ..."` (one line)."""
     if isinstance(text, bytes):
@@ -63,7 +74,8 @@ def loads_user(text: str | bytes, where: str):
         except UnicodeDecodeError as e:
             raise UserError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     try:
-        obj = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+        obj = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant,
+                         object_pairs_hook=_unique_keys)
         _check_tree(obj)
     except _Refused as e:
         raise UserError(f"{where}: {e}") from None

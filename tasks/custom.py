@@ -41,6 +41,7 @@ from common.errors import UserError
 from common.jsonio import loads_user, split_jsonl
 
 from .samples import ALL_TASKS, LABEL_WORDS, TRACKING_TASKS, Sample
+from .tokenizer import dedicated_pad_id
 
 __all__ = ["TaskSource", "resolve_task", "validate_samples", "is_custom_spec"]
 
@@ -186,6 +187,8 @@ class TaskSource:
                                 f"tokenizer {tname!r} ({extra} tokens); choose single-token label words")
             if unk is not None and full[-1] == unk:
                 raise UserError(f"task {self.spec}: label word {w!r} is unknown to tokenizer {tname!r}")
+            if full[-1] == dedicated_pad_id(tokenizer):
+                raise UserError(f"task {self.spec}: label word {w!r} is the padding token of tokenizer {tname!r}")
             out.append(full[-1])
         if len(set(out)) < len(out):
             raise UserError(f"task {self.spec}: the label words {list(self.label_words)} do not all give "
@@ -424,9 +427,13 @@ def _run_user_code(what: str, call, failed: Callable[[Exception], str]):
         except SystemExit as e:
             raise UserError(f"{what} called sys.exit({e.code!r}); a task's code must return or raise") from None
         except UserError as e:  # the user's code refusing its arguments
-            raise UserError(f"{what}: {e}") from None
-        except Exception as e:  # a bug in the user's code: still one line
-            raise UserError(failed(e)) from None
+            raise UserError(_one_line(f"{what}: {e}")) from None
+        except Exception as e:  # a bug in the user's code: still one line, whatever its message holds
+            raise UserError(_one_line(failed(e))) from None
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(x.strip() for x in text.splitlines() if x.strip())
 
 
 def _function_loader(spec: str) -> Callable[[], _Loaded]:
@@ -466,6 +473,14 @@ def _function_loader(spec: str) -> Callable[[], _Loaded]:
                                  lambda e: f"task {spec} failed for {call}: {type(e).__name__}: {e}")
 
             out = validate_samples(out, words, f"task {spec} (N={n_distractors})")
+            # what was asked: rows are reported under the requested N, sized by the requested pairs
+            wrong = next((s for s in out if s.n_distractors != n_distractors), None)
+            if wrong is not None:
+                raise UserError(f"task {spec} was asked for N={n_distractors} and returned a sample with "
+                                f"n_distractors={wrong.n_distractors} (pair {wrong.pair_id})")
+            got = len({s.pair_id for s in out})
+            if n_pairs is not None and got != n_pairs:
+                raise UserError(f"task {spec} was asked for {n_pairs} pairs (N={n_distractors}) and returned {got}")
             return [s if s.task == name else dataclasses.replace(s, task=name) for s in out]
 
         return _Loaded(name, words, dis, make)

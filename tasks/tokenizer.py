@@ -76,6 +76,16 @@ def _tokenizer_name(tokenizer) -> str:
     return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
 
 
+def dedicated_pad_id(tokenizer) -> int | None:
+    """The tokenizer's padding id when it is a token of its own ([PAD] of the task tokenizer): it marks padding,
+    never a word, so a text holding it is refused. None when there is none, or when it is also the eos / bos
+    token (SmolLM2's pad is its <|endoftext|>, which a text may hold)."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None or pad in (getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "bos_token_id", None)):
+        return None
+    return pad
+
+
 def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]:
     """Token ids of each prompt (no special tokens) and the samples with ``n_tokens`` filled.
 
@@ -103,6 +113,13 @@ def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]
                 raise UserError(f"tokenizer {name!r} does not know every word of the {s.task} task (unknown "
                                 f"token at position {j} of pair {s.pair_id}'s prompt): this model was not built "
                                 "for this task")
+    pad = dedicated_pad_id(tokenizer)
+    if pad is not None:
+        for s, row in zip(samples, ids):
+            if pad in row:  # fed as a token, it would be read as a word the model never saw in a text
+                raise UserError(f"pair {s.pair_id}'s {s.task} prompt holds the padding token "
+                                f"{tokenizer.convert_ids_to_tokens(pad)!r} (position {row.index(pad)}), which "
+                                "marks padding and is never a word of a text")
     back = tokenizer.batch_decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     for s, text in zip(samples, back):
         if _squeeze(text) != _squeeze(s.text):

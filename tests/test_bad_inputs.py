@@ -52,6 +52,8 @@ def _cli_refused(main, argv, capsys, needle) -> str:
     ('{"x": 1e999}', "out of range"),
     ('{"x": "\\ud800"}', "lone surrogate"),
     ('{"x": 1,}', "not valid JSON"),
+    ('{"text": "x", "label": 0, "label": 1}', "key 'label' appears twice"),  # else the last would win, silently
+    ('[{"a": {"b": 1, "b": 1}}]', "key 'b' appears twice"),
 ])
 def test_loads_user_refuses_in_one_line(text, needle):
     with pytest.raises(UserError) as e:

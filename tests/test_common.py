@@ -178,3 +178,17 @@ def test_position_list():
         with pytest.raises(UserError) as e:
             position_list(bad, "--p", 10)
         assert str(e.value).startswith("--p ") and "\n" not in str(e.value)
+
+
+def test_cli_entry_prints_one_line_whatever_the_message(capsys):
+    import pytest
+
+    from common.errors import UserError, cli_entry
+
+    @cli_entry
+    def main(argv=None):
+        raise UserError("a user's code said\nboom\n\n  on three lines")
+
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 2 and capsys.readouterr().err == "error: a user's code said; boom; on three lines\n"

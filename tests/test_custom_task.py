@@ -100,6 +100,21 @@ def test_label_words_the_tokenizer_cannot_score(tmp_path):
             src.label_token_ids(tok)
 
 
+def test_the_padding_token_is_no_word(tmp_path):
+    """[PAD] marks padding: a prompt holding it, or a label word that is it, is refused (fed as a token it would be
+    read as a word, and scored)."""
+    tok = build_tokenizer()
+    p = tmp_path / "pad.jsonl"
+    p.write_text("\n".join(json.dumps(x) for x in [{"label_words": ["[PAD]", "1"]}, _sample(0, 0), _sample(1, 0)]))
+    with pytest.raises(UserError, match="label word '\\[PAD\\]' is the padding token"):
+        resolve_task(str(p)).label_token_ids(tok)
+    text = "state = 1\n[PAD]\n# final state:"
+    p.write_text("\n".join(json.dumps(x) for x in [HEADER, _sample(0, 0, text=text), _sample(1, 0)]))
+    src = resolve_task(str(p))
+    with pytest.raises(UserError, match="holds the padding token '\\[PAD\\]'"):
+        src.tokenize(src.make(None, 0, 0), tok)
+
+
 def test_tokenizer_checks_name_the_task(tmp_path):
     tok = build_tokenizer()
     for a, b, msg in (("state = 1\nzzz:", "state = 0\nzzz:", "does not know every word"),
@@ -127,6 +142,9 @@ def test_function_spec():
     ("tests.data.custom_tasks:no_words", "needs a label_words attribute", False),
     ("tests.data.custom_tasks:crashes", "failed for n_pairs=3, N=2, seed=0: ValueError: boom", True),
     ("tests.data.custom_tasks:same_labels", "have the same label 0", True),
+    ("tests.data.custom_tasks:wrong_n", "asked for N=2 and returned a sample with n_distractors=7", True),
+    ("tests.data.custom_tasks:extra_pairs", "asked for 3 pairs (N=2) and returned 5", True),
+    ("tests.data.custom_tasks:crashes_on_two_lines", "RuntimeError: boom", True),
 ])
 def test_function_spec_errors(spec, msg, at_make):
     with pytest.raises(UserError) as e:
@@ -208,7 +226,9 @@ def test_evaluate_on_custom_tasks(tiny_ckpt, tmp_path):
     # without --n-pairs a JSONL file is used whole
     main(["--model", str(tiny_ckpt), "--tasks", str(JSONL), "--modes", "std", "--out", str(out), "--overwrite",
           "--no-progress"])
-    assert {r["n_samples"] for r in json.loads(out.read_text())["results"]} == {30}
+    doc = json.loads(out.read_text())
+    assert {r["n_samples"] for r in doc["results"]} == {30}
+    assert doc["meta"]["n_pairs"] is None and {d["n_pairs"] for d in doc["meta"]["datasets"]} == {15}
 
 
 def test_interventions_run_on_a_jsonl_file(tiny_ckpt, tmp_path):

@@ -42,3 +42,25 @@ crashes.label_words = ("0", "1")
 
 def no_words(n_pairs, n_distractors, seed):
     return first_bit(n_pairs, n_distractors, seed)
+
+
+def wrong_n(n_pairs, n_distractors, seed):  # samples that say another N than the one asked for
+    return [s.__class__(s.task, s.text, s.label, s.pair_id, s.group_id, n_distractors + 5)
+            for s in first_bit(n_pairs, n_distractors, seed)]
+
+
+wrong_n.label_words = ("0", "1")
+
+
+def extra_pairs(n_pairs, n_distractors, seed):  # more pairs than asked for
+    return first_bit(n_pairs + 2, n_distractors, seed)
+
+
+extra_pairs.label_words = ("0", "1")
+
+
+def crashes_on_two_lines(n_pairs, n_distractors, seed):
+    raise RuntimeError("boom\nsecond line")
+
+
+crashes_on_two_lines.label_words = ("0", "1")
