@@ -880,3 +880,20 @@ def test_base_fusion_keeps_every_trained_weight(tmp_path):
         shutil.copy(ship / f, plain / f)
     with pytest.raises(UserError, match="has no fusion to keep"):
         build_model(replace(cfg, base=str(plain)), 0, str(plain))
+
+
+def test_card_of_an_eval_on_whole_task_files(tmp_path):
+    """eval.json's meta.n_pairs is null when every task is a file used whole: the card reads the cell sizes from
+    the rows (it multiplied n_pairs by 2) and its command has no --n-pairs."""
+    import shutil
+
+    from training.card import write_card
+
+    run = tmp_path / "m"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-fbt-track2", run)
+    ev = json.loads((run / "eval.json").read_text())
+    ev["meta"]["n_pairs"] = None
+    ev["results"][0]["n_samples"] = 30
+    (run / "eval.json").write_text(json.dumps(ev))
+    line = next(x for x in write_card(run, "cmd").splitlines() if "samples per cell" in x)
+    assert "--n-pairs" not in line and f"(n = 30-{ev['results'][1]['n_samples']} samples per cell" in line

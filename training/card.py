@@ -129,14 +129,15 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
         modes = [m for m in dict.fromkeys(r["mode"] for r in ev["results"])
                  if not (m.startswith("fused-") and m != "fused-1")]
         lines += ["", "## Label accuracy", "",
-                  f"`python -m analysis.evaluate --model {path} --n-pairs {ev['meta']['n_pairs']}"
+                  f"`python -m analysis.evaluate --model {path}"
+                  + (f" --n-pairs {ev['meta']['n_pairs']}" if ev['meta'].get('n_pairs') is not None else "")
                   + (f" --tasks {','.join(dict.fromkeys(r['task'] for r in ev['results']))}"
                      if list(dict.fromkeys(r['task'] for r in ev['results'])) != ["completion", "memory", "multi_register"]
                      else "")
                   + (f" --modes {ev['meta']['modes']}" if ev['meta'].get('modes') and ev['meta']['modes'] != DEFAULT_EVAL_MODES else "")
                   + (f" --distractors {','.join(map(str, sorted({r['n_distractors'] for r in ev['results']})))}"
                      if sorted({r['n_distractors'] for r in ev['results']}) != [0, 8, 32, 128, 256] else "")
-                  + f"` (n = {2 * ev['meta']['n_pairs']} samples per cell, "
+                  + f"` (n = {_cell_sizes(ev['results'])} samples per cell, "
                   f"eval seed {ev['meta']['seed']}, greedy full-vocabulary argmax at the final prompt token; "
                   f"std = standard, soft = recurrent-1, fused = fused-1):", "", eval_table(ev["results"], modes)]
     if notes:
@@ -144,6 +145,13 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
     text = "\n".join(lines) + "\n"
     (path / "MODEL_CARD.md").write_text(text)
     return text
+
+
+def _cell_sizes(rows) -> str:
+    """The samples per cell of eval.json's rows, as counted there: "100", or "20-100" where they differ (a task
+    file used whole)."""
+    sizes = sorted({r["n_samples"] for r in rows})
+    return str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
 
 
 @cli_entry
