@@ -160,7 +160,8 @@ def load_resume(model, opt, cfg, out: Path):
     check_resume_files(out)
     finish_pending(out)  # the newest complete checkpoint, if a kill cut its move short
     saved = FullBandwidthLM.read_config(out)
-    mine = model.lm.config.to_dict()
+    # a looped model saves its physical blocks (LoopedLM.physical_config); its live config counts the unrolled ones
+    mine = model.physical_config() if hasattr(model, "physical_config") else model.lm.config.to_dict()
     keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads",
             "num_key_value_heads", "n_embd", "n_layer", "n_head", "n_inner")  # n_*: GPT-2 spells its sizes so
     diff = [k for k in keys if saved["base_config"].get(k) != mine.get(k)]
