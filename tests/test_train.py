@@ -526,6 +526,21 @@ def test_resume_into_a_one_pass_step_is_bit_identical(tmp_path, monkeypatch):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_resume_with_attention_dropout_is_bit_identical(tmp_path, monkeypatch):
+    """Dropout masks come from torch's global generator, which the trainer state keeps: a resumed run draws the
+    masks the straight run drew (it replayed the stream from the start)."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(tloop, "quick_eval", _cheap_eval)
+    argv = FAST + ["--steps", "4", "--attn-dropout", "0.1", "--eval-every", "1000", "--save-every", "1000"]
+    tcli.main(argv + ["--out", str(tmp_path / "straight")])
+    tcli.main(argv + ["--out", str(tmp_path / "split"), "--stop-at", "2"])
+    tcli.main(argv + ["--out", str(tmp_path / "split"), "--resume"])
+    a = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_looped_model_resumes_bit_identically(tmp_path, monkeypatch):
     """A looped model (models.looped) saves its physical blocks and runs with the core unrolled: the resume check
     compares the physical ones (it compared the unrolled count, and refused every looped run)."""

@@ -121,7 +121,7 @@ def save_checkpoint(model, tok, opt, cfg, step, log, out: Path):
         atomic_write(pending / LOG_FILE, log_text)
         tensors: dict = {}
         meta = {"format": STATE_FORMAT, "step": step, "config": cfg.to_dict(),
-                "optimizer": _flatten(opt.state_dict(), tensors),
+                "optimizer": _flatten(opt.state_dict(), tensors), "rng": _rng_state(tensors),
                 "model_sha256": _sha256((pending / "model.safetensors").read_bytes()), "log_sha256": _sha256(log_text)}
         atomic_write(pending / STATE_FILE,
                      lambda tmp: save_file(tensors, tmp, metadata={"trainer_state": json_text(meta, None)}))
@@ -130,6 +130,22 @@ def save_checkpoint(model, tok, opt, cfg, step, log, out: Path):
         raise
     finish_pending(out)  # the new checkpoint is complete: only now does it replace the previous one
     (out / LEGACY_STATE_FILE).unlink(missing_ok=True)  # an earlier version's pickle must not lie beside it
+
+
+# torch's global generators: what attention dropout draws its masks from (everything else in a step is a pure
+# function of (seed, step)). Kept with the checkpoint, so a resumed run draws the masks the straight run drew.
+# Under torchrun rank 0's is kept: exact where every rank draws alike (the same rows per rank).
+def _rng_state(tensors: dict) -> dict:
+    keys = {"cpu": _flatten(torch.get_rng_state(), tensors)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        keys["cuda"] = _flatten(torch.cuda.get_rng_state(), tensors)
+    return keys
+
+
+def _set_rng_state(keys: dict, tensors: dict) -> None:
+    torch.set_rng_state(_unflatten(keys["cpu"], tensors))
+    if "cuda" in keys and torch.cuda.is_available():
+        torch.cuda.set_rng_state(_unflatten(keys["cuda"], tensors))
 
 
 def read_trainer_state(out: Path) -> tuple[dict, dict]:
@@ -180,6 +196,8 @@ def load_resume(model, opt, cfg, out: Path):
         log = read_user_json(out / LOG_FILE)
         load_weights(model, out / "model.safetensors")  # names, shapes, finite values: one line each
         opt.load_state_dict(_unflatten(meta["optimizer"], tensors))
+        if meta.get("rng"):  # (a state saved before it was kept has none: those runs drew no random numbers)
+            _set_rng_state(meta["rng"], tensors)
     except Exception as e:
         raise UserError(f"--resume: corrupt checkpoint in {out}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
     # The run that saved this kept a zero gradient (zero_grad(set_to_none=False)) on every parameter that has had
