@@ -118,9 +118,11 @@ def clean_json(x):
 
 
 def _f(x, nd=2, pct=False):
+    """A rate as the tables print it (2 decimals), or as a percent of that same rounding: 0.975 (stored as
+    0.97499...) reads 0.97 and 97%, never 0.97 in the table and 98% in the sentence."""
     if x is None:
         return "n/a"
-    return f"{100 * x:.0f}%" if pct else f"{x:.{nd}f}"
+    return f"{100 * float(f'{x:.2f}'):.0f}%" if pct else f"{x:.{nd}f}"
 
 
 def _ci(row, key, nd=2, pct=False):
