@@ -27,23 +27,26 @@ def erase_meta(depth: int) -> dict:
 
 
 def erased_depth_rows(model, token_ids, samples, label_ids, mode: str, depth: int, acts: np.ndarray,
-                      config: ProbeConfig, batch_pairs: int = 16, pad_id: int = 0) -> list[dict]:
+                      config: ProbeConfig, batch_pairs: int = 16, pad_id: int = 0, y=None) -> list[dict]:
     """probes.run --erase: probe accuracy and logit lens per depth >= `depth` after LEACE at (depth, T).
 
-    `acts` [n, L+1, D]: the clean activations at T (the collector's)."""
+    `acts` [n, L+1, D]: the clean activations at T (the collector's). `y` [n]: what the probes fit and LEACE
+    erases, the clean depth curve's labels (tasks.probe_labels: the answers, default, or the pair roles where
+    the answers have too many classes for grouped CV); the lens reads the answers either way."""
     from probes.lens import LENS_FIELDS, depth_lens
 
-    y = np.array([s.label for s in samples])
+    answers = np.array([s.label for s in samples])
+    y = answers if y is None else np.asarray(y)
     groups = np.array([s.group_id for s in samples])
-    K = len(np.unique(y)) if label_ids is None else len(label_ids)
+    K = len(label_ids) if label_ids is not None and y is answers else len(np.unique(y))
     folds = grouped_folds(y, groups, config)
     per_fold, _ = erased_depth_acts(model, token_ids, samples, mode, depth, acts[:, depth], folds, K, batch_pairs,
-                                    pad_id)
+                                    pad_id, y=y)
     held = np.array(acts, dtype=np.float32, copy=True)  # each row as erased by the fold that holds it out
     for f, (_, te) in enumerate(folds):
         held[te, depth:] = per_fold[f][te, depth:]
     lens = [dict.fromkeys(LENS_FIELDS)] * (acts.shape[1] - depth) if label_ids is None else \
-        depth_lens(model, held[:, depth:], y, label_ids, groups, config.n_boot, config.random_state)
+        depth_lens(model, held[:, depth:], answers, label_ids, groups, config.n_boot, config.random_state)
     rows = []
     for j, d in enumerate(range(depth, acts.shape[1])):
         acc = heldout_accuracy(lambda f: per_fold[f][:, d], lambda f: per_fold[f][:, d], y, groups, folds, config)
@@ -57,7 +60,8 @@ def erased_depth_rows(model, token_ids, samples, label_ids, mode: str, depth: in
 
 @torch.no_grad()
 def erased_depth_acts(model, token_ids, samples, mode: str, depth: int, clean_at_depth: np.ndarray, folds,
-                      n_classes: int, batch_pairs: int = 16, pad_id: int = 0) -> tuple[list[np.ndarray], FoldErasers]:
+                      n_classes: int, batch_pairs: int = 16, pad_id: int = 0,
+                      y=None) -> tuple[list[np.ndarray], FoldErasers]:
     """Per fold f, activations [n, L+1, D] at T of every row with the residual at (depth, T) replaced by fold f's
     LEACE-erased value (depths < depth: zeros, not recomputed).
 
@@ -69,7 +73,7 @@ def erased_depth_acts(model, token_ids, samples, mode: str, depth: int, clean_at
 
     m = parse_mode(mode, model.n_layers)
     n = len(samples)
-    y = np.array([s.label for s in samples])
+    y = np.array([s.label for s in samples]) if y is None else np.asarray(y)  # the concept erased
     X = torch.from_numpy(np.asarray(clean_at_depth, dtype=np.float32))
     fe = FoldErasers(X, y, folds, n_classes)
     members: dict = {}

@@ -39,8 +39,9 @@ class MethodFields:
                  "state": "h_{T-1}", "n_samples": int(len(y)),
                  **lens_summary(logits, y, self.label_ids, groups, self.config.n_boot, self.config.random_state)}]
 
-    def erased(self, task, model_name, mode, n, ids, samples, acts, depth, batch_size, pad_id):
-        """Rows of the depth curve after LEACE at (depth, T) (probes.erase), [] for recirc modes."""
+    def erased(self, task, model_name, mode, n, ids, samples, acts, depth, batch_size, pad_id, y=None):
+        """Rows of the depth curve after LEACE at (depth, T) (probes.erase), [] for recirc modes; `y`: the labels the
+        clean curve's probes fit (default the answers; the pair roles where tasks.probe_labels says so)."""
         from engine.modes import parse_mode
         from probes.erase import erased_depth_rows
 
@@ -50,7 +51,7 @@ class MethodFields:
 
         with threadpool_limits(limits=1, user_api="blas"):  # as _score_depths: exactly repeatable probe fits
             rows = erased_depth_rows(self.model, ids, samples, self.label_ids, mode, depth, acts, self.config,
-                                     batch_pairs=max(1, batch_size // 2), pad_id=pad_id)
+                                     batch_pairs=max(1, batch_size // 2), pad_id=pad_id, y=y)
         return [{"task": task, "model": model_name, "mode": mode, "n_distractors": n, "writes": None, **r}
                 for r in rows]
 

@@ -298,7 +298,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
                                                 tok.pad_token_id or 0, args.batch_size)
                 if args.erase is not None:
                     erased += extra.erased(task, model_name, mode, n, ids, samples, a, args.erase,
-                                           args.batch_size, tok.pad_token_id or 0)
+                                           args.batch_size, tok.pad_token_id or 0, y=y)
                 if mode == "standard":
                     s0 = scores[0]
                     if not s0.ci_low <= s0.chance <= s0.ci_high:  # chance = 1/K

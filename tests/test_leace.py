@@ -262,3 +262,28 @@ def test_shipped_tiny_fbt_memory_erasure(tmp_path):
     assert st["probe"]["after"]["ci"][0] <= 0.5 <= st["probe"]["after"]["ci"][1]
     assert st["normalized_effect"] < 0.1 and st["follows_donor_rate"] == 0.0
     assert rows["leace_resid_d6"]["follows_donor_rate"] > 0.3
+
+
+def test_probes_cli_erase_fits_the_labels_the_clean_curve_fits(tiny_ckpt, tmp_path):
+    """Ten answers are too many classes for grouped CV: the clean probes fit the pair role (tasks.probe_labels),
+    and so must --erase (it erased and probed the 10-way answer: 0.10 at the erased depth, ~1.0 above, drawn on
+    the role curve's axes). Erased at depth 1, the role reads at chance there."""
+    import random
+
+    from probes.run import main
+
+    rng = random.Random(0)
+    lines = [{"label_words": [str(d) for d in range(10)], "name": "many"}]
+    for p in range(30):
+        for a in rng.sample(range(10), 2):
+            lines.append({"text": f"A = {a}\nB = {rng.randrange(10)}\nget A\nvalue:", "label": a, "pair": p, "group": p})
+    task = tmp_path / "many.jsonl"
+    task.write_text("\n".join(json.dumps(x) for x in lines))
+    out = tmp_path / "p"
+    assert main(["--task", str(task), "--model", str(tiny_ckpt), "--modes", "recurrent-1", "--erase", "1", "--out",
+                 str(out), "--n-boot", "100", "--no-progress", "--no-cache", "--no-mdl"]) == 0
+    doc = json.loads((out / "probes.json").read_text())
+    assert doc["meta"]["labels"]["probe_label"] != "the answer (the label)"  # the pair role
+    er = {r["depth"]: r for r in doc["erased"]}
+    assert er[1]["accuracy"] == pytest.approx(0.5, abs=0.1)  # binary role at chance where it was erased
+    assert all(r["accuracy"] <= max(c["accuracy"] for c in doc["results"]) + 0.15 for r in er.values())
