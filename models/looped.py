@@ -12,9 +12,9 @@ s_0 = e, not Huginn's random draw: a deterministic model (every clean run, patch
 Address space: the HF model's block list (`lm.model.layers`, what engine.hooks and every recorder address) holds
 the UNROLLED stack, P + R r + C `Occurrence`s, each calling one shared physical block (`blocks.j`, j < P + R + C) with
 its own KV-cache slot. So depth d of the suite's residual stream (0 = the embedding, d = the output of unrolled block
-d) is a site of one iteration: depth P + R i is the loop state s_i, depth P + R (i - 1) + j the output of core block
-j of iteration i (`site_of(depth)`). Every existing recorder, probe, lens and patch addresses iterations this way.
-`set_iterations(r)` / `looping(r)` re-unroll (test-time iteration scaling); the parameters do not change.
+d) is a site of one iteration: depth P + R i is the loop state s_i, depth P + R (i - 1) + j + 1 the output of core
+block j (0-based) of iteration i (`site_of(depth)`). Every existing recorder, probe, lens and patch addresses
+iterations this way. `set_iterations(r)` / `looping(r)` re-unroll (test-time iteration scaling); the parameters do not change.
 
 Training (`truncate=k`): r is drawn per step by the trainer; iterations before the last k run without gradient
 (Huginn's truncated backpropagation), the prelude still learns through the injection of e into every iteration.
