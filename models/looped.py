@@ -14,7 +14,8 @@ the UNROLLED stack, P + R r + C `Occurrence`s, each calling one shared physical 
 its own KV-cache slot. So depth d of the suite's residual stream (0 = the embedding, d = the output of unrolled block
 d) is a site of one iteration: depth P + R i is the loop state s_i, depth P + R (i - 1) + j + 1 the output of core
 block j (0-based) of iteration i (`site_of(depth)`). Every existing recorder, probe, lens and patch addresses
-iterations this way. `set_iterations(r)` / `looping(r)` re-unroll (test-time iteration scaling); the parameters do not change.
+iterations this way. `set_iterations(r)` / `looping(r)` re-unroll (test-time iteration scaling); the parameters
+do not change.
 
 Training (`truncate=k`): r is drawn per step by the trainer; iterations before the last k run without gradient
 (Huginn's truncated backpropagation), the prelude still learns through the injection of e into every iteration.
