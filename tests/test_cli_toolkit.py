@@ -58,6 +58,7 @@ ENTRY_POINTS = {
     "scripts/first_line_rows.py": {"MODEL", "TASK"},
     "scripts/swap_persistence.py": {"MODEL", "TASK"},
     "scripts/permutation_probe.py": {"--model", "--seed", "--threads"},
+    "scripts/probe_direction.py": {"--model", "--seed", "--threads"},
     "scripts/stress_tracking.py": {"--model", "--seed", "--threads"},
     "scripts/heldout_cells.py": {"--model", "--seed", "--threads"},
     "scripts/task_vocab.py": set(),

@@ -98,3 +98,29 @@ def test_short_window_models_reproduce_their_cards(name, task):
     assert [r["mode"] for r in rows] == ["recurrent-full"]
     assert rows[0]["accuracy"] == pytest.approx(want["recurrent-full"]["accuracy"], abs=1e-9)
     assert rows[0]["label_loss"] == pytest.approx(want["recurrent-full"]["label_loss"], rel=1e-4, abs=1e-5)
+
+
+def test_the_plain_decodable_direction_is_the_read_one(capsys):
+    """scripts/probe_direction.py on tiny-fbt-track's parity (docs/results.md): the suite's standardized probe
+    subspace moves no answer, the class-mean difference (and a logistic regression on the raw state) moves as many
+    as the whole swap."""
+    import importlib.util
+
+    import numpy as np
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "probe_direction.py"
+    spec = importlib.util.spec_from_file_location("probe_direction", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    H = np.random.default_rng(0).normal(size=(40, 6))
+    y = np.repeat([0, 1, 2], [10, 14, 16])
+    B = mod.class_mean_basis(H, y)  # orthonormal, spanning the class-mean differences
+    assert np.allclose(B.T @ B, np.eye(2))
+    d = H[y == 2].mean(0) - H[y == 0].mean(0)
+    assert np.allclose(B @ (B.T @ d), d)
+    assert mod.main(["--model", "tiny-fbt-track", "parity", "--n-pairs", "20", "--threads", "1"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = out["directions"]
+    assert rows["probe"]["follows_donor"] <= 0.1 and out["whole_swap"]["follows_donor"] >= 0.9
+    assert rows["class means"]["follows_donor"] >= 0.9 and rows["raw logistic"]["follows_donor"] >= 0.9
+    assert out["cosines"]["probe / class means"] < 0.5
