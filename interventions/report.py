@@ -2,7 +2,9 @@
 from its folder by default: interventions.run --plotly).
 
 JSON schema {"name": "causal-report", "version": 8}. Version 8 keeps every field of version 7 and adds
-model.config_sha256 (models.fingerprint.config_hash: the same tensors under another config are another model)
+model.config_sha256 (models.fingerprint.config_hash: the same tensors under another config are another model),
+a fourth results.subspace row class_means_swap (the swap along the class-mean differences of the fed state,
+fitted per fold as the probe subspace is) with results.subspace.class_means_rank / class_means_energy_fraction,
 and, when run (interventions.run --das / --attribution; absent otherwise):
     config.das                  {ranks, steps, lr, seed, optimizer, loss, parametrization, site} or null
     config.attribution          true / false; config.attribution_ig (M, 0 = the plain gradient)
@@ -176,7 +178,9 @@ def verdict(report: dict) -> tuple[str, str]:
          f"{_ci(parts['complement_swap'], 'normalized_effect')}, a random rank-{r} subspace "
          f"{_f(parts['random_subspace_swap']['normalized_effect'])} "
          f"{_ci(parts['random_subspace_swap'], 'normalized_effect')} "
-         f"(probe held-out accuracy on {w['state'].split(' ')[0]} {_f(sub['probe_heldout_accuracy'])}).")
+         f"(probe held-out accuracy on {w['state'].split(' ')[0]} {_f(sub['probe_heldout_accuracy'])})"
+         + (f", the class-mean difference {_f(means['normalized_effect'])} {_ci(means, 'normalized_effect')}"
+            if (means := _row(res, "class_means_swap")) is not None else "") + ".")
     return label, s + _path_clause(label, clean, _row(res, "gate_bypass_all"))
 
 
@@ -425,7 +429,12 @@ def markdown(report: dict) -> str:
     if sub is not None:
         lines += ["", f"Probe subspace: rank {sub['rank']}, fitted on {_words(res)['state'].split(' ')[0]} of the training folds only "
               f"({sub['n_folds']} grouped folds); held-out probe accuracy {_f(sub['probe_heldout_accuracy'])}; "
-              f"share of ||h_donor - h_own||^2 inside it {_f(sub['energy_fraction'], 3)}.", "",
+              f"share of ||h_donor - h_own||^2 inside it {_f(sub['energy_fraction'], 3)}"
+              + (f"; inside the class-mean differences (rank {sub['class_means_rank']}) "
+                 f"{_f(sub['class_means_energy_fraction'], 3)}" if "class_means_energy_fraction" in sub else "")
+              + ". The probe fits standardized features: its direction (coefficient over each coordinate's spread) "
+              "can sit on coordinates that barely vary, so read its swap beside the class means' "
+              "(docs/results.md).", "",
               "## Dose-response: h = (1 - a) own + a donor", ""]
         lines.append(_table([{**r, "label": f"a = {r['alpha']:.1f}"} for r in res["dose"]["rows"]], "alpha"))
     lines += _leace_markdown(res)

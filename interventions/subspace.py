@@ -81,6 +81,27 @@ def fold_subspaces(H: torch.Tensor, labels, groups, rank: int = 1, config: Probe
     return out
 
 
+def class_mean_subspaces(H: torch.Tensor, labels, folds: list[FoldSubspace]) -> list[FoldSubspace]:
+    """Per fold of `folds` (the probe subspaces' folds): the span of the class-mean differences of the TRAINING
+    rows' H (each class's mean minus the first class's, orthonormalized: rank K - 1), the plainest direction the
+    label is decodable along. The probe's direction is its standardized coefficient over each coordinate's
+    spread, which coordinates that barely vary dominate; this one is not (docs/results.md: on tiny-fbt-track's
+    parity the model reads the class-mean difference, 0.99, and not the probe's direction, 0.00)."""
+    X = H.detach().double().cpu().numpy()
+    y = np.asarray(labels)
+    out = []
+    for f in folds:
+        tr = np.setdiff1d(np.arange(len(y)), f.test)
+        classes = np.unique(y[tr])
+        means = np.stack([X[tr][y[tr] == c].mean(0) for c in classes])
+        q, r = np.linalg.qr((means[1:] - means[0]).T)
+        keep = np.abs(np.diag(r)) > 1e-12 * max(1.0, float(np.abs(r).max()))  # drop a degenerate difference
+        if not keep.any():
+            raise UserError("the class means of h_{T-1} coincide on a training fold: no direction to swap")
+        out.append(FoldSubspace(f.test, torch.from_numpy(q[:, keep]).to(H.dtype), f.probe_accuracy))
+    return out
+
+
 def _probe_direction(probe) -> np.ndarray:
     if len(probe.classes_) == 2:
         return probe.direction

@@ -41,7 +41,7 @@ from stats.linear import ProbeConfig
 from .batch import Batch, pos_name
 from .core import CausalContext
 from .metrics import changed, decisions, label_ld, summarize
-from .subspace import energy_fraction, fold_subspaces, per_fold_states
+from .subspace import class_mean_subspaces, energy_fraction, fold_subspaces, per_fold_states
 
 DOSE_GRID = tuple(round(a / 10, 1) for a in range(11))
 LOOP_DOSE = (0.25, 0.5, 0.75)  # the per-iteration dose of a looped model's loop state at T (a = 0 and 1: clean, swap)
@@ -59,6 +59,8 @@ DESCRIPTIONS = {
     "subspace_swap": "only the probe-subspace component of h_{T-1} from the paired sample",
     "complement_swap": "only the component orthogonal to the probe subspace from the paired sample",
     "random_subspace_swap": "only a random subspace (same rank) component from the paired sample",
+    "class_means_swap": "only the component along the class-mean differences of h_{T-1} (training folds) from the "
+                        "paired sample",
     "leace_state": "the label erased from h_{T-1} by LEACE (fitted on the training groups, applied held out)",
     "leace_state_all": "the label erased by LEACE from the fed state at every fused position (one eraser per "
                        "position, each applied to the clean run's state there)",
@@ -203,12 +205,14 @@ class Suite:
         h, donor = ctx.h_prev, ctx.h_prev[b.pair]
         t = time.perf_counter()
         folds = fold_subspaces(h, b.probe_labels.numpy(), b.groups, rank, probe_config)
+        means = class_mean_subspaces(h, b.probe_labels.numpy(), folds)  # the same folds, the plainest direction
         self.timings["probe_fit"] = time.perf_counter() - t
         rows = []
-        for name, part, rseed in (("subspace_swap", "subspace", None), ("complement_swap", "complement", None),
-                                  ("random_subspace_swap", "subspace",
-                                   derived_seed(self.seed, 1000))):
-            states = per_fold_states(h, donor, folds, part, rseed)
+        for name, part, rseed, fs in (("subspace_swap", "subspace", None, folds),
+                                      ("complement_swap", "complement", None, folds),
+                                      ("random_subspace_swap", "subspace", derived_seed(self.seed, 1000), folds),
+                                      ("class_means_swap", "subspace", None, means)):
+            states = per_fold_states(h, donor, fs, part, rseed)
             logits = self._timed(name, lambda: ctx.patch_state(states, mode))
             rows.append({"name": name, "description": describe(name, self.ctx, mode), "mode": mode, "position": -1,
                          "reference": "donor", **self.metrics(logits)})
@@ -217,6 +221,8 @@ class Suite:
         return {"rank": rank, "n_folds": len(folds), "probe_heldout_accuracy": probe_acc,
                 "probe_fold_accuracies": [f.probe_accuracy for f in folds],
                 "energy_fraction": energy_fraction(h, donor, folds),
+                "class_means_rank": int(means[0].U.shape[1]),
+                "class_means_energy_fraction": energy_fraction(h, donor, means),
                 "rows": rows}
 
     def leace(self, probe_config: ProbeConfig | None = None, depths=None, positions=(), grid=DOSE_GRID,
@@ -611,7 +617,7 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
     L, grid = ctx.n_layers, list(dose_grid)
     steps = [("clean", s.clean, 0)]
     if fed:
-        steps += [("interventions", s.state_interventions, 7), ("subspace", lambda: s.subspace(rank, probe_config), 3),
+        steps += [("interventions", s.state_interventions, 7), ("subspace", lambda: s.subspace(rank, probe_config), 4),
                   ("dose", lambda: s.dose(dose_grid), len(grid))]
     if leace:
         n_depths = L + 1 if erase_depths is None else len(erase_depths)

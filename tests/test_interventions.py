@@ -155,6 +155,34 @@ def test_probe_subspaces_are_fitted_on_training_folds_only():
     assert torch.allclose(full, donor, atol=1e-5)
 
 
+def test_class_mean_subspaces_are_the_training_folds_class_means():
+    """Per fold: an orthonormal basis of the training rows' class-mean differences (rank K - 1), the held-out rows
+    left out of it; a coordinate that barely varies (where a standardized probe leans) does not pull it."""
+    from interventions.subspace import class_mean_subspaces
+
+    rng = np.random.default_rng(2)
+    n, D = 90, 6
+    y = np.arange(n) % 3
+    groups = np.arange(n) // 3
+    H = rng.normal(size=(n, D))
+    H[:, 0] += 3.0 * (y == 1) - 3.0 * (y == 2)
+    H[:, 5] = 1e-3 * rng.normal(size=n) + 1e-3 * y  # tiny spread, perfectly separable after standardizing
+    H = torch.tensor(H)
+    folds = fold_subspaces(H.float(), y, groups, rank=2)
+    means = class_mean_subspaces(H, y, folds)
+    for f, m in zip(folds, means):
+        assert np.array_equal(m.test, f.test) and m.U.shape == (D, 2)
+        assert torch.allclose(m.U.T @ m.U, torch.eye(2, dtype=m.U.dtype), atol=1e-10)
+        tr = np.setdiff1d(np.arange(n), f.test)
+        for c in (1, 2):
+            d = torch.tensor(H.numpy()[tr][y[tr] == c].mean(0) - H.numpy()[tr][y[tr] == 0].mean(0))
+            assert torch.allclose(m.U @ (m.U.T @ d), d, atol=1e-10)  # spans each difference
+        assert float(m.U[5].norm()) < 0.01  # the near-constant coordinate carries no weight here
+        moved = H.clone()
+        moved[f.test] += 100.0  # the held-out rows do not enter
+        assert torch.allclose(class_mean_subspaces(moved, y, [f])[0].U, m.U)
+
+
 def test_rank_k_minus_1_spans_a_three_way_label():
     """Three class means in the plane of axes 0 and 1 (an equilateral triangle, isotropic unit noise, so the
     discriminative directions are that plane): the rank-2 multinomial probe subspace (the CLI's default for
@@ -304,11 +332,16 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
     # --- every metric row: its n, and a 95% CI around each finite point estimate
     names = [r["name"] for r in res["interventions"] + res["subspace"]["rows"]]
     assert names == ["gate_bypass", "state_swap", "resample", "mean", "zero", "random_state", "gate_bypass_all",
-                     "subspace_swap", "complement_swap", "random_subspace_swap"]
+                     "subspace_swap", "complement_swap", "random_subspace_swap", "class_means_swap"]
     rows = _metric_rows(res)
     # the quick budget (the default): at most 4 heatmap depths, evenly spaced, 0 and L kept
     assert res["layer_patching"]["depths"] == [0, 2, 4, 6] and cfg["budget"] == "quick"
-    assert len(rows) == 2 + 10 + 11 + 4 + (model.n_layers + 1) + 2 * 4 * 4
+    assert len(rows) == 2 + 11 + 11 + 4 + (model.n_layers + 1) + 2 * 4 * 4
+    # the fed state's read direction (docs/results.md): the class-mean difference moves the answers, the
+    # standardized probe's direction does not
+    sub = {r["name"]: r for r in res["subspace"]["rows"]}
+    assert sub["class_means_swap"]["follows_donor_rate"] >= 0.9 and sub["subspace_swap"]["follows_donor_rate"] <= 0.1
+    assert res["subspace"]["class_means_rank"] == 1 and res["subspace"]["class_means_energy_fraction"] > 0.9
     for where, r in rows:
         assert 0 < r["n"] <= 20 and 0 < r["n_groups"] <= rep["dataset"]["n_groups"], where
         for k in ("ld_mean", "accuracy", "follows_donor_rate", "normalized_effect"):
@@ -368,7 +401,7 @@ def test_cli_end_to_end_on_a_tiny_checkpoint(tmp_path, capsys):
     rep = json.loads((out / "causal_report.json").read_text())
     names = [r["name"] for r in rep["results"]["interventions"] + rep["results"]["subspace"]["rows"]]
     assert names == ["gate_bypass", "state_swap", "resample", "mean", "zero", "random_state", "gate_bypass_all",
-                     "subspace_swap", "complement_swap", "random_subspace_swap"]
+                     "subspace_swap", "complement_swap", "random_subspace_swap", "class_means_swap"]
     assert len(rep["results"]["dose"]["rows"]) == 11 and rep["results"]["dose"]["rows"][0]["normalized_effect"] == 0
     lp = rep["results"]["layer_patching"]
     # every position of these short prompts (schema 2; schema 1 had T-1 and T only)

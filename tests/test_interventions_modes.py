@@ -367,6 +367,6 @@ def test_probes_fit_probe_labels_and_metrics_keep_the_answer(tiny_model):
     assert dataclasses.replace(b, labels=labels).probe_labels is not None  # default: the labels themselves
     s = Suite(CausalContext(tiny_model, many, modes=("standard", "recurrent-1")), n_boot=20)
     sub = s.subspace(rank=1)
-    assert sub["rank"] == 1 and len(sub["rows"]) == 3
+    assert sub["rank"] == 1 and len(sub["rows"]) == 4
     with pytest.raises(Exception, match="probe_labels"):
         dataclasses.replace(b, probe_labels=torch.zeros(24, dtype=torch.long))  # one class: nothing to probe
