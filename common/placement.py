@@ -58,10 +58,21 @@ class Placement:
         return getattr(torch, self.dtype)
 
     def place(self, model):
-        """The model in eval mode on this device and dtype (a device-mapped model keeps its map)."""
+        """The model in eval mode on this device and dtype (a device-mapped model keeps its map). The rotary
+        embeddings' frequency buffers stay float32, as HF's `from_pretrained(dtype=...)` keeps them: `.to(dtype)`
+        alone would round them too (bfloat16: the second frequency 0.6978 -> 0.6992), and every position's phase
+        with them, so the model would not be HF's model in that dtype."""
+        keep = {name: buf for name, buf in model.named_buffers()  # HF's rotary modules: [prefix]inv_freq, ...
+                if name.endswith("inv_freq") and buf.is_floating_point() and buf.element_size() >= 4}
         if getattr(model, "hf_device_map", None) or getattr(getattr(model, "lm", None), "hf_device_map", None):
-            return model.to(dtype=self.torch_dtype).eval()
-        return model.to(device=self.torch_device, dtype=self.torch_dtype).eval()
+            model = model.to(dtype=self.torch_dtype)
+        else:
+            model = model.to(device=self.torch_device, dtype=self.torch_dtype)
+        for name, buf in keep.items():
+            owner, _, leaf = name.rpartition(".")
+            mod = model.get_submodule(owner) if owner else model
+            mod._buffers[leaf] = buf.to(mod._buffers[leaf].device)
+        return model.eval()
 
 
 CPU = Placement()

@@ -97,3 +97,35 @@ def test_probes_run_in_bfloat16_end_to_end(tiny_ckpt, tmp_path):
     rows = [r for r in doc["results"] if r["mode"] == "standard" and r["depth"] == 0]
     assert rows and rows[0]["accuracy"] == pytest.approx(0.5)  # depth 0 at chance, as in float32
     assert all(r["logit_lens_ld"] is not None for r in doc["results"])
+
+
+def test_bfloat16_keeps_the_rotary_frequencies_in_float32(tmp_path):
+    """HF's from_pretrained(dtype=bfloat16) keeps the rotary frequencies in float32; placing a model in bfloat16 must
+    too (`.to(dtype)` rounded them, and every position's phase: the model was not HF's model in bfloat16)."""
+    from transformers import AutoModelForCausalLM
+
+    from models.configs import qwen3_config
+    from models.loading import load_model
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(qwen3_config(len(tok), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1,
+                                                  rope_theta=1e6)).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    ours = load_model(str(tmp_path / "m"), Placement("cpu", "bfloat16"))[0].lm
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.bfloat16).eval()
+    bufs = {n: b for n, b in ours.named_buffers() if n.endswith("inv_freq")}
+    assert bufs and all(b.dtype == torch.float32 for b in bufs.values())
+    ref = dict(hf.named_buffers())
+    assert all(torch.equal(b, ref[n]) for n, b in bufs.items())
+    ids = torch.randint(2, len(tok), (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(ours(input_ids=ids).logits, hf(input_ids=ids).logits)
+    # a full-bandwidth checkpoint placed in bfloat16 keeps them too
+    from models.full_bandwidth import FullBandwidthLM
+
+    fbt = Placement("cpu", "bfloat16").place(FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=2, d_model=32,
+                                                                                      n_heads=2, n_kv_heads=1), seed=0))
+    assert all(b.dtype == torch.float32 for n, b in fbt.named_buffers() if n.endswith("inv_freq"))
+    assert {p.dtype for p in fbt.parameters()} == {torch.bfloat16}
