@@ -320,50 +320,51 @@ def main(argv=None):
         output_dir(out)
     if out.exists() and not a.overwrite:
         raise UserError(f"{out} exists; pass --overwrite to replace it or --out elsewhere")
-    load_tasks(tasks)  # every other argument checked: a module:function task's code may run now
-    ns = distractors_for(tasks, a.distractors)
-    from tasks import dataset_fingerprint
-
-    # every dataset can be made (the tokenizer checks need the model's); their fingerprints go into meta.datasets
-    datasets = [{"task": src.name, "n_distractors": n, "n_samples": len(samples),
-                 "n_pairs": len({s.pair_id for s in samples}), "fingerprint": dataset_fingerprint(samples)}
-                for src, n, samples in make_jobs(tasks, ns, a.n_pairs, seed=a.seed)]
-    model, tok, name = load_model(a.model, placement)
-    tok = resolve_tokenizer(model, tok, a.model, a.tokenizer)  # its own or --tokenizer's; none: refused
-    spec = a.modes
-    if spec == DEFAULT_MODES and getattr(model, "spec", None) is not None and hasattr(model, "iterations"):
-        # a looped model (models.looped): its trained r (standard) and test-time scaling to 2r and 4r
-        r = model.spec.iterations
-        spec = ",".join(["standard"] + [f"loop-{k * r}" for k in (2, 4) if k * r <= MAX_LOOP_ITERATIONS])
-        print(f"note: a looped model: modes {spec} (standard runs its trained {r} iterations)")
-    modes, sweep = parse_modes(spec, model.has_fusion)
-    t0 = time.time()
-    rows = evaluate(model, tok, tasks, ns, modes, sweep, a.n_pairs, a.batch_size, not a.no_progress, seed=a.seed)
-    wall = time.time() - t0
-    print(table(rows, sweep))
-    # the pairs asked of each generated task; a task file without --n-pairs is used whole (its datasets' n_pairs)
-    asked = a.n_pairs if a.n_pairs is not None else (DEFAULT_N_PAIRS if any(not t.fixed for t in tasks) else None)
-    meta = {"model": a.model, "n_pairs": asked,
-            "seed": a.seed, "modes": a.modes, "wall_s": round(wall, 1), "device": str(placement.torch_device),
-            "dtype": placement.dtype,
-            "ci": "ci_low/ci_high: 95% Wilson score interval of accuracy over the cell's n_samples"}
-    meta["datasets"] = datasets
-    if a.tokenizer is not None:
-        meta["tokenizer"] = a.tokenizer
-    custom = [s.describe() for s in tasks if not s.builtin]
-    if custom:
-        meta["custom_tasks"] = custom
-    doc = {"meta": meta, "results": rows}
-    text = json_text(doc)
-    # The write is atomic; the lock on the folder (for the moment of writing) makes the exists check and the
-    # write one step, so a second run into the same file never silently replaces the first one's results.
+    # The output folder is locked for the whole run (common.io.DirLock): a second run into it is refused at once,
+    # in one line, instead of computing for minutes and then replacing (with --overwrite) the first one's results.
     with DirLock(out.parent, "analysis.evaluate run"):
+        load_tasks(tasks)  # every other argument checked: a module:function task's code may run now
+        ns = distractors_for(tasks, a.distractors)
+        from tasks import dataset_fingerprint
+
+        # every dataset can be made (the tokenizer checks need the model's); their fingerprints go into meta.datasets
+        datasets = [{"task": src.name, "n_distractors": n, "n_samples": len(samples),
+                     "n_pairs": len({s.pair_id for s in samples}), "fingerprint": dataset_fingerprint(samples)}
+                    for src, n, samples in make_jobs(tasks, ns, a.n_pairs, seed=a.seed)]
+        model, tok, name = load_model(a.model, placement)
+        tok = resolve_tokenizer(model, tok, a.model, a.tokenizer)  # its own or --tokenizer's; none: refused
+        spec = a.modes
+        if spec == DEFAULT_MODES and getattr(model, "spec", None) is not None and hasattr(model, "iterations"):
+            # a looped model (models.looped): its trained r (standard) and test-time scaling to 2r and 4r
+            r = model.spec.iterations
+            spec = ",".join(["standard"] + [f"loop-{k * r}" for k in (2, 4) if k * r <= MAX_LOOP_ITERATIONS])
+            print(f"note: a looped model: modes {spec} (standard runs its trained {r} iterations)")
+        modes, sweep = parse_modes(spec, model.has_fusion)
+        t0 = time.time()
+        rows = evaluate(model, tok, tasks, ns, modes, sweep, a.n_pairs, a.batch_size, not a.no_progress, seed=a.seed)
+        wall = time.time() - t0
+        print(table(rows, sweep))
+        # the pairs asked of each generated task; a task file without --n-pairs is used whole (its datasets' n_pairs)
+        asked = a.n_pairs if a.n_pairs is not None else (DEFAULT_N_PAIRS if any(not t.fixed for t in tasks) else None)
+        meta = {"model": a.model, "n_pairs": asked,
+                "seed": a.seed, "modes": a.modes, "wall_s": round(wall, 1), "device": str(placement.torch_device),
+                "dtype": placement.dtype,
+                "ci": "ci_low/ci_high: 95% Wilson score interval of accuracy over the cell's n_samples"}
+        meta["datasets"] = datasets
+        if a.tokenizer is not None:
+            meta["tokenizer"] = a.tokenizer
+        custom = [s.describe() for s in tasks if not s.builtin]
+        if custom:
+            meta["custom_tasks"] = custom
+        doc = {"meta": meta, "results": rows}
+        text = json_text(doc)
+        # The write is atomic; the exists check and the write are one step under the lock
         if out.exists() and not a.overwrite:
             raise UserError(f"{out} appeared while this run was working; pass --overwrite or --out elsewhere")
         for stale in out.parent.glob(f".{out.name}.*.tmp"):  # a killed earlier write's temporary
             stale.unlink(missing_ok=True)
         atomic_write(out, text)
-    print(f"wrote {out} ({wall:.0f}s)")
+        print(f"wrote {out} ({wall:.0f}s)")
 
 
 if __name__ == "__main__":

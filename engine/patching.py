@@ -203,7 +203,6 @@ class StandardPatcher(Patcher):
             resid = rec.take()
         self.positions = positions_from_mask(mask, self.T)
         self.clean = RunOut(out.logits[:, -1], out.top, resid)
-        self._base: tuple[int, torch.Tensor] | None = None  # (c0, unpatched suffix logits from c0)
 
     def check(self, p):
         super().check(p)
@@ -224,14 +223,15 @@ class StandardPatcher(Patcher):
 
     def run(self, patches) -> torch.Tensor:
         # Columns before the first patched one are the clean run's (causal attention): start from its cache
-        # there, as the recurrent runner does, so a patch near T costs a few columns, not a whole forward.
-        # A shorter call rounds differently from the clean full pass (~1e-6), so it is used for a difference
-        # only: the clean logits plus (patched suffix - unpatched suffix), each patch entering the suffix as a
-        # shift by (value - clean value). A patch that changes nothing (an identity, or a row whose donor value
-        # equals its own) then gives the clean logits exactly; any other, the full patched forward up to float
-        # rounding (tests/test_interventions.py holds both). Patches this path cannot take (column 0, block
-        # sites, several depths) run the full patched forward, whose head over one column rounds differently from
-        # the clean pass's over all: an identity there matches the clean logits to ~1e-7, not bit for bit.
+        # there, as the recurrent runner does, so a patch near T costs a few columns, not a whole forward. Each
+        # patch enters the suffix as a shift by (value - clean value). The suffix is the patched forward up to float
+        # rounding (a shorter call rounds differently from the clean full pass, ~1e-6), so a row whose every patch
+        # changes nothing (an identity, or a donor value equal to its own) takes the clean logits instead, exactly;
+        # rows are independent, so the others are untouched by that choice (tests/test_interventions.py holds
+        # both). One suffix a patch: an earlier version subtracted an unpatched suffix, cached per start column,
+        # which a benchmark repeating one column measured at half a sweep's real cost. Patches this path cannot
+        # take (column 0, block sites, several depths) run the full patched forward, whose head over one column
+        # rounds differently from the clean pass's over all: an identity there matches the clean logits to ~1e-7.
         c0 = min(self.col(p) for p in patches)
         # A shift equals a replacement only where no other patch of the run changed the site first: patches at
         # one depth cannot reach each other (a residual at depth d reads depths < d only), patches at two can.
@@ -241,9 +241,13 @@ class StandardPatcher(Patcher):
         if c0 == 0 or not one_depth:
             with _hooks(self.model, patches, self.col):
                 return self.model(self.ids, self.mask, last_logits=True).logits[:, -1]
-        if self._base is None or self._base[0] != c0:  # one unpatched suffix per start column (sweeps go in order)
-            self._base = (c0, self._suffix(c0, []))
-        return self.clean.logits + (self._suffix(c0, patches) - self._base[1])
+        unchanged = torch.ones(self.ids.shape[0], dtype=torch.bool, device=self.clean.logits.device)
+        for p in patches:
+            clean = self.clean.resid[:, self.col(p), p.depth]
+            unchanged &= (p.value.to(clean.device, clean.dtype) == clean).all(-1).to(unchanged.device)
+        if bool(unchanged.all()):
+            return self.clean.logits.clone()
+        return torch.where(unchanged[:, None], self.clean.logits, self._suffix(c0, patches))
 
     def resid(self, pass_=None):
         return self.clean.resid

@@ -64,6 +64,24 @@ def test_donor_self_changes_nothing_exactly(tiny_model):
     assert torch.equal(ctx.run("recurrent-1").logits, clean)
 
 
+def test_a_residual_patch_keeps_unchanged_rows_exactly_and_needs_no_cache_of_earlier_runs(tiny_model):
+    """Standard prefill, a residual patch after column 0 (the cached-suffix path): rows whose value is their own
+    keep the clean logits bit for bit, the others get what the all-donor patch gives them; and a run's result
+    does not depend on which runs came before it (no suffix cached across runs)."""
+    batch = _random_batch(tiny_model)
+    ctx = CausalContext(tiny_model, batch)
+    clean = ctx.clean["standard"].logits
+    me, donor = torch.arange(batch.size), batch.pair
+    mixed = torch.where(me % 2 == 0, me, donor)  # even rows patched with their own value
+    for d, pos in ((1, -3), (tiny_model.n_layers, -1)):
+        cold = ctx.patch_resid("standard", d, pos, mixed)
+        swapped = ctx.patch_resid("standard", d, pos, donor)
+        again = ctx.patch_resid("standard", d, pos, mixed)
+        assert torch.equal(cold[::2], clean[::2]) and torch.equal(cold[1::2], swapped[1::2])
+        assert torch.equal(again, cold)
+        assert (cold[1::2] - clean[1::2]).abs().max() > 1e-4  # the donor rows did move
+
+
 def test_top_depth_patch_gives_the_donor_logits(tiny_model):
     batch = _random_batch(tiny_model)
     ctx = CausalContext(tiny_model, batch)

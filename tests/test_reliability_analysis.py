@@ -231,6 +231,28 @@ def test_evaluate_refuses_to_overwrite_and_respects_the_lock(tiny_ckpt, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]
 
 
+def test_evaluate_holds_its_folders_lock_for_the_whole_run(tiny_ckpt, tmp_path, monkeypatch):
+    """A second run into the folder is refused while the first one computes (it was locked only while writing:
+    two runs overlapped and the last writer won)."""
+    import analysis.evaluate as ev
+    from common.errors import UserError
+
+    real, seen = ev.evaluate, []
+
+    def evaluate_while_probing_the_lock(*a, **k):
+        try:
+            with DirLock(tmp_path):
+                seen.append("free")
+        except UserError:
+            seen.append("held")
+        return real(*a, **k)
+
+    monkeypatch.setattr(ev, "evaluate", evaluate_while_probing_the_lock)
+    evaluate_main()(["--model", str(tiny_ckpt), "--tasks", "memory", "--distractors", "0", "--modes", "std",
+                     "--n-pairs", "2", "--no-progress", "--out", str(tmp_path / "eval.json")])
+    assert seen == ["held"] and (tmp_path / "eval.json").is_file()
+
+
 @pytest.mark.parametrize("name,owned", [("stability", ["stability.json", "stability.html"]),
                                         ("gains", ["gains.json", "gains.html"]),
                                         ("recirculation", ["results.json", "cost.html"])])

@@ -8,7 +8,8 @@ Loss: L = NTP(pass 1) + lambda/(K-1) * sum_{k=2..K} NTP(pass k); pass k>1 fuses 
 right by one; gradients flow through every pass (nothing detached). K is drawn per batch from the schedule.
 Every batch is a pure function of (seed, step) and the trainer state keeps torch's generators (attention
 dropout's masks), so `--resume` continues bit-identically; under torchrun the
-processes split each step's batch (DistributedDataParallel), so their number does not change what is trained.
+processes split each step's batch (DistributedDataParallel), so their number does not change what is trained
+(but for attention dropout's masks, training.loop).
 Every flag is checked before any work; a run holds a lock on --out, stops at the first non-finite loss, gradient
 or weight without saving it, and with --overwrite replaces an earlier run only once its own last checkpoint is
 written (training.output.RunOutput). Every recipe flag overrides that value of the --preset.

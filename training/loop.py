@@ -2,7 +2,9 @@
 
 Several processes split every step's global batch by rows (training.data.shard), each normalizing its loss by
 the global batch's counts (training.loss.Share), and DDP averages their gradients, so a step trains what one
-process would: the world size changes the float rounding, not the run (tests/test_ddp.py). Rank 0 alone writes
+process would: the world size changes the float rounding, not the run (tests/test_ddp.py), except under
+`--attn-dropout`, whose masks come from torch's global generator, seeded alike on every rank: each rank draws the
+same stream for its own rows, so the masks (not the data) differ from one process's. Rank 0 alone writes
 the checkpoints, the log and the progress; every process holds the whole model and optimizer state, so a run can
 be resumed on any number of processes.
 """
