@@ -8,8 +8,9 @@ Measured side by side in one process, single-threaded, on the CPU clock, rounds 
      loop, or the 1024-column standard prefill of the benchmark's model). Nothing of the engine is involved.
   2. the engine's cached one-token recurrent step (engine.prefill.recurrent_step) at column T-1 of the prefill
      benchmark's model (random Qwen3-style, 4 layers, d_model 128), with the lean step (models.lean_step) and with
-     HF's own step, cold (right after the T-column prefill that fills its cache, as recurrent-1 runs it) and warm
-     (right after another step).
+     HF's own step, cold (right after a T-column prefill, as recurrent-1's step follows one; the prefill timed
+     before it runs without a cache: the step's cache is filled once, before the rounds) and warm (right after
+     another step).
 
 Human-readable lines first; the LAST line of stdout is one JSON object with all the figures.
 

@@ -1,7 +1,8 @@
 """Multi-pass training benchmark: what does a K-pass training step cost against K one-pass steps?
 
-One training step = multi-pass loss (forward of K passes) + backward + gradient clipping + AdamW step, exactly
-as `training.train` runs it. K = 1, 2, 3 are timed side by side in one run on the same fixed batch (default: the
+One training step = multi-pass loss (forward of K passes) + backward + gradient clipping + AdamW step, as
+`training.train` runs it but for the recipe's extras: no warm no-grad passes and no fixed-point start (the
+tiny-fbt preset takes them on about half its micro-batches), so the ratio measures the bare passes. K = 1, 2, 3 are timed side by side in one run on the same fixed batch (default: the
 tiny-fbt preset's architecture, --rows x --length tokens of random ids, no padding, a random-length unfused
 prefix per row as the prefix mixin gives, state noise on). After --warmup rounds, --repeats rounds each time
 one step of every K, the order rotated round by round so a noisy machine hits every K alike.
