@@ -31,19 +31,6 @@ from common.cli import Parser, add_model_flag, add_seed_flag, add_threads_flag, 
 from common.errors import UserError, cli_entry  # noqa: E402
 
 
-def _orthonormal(vectors: np.ndarray) -> np.ndarray:
-    """[D, k] orthonormal basis of the columns' span."""
-    q, _ = np.linalg.qr(vectors)
-    return q
-
-
-def class_mean_basis(H: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """[D, K-1]: the differences of each class mean from the first class's, orthonormalized."""
-    classes = np.unique(y)
-    means = np.stack([H[y == c].mean(0) for c in classes])
-    return _orthonormal((means[1:] - means[0]).T)
-
-
 def raw_logistic_basis(H: np.ndarray, y: np.ndarray) -> np.ndarray:
     from sklearn.linear_model import LogisticRegression
 
@@ -64,15 +51,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     set_threads(args.threads)
 
-    from engine.edits import SubspaceInterchange
     from engine.modes import parse_mode
     from interventions.batch import Batch
-    from interventions.core import CausalContext, Patch
-    from interventions.subspace import fold_subspaces
+    from interventions.core import CausalContext
+    from interventions.subspace import (FoldSubspace, class_mean_subspaces, energy_fraction, fold_subspaces,
+                                        per_fold_states)
     from models.loading import load_model
     from models.tokenizers import resolve_tokenizer
     from stats.bootstrap import group_bootstrap_ci
-    from stats.linear import ProbeConfig
+    from stats.linear import ProbeConfig, check_groups
     from tasks import resolve_task
 
     mode = parse_mode(args.mode).name
@@ -86,52 +73,44 @@ def main(argv=None) -> int:
     src.load()
     batch = Batch.from_samples(src.make(args.n_pairs, args.distractors, args.seed), tok, src)
     ctx = CausalContext(model, batch, modes=(mode,))
-    H = ctx.h_prev.double()  # [B, D] the fed state entering the fusion at T
-    X = H.numpy()
+    H = ctx.h_prev  # [B, D] the fed state entering the fusion at T
+    X = H.double().numpy()
     y, groups, pair = batch.labels.numpy(), np.asarray(batch.groups), batch.pair.numpy()
     label_ids = src.label_token_ids(tok)
     K = len(label_ids)
     config = ProbeConfig(random_state=args.seed)
-    probe_folds = fold_subspaces(H, y, groups, rank=max(1, K - 1), config=config)  # the report's subspace swap
+    # the report's subspace swaps (interventions.suite.Suite.subspace): each held-out row patched by its fold
+    check_groups(y, groups, config.n_splits)  # too few groups for the folds: one line, not sklearn's traceback
+    probe = fold_subspaces(H, y, groups, rank=max(1, K - 1), config=config)
+    subspaces = {"probe": probe, "class means": class_mean_subspaces(H, y, probe)}
+    if K == 2:
+        subspaces["raw logistic"] = [
+            FoldSubspace(f.test, torch.from_numpy(raw_logistic_basis(X[tr], y[tr])).to(H.dtype), f.probe_accuracy)
+            for f, tr in ((f, np.setdiff1d(np.arange(len(y)), f.test)) for f in probe)]
     donor = y[pair]
     moved = donor != y
-    train = [np.setdiff1d(np.arange(len(y)), fold.test) for fold in probe_folds]  # the other folds' rows
-    bases = {"probe": lambda f: probe_folds[f].U.double().numpy(),
-             "class means": lambda f: class_mean_basis(X[train[f]], y[train[f]])}
-    if K == 2:
-        bases["raw logistic"] = lambda f: raw_logistic_basis(X[train[f]], y[train[f]])
-    source = H[pair].float()
+
+    def follows(states) -> np.ndarray:
+        with torch.no_grad():
+            pred = ctx.patch_state(states, mode)[:, label_ids].argmax(1).numpy()
+        return (pred == donor).astype(float)[moved]
+
     out = {"model": args.model, "task": src.name, "mode": mode, "distractors": args.distractors,
-           "n_samples": int(len(y)), "n_folds": len(probe_folds), "directions": {}}
-    follows_all = np.zeros(len(y))
-    with torch.no_grad():
-        whole = ctx.run(mode, [Patch("state", source, pos=-1)]).logits[:, label_ids].argmax(1).numpy()
-    follows_all[moved] = (whole[moved] == donor[moved])
+           "n_samples": int(len(y)), "n_folds": len(probe), "directions": {}}
     print(f"{src.name}, N = {args.distractors}, {len(y)} rows, {mode}, {args.model}: follows the donor (held out, "
           "95% CI over groups) | energy fraction")
-    ci = group_bootstrap_ci(follows_all[moved], groups[moved], config.n_boot, config.random_state)
-    out["whole_swap"] = {"follows_donor": float(follows_all[moved].mean()), "ci": ci}
-    print(f"  {'whole swap':>14}: {follows_all[moved].mean():.2f} [{ci[0]:.2f}, {ci[1]:.2f}]")
+    hit = follows(H[pair])
+    ci = group_bootstrap_ci(hit, groups[moved], config.n_boot, config.random_state)
+    out["whole_swap"] = {"follows_donor": float(hit.mean()), "ci": ci}
+    print(f"  {'whole swap':>14}: {hit.mean():.2f} [{ci[0]:.2f}, {ci[1]:.2f}]")
     vectors = {}
-    for name, basis in bases.items():
-        hit = np.full(len(y), np.nan)
-        energy = []
-        for f, fold in enumerate(probe_folds):
-            U = basis(f)
-            vectors.setdefault(name, []).append(U[:, 0])
-            rows = np.asarray(fold.test)
-            edit = SubspaceInterchange(source, torch.as_tensor(U, dtype=torch.float32))
-            with torch.no_grad():
-                pred = ctx.run(mode, [Patch("state", edit, pos=-1)]).logits[:, label_ids].argmax(1).numpy()
-            hit[rows] = pred[rows] == donor[rows]
-            diff = (X[pair] - X)[rows]
-            energy.append(float(((diff @ U) ** 2).sum() / max((diff ** 2).sum(), 1e-30)))
-        keep = moved & ~np.isnan(hit)
-        ci = group_bootstrap_ci(hit[keep], groups[keep], config.n_boot, config.random_state)
-        row = {"follows_donor": float(hit[keep].mean()), "ci": ci, "energy_fraction": float(np.mean(energy))}
+    for name, folds in subspaces.items():
+        vectors[name] = [f.U[:, 0].double().numpy() for f in folds]
+        hit = follows(per_fold_states(H, H[pair], folds, "subspace"))
+        ci = group_bootstrap_ci(hit, groups[moved], config.n_boot, config.random_state)
+        row = {"follows_donor": float(hit.mean()), "ci": ci, "energy_fraction": energy_fraction(H, H[pair], folds)}
         if name == "probe":
-            spread = X.std(0)
-            low = np.argsort(spread)[:10]
+            low = np.argsort(X.std(0))[:10]
             row["mass_on_10_least_spread_coordinates"] = float(np.mean([(v[low] ** 2).sum() for v in vectors[name]]))
         out["directions"][name] = row
         extra = (f"; {row['mass_on_10_least_spread_coordinates']:.2f} of it on the 10 coordinates of least spread"

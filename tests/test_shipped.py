@@ -112,15 +112,24 @@ def test_the_plain_decodable_direction_is_the_read_one(capsys):
     spec = importlib.util.spec_from_file_location("probe_direction", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    import torch
+
+    from interventions.subspace import FoldSubspace, class_mean_subspaces
+
     H = np.random.default_rng(0).normal(size=(40, 6))
     y = np.repeat([0, 1, 2], [10, 14, 16])
-    B = mod.class_mean_basis(H, y)  # orthonormal, spanning the class-mean differences
-    assert np.allclose(B.T @ B, np.eye(2))
+    B = class_mean_subspaces(torch.from_numpy(H), y, [FoldSubspace(np.array([], dtype=int), None, 1.0)])[0].U.numpy()
+    assert np.allclose(B.T @ B, np.eye(2))  # orthonormal, spanning the class-mean differences the script swaps
     d = H[y == 2].mean(0) - H[y == 0].mean(0)
     assert np.allclose(B @ (B.T @ d), d)
+    w = mod.raw_logistic_basis(H, (y > 0).astype(int))
+    assert w.shape == (6, 1) and np.isclose(np.linalg.norm(w), 1.0)
     assert mod.main(["--model", "tiny-fbt-track", "parity", "--n-pairs", "20", "--threads", "1"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = out["directions"]
     assert rows["probe"]["follows_donor"] <= 0.1 and out["whole_swap"]["follows_donor"] >= 0.9
     assert rows["class means"]["follows_donor"] >= 0.9 and rows["raw logistic"]["follows_donor"] >= 0.9
     assert out["cosines"]["probe / class means"] < 0.5
+    with pytest.raises(SystemExit) as refused:  # parity at N = 1 has one group: one line, not sklearn's traceback
+        mod.main(["--model", "tiny-fbt-track", "parity", "--n-pairs", "10", "--distractors", "1", "--threads", "1"])
+    assert refused.value.code == 2 and "too few groups" in capsys.readouterr().err
