@@ -754,6 +754,30 @@ def test_derived_flags_reach_the_recipe():
     assert tcli.config_of(tcli.parse_args(["--preset", "smoke"])) == smoke
 
 
+@pytest.mark.parametrize("argv, bad", [
+    (["--preset", "tiny-fbt-track", "--noise", "0.1"], "--noise"),
+    (["--preset", "tiny-fbt-track", "--schedule", "75/25", "--consistency", "1"], "--schedule, --consistency"),
+    (["--preset", "tiny-fbt", "--objective", "recurrent", "--prefix-mix", "0.2"], "--prefix-mix"),
+    (["--preset", "tiny-std", "--lam", "2", "--warm-passes", "3"], "--lam, --warm-passes"),  # schedule 1
+    (["--preset", "smoke", "--schedule", "1/0/0", "--fixed-point-prob", "0.5"], "--fixed-point-prob"),
+])
+def test_a_multipass_flag_where_no_fused_pass_runs_is_refused(argv, bad):
+    """The recurrent objective and a one-pass schedule run no fused pass: a flag shaping those passes would be
+    recorded in the config and do nothing."""
+    with pytest.raises(UserError, match=f"^{re.escape(bad)} would have no effect: .*no fused pass"):
+        tcli.config_of(tcli.parse_args(argv))
+
+
+def test_multipass_flags_stay_where_fused_passes_run():
+    cfg = tcli.config_of(tcli.parse_args(["--preset", "tiny-fbt-track", "--objective", "multipass", "--schedule",
+                                          "60/40", "--noise", "0.1", "--consistency", "1"]))
+    assert (cfg.objective, cfg.noise, cfg.consistency) == ("multipass", 0.1, 1.0)
+    # a preset's own values of them are not the user's: the recurrent presets keep theirs
+    assert tcli.config_of(tcli.parse_args(["--preset", "tiny-fbt-track"])) == get_preset("tiny-fbt-track")
+    assert tcli.config_of(tcli.parse_args(["--preset", "tiny-fbt", "--objective", "recurrent"])).noise == \
+        get_preset("tiny-fbt").noise
+
+
 # ----- the real CLI --------------------------------------------------------------------------------------------
 def _env():
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))

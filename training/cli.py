@@ -105,7 +105,30 @@ def config_of(args) -> TrainConfig:
     if args.lr_legs is None and "steps" in over:
         # a shorter run of a legged preset keeps the legs that end before it (one leg of the chain)
         over["lr_legs"] = tuple(e for e in cfg.lr_legs if e < over["steps"])
-    return replace(cfg, **over)
+    cfg = replace(cfg, **over)
+    _refuse_no_op_flags(cfg, over)
+    return cfg
+
+
+# The options that shape the multi-pass objective's fused passes (pass k > 1: its noise, prefix, warm and
+# fixed-point starts, its weight and the consistency term). The recurrent objective runs no fused pass, nor does a
+# schedule of one pass: there they would be read, recorded in the config and do nothing.
+MULTIPASS_ONLY = ("lam", "noise", "prefix_mix", "warm_passes", "warm_prob", "fixed_point_prob", "fixed_point_tol",
+                  "consistency", "consistency_window", "consistency_layers")
+
+
+def _refuse_no_op_flags(cfg: TrainConfig, given: dict) -> None:
+    """A multi-pass flag given where no fused pass runs is refused, not silently ignored (the preset's own
+    values of these fields stay: they are not the user's)."""
+    if cfg.objective == "recurrent":
+        names, why = ("schedule", *MULTIPASS_ONLY), "the recurrent objective (--objective recurrent) runs no fused pass"
+    elif not any(cfg.probs[1:]):
+        names, why = MULTIPASS_ONLY, f"a schedule of one pass (--schedule {cfg.schedule}) runs no fused pass"
+    else:
+        return
+    bad = ["--" + n.replace("_", "-") for n in names if n in given]
+    if bad:
+        raise UserError(f"{', '.join(bad)} would have no effect: {why}; drop {'it' if len(bad) == 1 else 'them'}")
 
 
 @cli_entry

@@ -232,7 +232,9 @@ class TrainConfig:
                                    "state, so they cannot be --resume'd)")
     objective: str = opt("multipass", "multipass: the Jacobi objective (pass k fuses pass k-1's states); recurrent: "
                                       "every batch runs recurrent-full and backpropagates through the whole "
-                                      "recurrence (state tracking)")
+                                      "recurrence (state tracking); the multi-pass flags (--schedule, --lam, --noise, "
+                                      "--prefix-mix, --warm-*, --fixed-point-*, --consistency*) have no effect there "
+                                      "and are refused, as they are under --schedule 1")
     dense_targets: bool = opt(False, "state-tracking tasks: the running value is a loss target at the end of every "
                                      "update line (never a token of the input), beside the final label")
     dense_every: bool = opt(False, "with --dense-targets: the running value is the target at every column from the "
