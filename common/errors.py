@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 
@@ -18,10 +19,21 @@ def cli_entry(main):
         try:
             return main(argv)
         except UserError as e:  # one line whatever the message holds (a user's code may raise "a\nb")
-            print(f"error: {'; '.join(x.strip() for x in str(e).splitlines() if x.strip())}", file=sys.stderr)
+            if _says_it():
+                print(f"error: {'; '.join(x.strip() for x in str(e).splitlines() if x.strip())}", file=sys.stderr)
             raise SystemExit(2)
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise SystemExit(130)
 
     return wrapper
+
+
+def _says_it() -> bool:
+    """Whether this process prints a refusal. Under torchrun every process checks the same command line before
+    any of them joins the process group, so each would print the same line: rank 0 says it for all. Once the
+    group is up, an error may be this process's own, and every process says its own."""
+    if os.environ.get("RANK", "0") == "0":
+        return True
+    dist = sys.modules.get("torch.distributed")  # never imported here just to ask
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())

@@ -192,3 +192,21 @@ def test_cli_entry_prints_one_line_whatever_the_message(capsys):
     with pytest.raises(SystemExit) as e:
         main([])
     assert e.value.code == 2 and capsys.readouterr().err == "error: a user's code said; boom; on three lines\n"
+
+
+@pytest.mark.parametrize("rank, said", [(None, True), ("0", True), ("1", False), ("3", False)])
+def test_a_refusal_under_torchrun_is_said_once(monkeypatch, capsys, rank, said):
+    """torchrun's processes all check the same command line before the group is up: rank 0 alone prints the
+    refusal; every process still exits 2."""
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+
+    @cli_entry
+    def main(argv=None):
+        raise UserError("bad flag")
+
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 2 and capsys.readouterr().err == ("error: bad flag\n" if said else "")
