@@ -13,7 +13,7 @@ numbers with 95% CIs and the command behind every number:
 Each verdict is computed from the numbers by the rule printed beside it, never written in advance: a run whose
 numbers do not meet either rule says "neither" and why. Outputs: figures/demo/<study>/ (probes.json,
 depth_curves.html, causal_report.{json,md,html}) and figures/demo/index.html; an earlier demo is replaced only
-with --overwrite.
+with --overwrite, and only once both studies are complete (the study folders are replaced whole).
 """
 from __future__ import annotations
 
@@ -211,6 +211,7 @@ def page(studies, results, demo_cmd: str) -> str:
 @cli_entry
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from common.io import DirLock
     from common.paths import figures_dir
     from common.plotlyjs import stage_plotly_js
     from common.staged import Staged
@@ -218,30 +219,32 @@ def main(argv=None) -> int:
     from probes.run import main as probe
 
     out = output_dir(args.out if args.out is not None else figures_dir("demo"), "--out")
-    found = [f"{s.key}/{f}" for s in STUDIES for f in FILES if (out / s.key / f).exists()]
-    found += ["index.html"] if (out / "index.html").exists() else []
-    if found and not args.overwrite:
-        raise UserError(f"{out} already holds a demo ({', '.join(found)}); pass --overwrite or choose --out")
     quiet = ["--no-progress"] if args.no_progress else []
-    over = ["--overwrite"] if args.overwrite else []
     t0 = time.perf_counter()
     results = []
-    for st in STUDIES:
-        sub = out / st.key
-        print(f"[demo] {st.title.lower()}: {st.model} on {st.task}", file=sys.stderr, flush=True)
-        pa, ba = st.probe_argv(sub), st.battery_argv(sub)
-        if probe(pa + quiet + over) != 0 or battery(ba + quiet + over) != 0:
-            raise UserError(f"the {st.key} study failed")
-        probes = json.loads((sub / "probes.json").read_text())
-        report = json.loads((sub / "causal_report.json").read_text())
-        k = key_numbers(st, probes, report)
-        cmds = ["python -m probes.run " + " ".join(pa), "python -m interventions.run " + " ".join(ba)]
-        results.append((probes, report, k, judge(k), cmds))
-    text = page(STUDIES, results, "python -m analysis.demo" + (" --overwrite" if args.overwrite else ""))
-    with Staged(out) as st:
-        stage_plotly_js(st)
-        st.file("index.html", text)
-        st.commit()
+    # Each study runs into a temporary folder; the study folders and the page replace an earlier demo together,
+    # once both studies are complete: a demo killed midway leaves the earlier one whole, not half new.
+    with DirLock(out, "demo"), Staged(out) as stage:
+        found = [f"{s.key}/{f}" for s in STUDIES for f in FILES if (out / s.key / f).exists()]
+        found += ["index.html"] if (out / "index.html").exists() else []
+        if found and not args.overwrite:
+            raise UserError(f"{out} already holds a demo ({', '.join(found)}); pass --overwrite or choose --out")
+        for st in STUDIES:
+            sub = stage.dir(st.key)
+            print(f"[demo] {st.title.lower()}: {st.model} on {st.task}", file=sys.stderr, flush=True)
+            if probe(st.probe_argv(sub) + quiet) != 0 or battery(st.battery_argv(sub) + quiet) != 0:
+                raise UserError(f"the {st.key} study failed")
+            probes = json.loads((sub / "probes.json").read_text())
+            report = json.loads((sub / "causal_report.json").read_text())
+            k = key_numbers(st, probes, report)
+            final = out / st.key  # the commands as they would be typed, with the folder the results end in
+            cmds = ["python -m probes.run " + " ".join(st.probe_argv(final)),
+                    "python -m interventions.run " + " ".join(st.battery_argv(final))]
+            results.append((probes, report, k, judge(k), cmds))
+        text = page(STUDIES, results, "python -m analysis.demo" + (" --overwrite" if args.overwrite else ""))
+        stage_plotly_js(stage)
+        stage.file("index.html", text)
+        stage.commit()
     for s, r in zip(STUDIES, results):
         print(f"{s.model} on {s.task}: {r[3][0]}")
     print(f"wrote {out / 'index.html'} in {time.perf_counter() - t0:.0f} s")

@@ -44,6 +44,7 @@ def test_demo_end_to_end_on_small_studies(tmp_path, monkeypatch):
         assert rep["config"]["budget"] == "quick" and rep["dataset"]["n_pairs"] == 10
         assert f"<code>{st.model}</code> on {st.task}" in page
         assert f"python -m interventions.run --task {st.task} --model {st.model}" in page  # the commands
+        assert f"--out {out / st.key}" in page and ".tmp" not in page  # with the folder the results end in
     # both verdicts, from the numbers of these runs
     assert "Verdict from the numbers: <b>decodable, not used</b>" in page
     assert "Verdict from the numbers: <b>necessary and used</b>" in page
@@ -52,3 +53,20 @@ def test_demo_end_to_end_on_small_studies(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:
         demo.main(["--out", str(out), "--no-progress"])
     assert e.value.code == 2
+    # a demo stopped midway (here: in its second study's battery) leaves the earlier one whole, and no temporary
+    import interventions.run as irun
+
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    calls, real = [], irun.main
+
+    def stopped_in_the_second(argv=None):
+        calls.append(argv)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(argv)
+
+    monkeypatch.setattr(irun, "main", stopped_in_the_second)
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--out", str(out), "--no-progress", "--overwrite"])
+    assert e.value.code == 130 and len(calls) == 2
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
