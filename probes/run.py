@@ -26,7 +26,8 @@ probes.json
     meta     schema, run (the settings that define this run: task, model, weights hash, config hash, modes,
              distractors, n_pairs, seed, probe config), model (name, path, n_layers, d_model, fusion), datasets
              (per N: fingerprint, n_samples, n_groups, token lengths), tokenizer hash, versions, seed,
-             warnings (leakage: standard-prefill depth 0 not at chance 1/K), wall_time_s (the only field that
+             warnings (leakage: standard-prefill depth 0 not at chance, what the probe scores without
+             information: 1/K on balanced labels), wall_time_s (the only field that
              differs between two runs with the same settings); for every task but the three original ones also
              labels ({"words", "n_classes", "chance"}), and for custom tasks run.task_source (kind, spec,
              name, label_words, sha256 of a JSONL file)
@@ -130,6 +131,13 @@ def _score_depths(acts, y, groups, config, what):
             return grouped_cv_scores([acts[:, d] for d in range(acts.shape[1])], y, groups, config)
     except UserError as e:
         raise UserError(f"{what}: {e}") from None
+
+
+def _null_accuracy(y, groups, config) -> float:
+    """What the probe scores on the same folds without information (one constant feature): the chance the
+    depth-0 leakage check compares with. 1/K on balanced labels (every built-in task); on a K > 2 file with
+    unbalanced classes the balanced probe's tie goes to the first class, which scores that class's share."""
+    return _score_depths(np.zeros((len(y), 1, 1)), y, groups, config, "chance")[0].accuracy
 
 
 @cli_entry
@@ -300,14 +308,14 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
                     erased += extra.erased(task, model_name, mode, n, ids, samples, a, args.erase,
                                            args.batch_size, tok.pad_token_id or 0, y=y)
                 if mode == "standard":
-                    s0 = scores[0]
-                    if not s0.ci_low <= s0.chance <= s0.ci_high:  # chance = 1/K
+                    s0, null = scores[0], _null_accuracy(y, groups, config)
+                    if not s0.ci_low <= null <= s0.ci_high:
                         msg = (f"LEAKAGE: standard-prefill depth-0 accuracy {s0.accuracy:.3f} "
-                               f"(95% CI {s0.ci_low:.3f}..{s0.ci_high:.3f}) is not at chance ({s0.chance:.3f}) "
+                               f"(95% CI {s0.ci_low:.3f}..{s0.ci_high:.3f}) is not at chance ({null:.3f}) "
                                f"for {task} N={n}: all prompts end with the same token, so this is a bug")
                         warnings.append({"kind": "leakage", "task": task, "mode": mode, "n_distractors": n,
                                          "depth": 0, "accuracy": s0.accuracy, "ci_low": s0.ci_low,
-                                         "ci_high": s0.ci_high, "message": msg})
+                                         "ci_high": s0.ci_high, "chance": null, "message": msg})
                         bar = "!" * 100
                         print(f"{bar}\n{msg}\n{bar}", file=sys.stderr)
                 if task == "multi_register":

@@ -256,3 +256,34 @@ def test_custom_samples_know_their_answer(tmp_path):
     samples = resolve_task(str(path)).make(None, 0, 0)
     assert [s.answer for s in samples[:2]] == ["red", "blue"]
     assert samples[1].full_text == "item 1 is : blue"
+
+
+def test_leakage_check_compares_with_what_a_probe_without_information_scores(tiny_ckpt, tmp_path):
+    """The depth-0 leakage check's chance is the probe's own score on constant features: 1/K on balanced labels;
+    on a 3-class file whose class 0 is in every pair it is class 0's share (0.5), where the balanced probe's tie
+    lands, and a model without leakage is not flagged (1/3 was: a warning that called it a bug)."""
+    import numpy as np
+
+    from probes.run import _null_accuracy
+    from stats.linear import ProbeConfig
+
+    groups = np.repeat(np.arange(12), 2)
+    assert _null_accuracy(np.tile([0, 1], 12), groups, ProbeConfig()) == 0.5
+    assert _null_accuracy(np.array([0, 1, 1, 2, 2, 0] * 4), groups, ProbeConfig()) == pytest.approx(1 / 3)
+    y = np.array([0, 1] * 6 + [0, 2] * 6)
+    assert _null_accuracy(y, groups, ProbeConfig()) == 0.5
+
+    lines = [{"label_words": ["0", "1", "2"], "name": "unbalanced"}]
+    for p, (a, b) in enumerate([(0, 1)] * 8 + [(0, 2)] * 8):
+        lines += [_sample(a, p), _sample(b, p)]
+    path = tmp_path / "unbalanced.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    from probes.run import main
+
+    out = tmp_path / "unbalanced"
+    assert main(["--task", str(path), "--model", str(tiny_ckpt), "--out", str(out), "--modes", "standard",
+                 "--n-boot", "50", "--no-cache", "--no-progress"]) == 0
+    doc = json.loads((out / "probes.json").read_text())
+    std0 = [r for r in doc["results"] if r["mode"] == "standard" and r["depth"] == 0]
+    assert std0 and all(r["accuracy"] == 0.5 for r in std0)  # the constant input's score: class 0's share
+    assert doc["meta"]["warnings"] == []
