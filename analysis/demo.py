@@ -17,7 +17,9 @@ with --overwrite, and only once both studies are complete (the study folders are
 """
 from __future__ import annotations
 
+import contextlib
 import html
+import io
 import json
 import sys
 import time
@@ -215,6 +217,7 @@ def main(argv=None) -> int:
     from common.paths import figures_dir
     from common.plotlyjs import stage_plotly_js
     from common.staged import Staged
+    from interventions.report import write_report
     from interventions.run import main as battery
     from probes.run import main as probe
 
@@ -229,22 +232,28 @@ def main(argv=None) -> int:
         found += ["index.html"] if (out / "index.html").exists() else []
         if found and not args.overwrite:
             raise UserError(f"{out} already holds a demo ({', '.join(found)}); pass --overwrite or choose --out")
+        said = []  # the studies' own lines, printed once their folders are in place, under their final names
         for st in STUDIES:
-            sub = stage.dir(st.key)
+            sub, final = stage.dir(st.key), out / st.key
             print(f"[demo] {st.title.lower()}: {st.model} on {st.task}", file=sys.stderr, flush=True)
-            if probe(st.probe_argv(sub) + quiet) != 0 or battery(st.battery_argv(sub) + quiet) != 0:
-                raise UserError(f"the {st.key} study failed")
+            with contextlib.redirect_stdout(io.StringIO()) as lines:
+                if probe(st.probe_argv(sub) + quiet) != 0 or battery(st.battery_argv(sub) + quiet) != 0:
+                    raise UserError(f"the {st.key} study failed")
+            said.append(lines.getvalue().replace(str(sub), str(final)))
             probes = json.loads((sub / "probes.json").read_text())
             report = json.loads((sub / "causal_report.json").read_text())
-            k = key_numbers(st, probes, report)
-            final = out / st.key  # the commands as they would be typed, with the folder the results end in
+            # the commands as they would be typed, with the folder the results end in (the report records its own)
             cmds = ["python -m probes.run " + " ".join(st.probe_argv(final)),
                     "python -m interventions.run " + " ".join(st.battery_argv(final))]
+            report["config"]["command"] = cmds[1] + "".join(f" {q}" for q in quiet)
+            write_report(report, sub, overwrite=True)
+            k = key_numbers(st, probes, report)
             results.append((probes, report, k, judge(k), cmds))
         text = page(STUDIES, results, "python -m analysis.demo" + (" --overwrite" if args.overwrite else ""))
         stage_plotly_js(stage)
         stage.file("index.html", text)
         stage.commit()
+    print("".join(said), end="")
     for s, r in zip(STUDIES, results):
         print(f"{s.model} on {s.task}: {r[3][0]}")
     print(f"wrote {out / 'index.html'} in {time.perf_counter() - t0:.0f} s")

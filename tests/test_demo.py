@@ -30,7 +30,7 @@ def test_judge_reads_each_verdict_from_its_numbers():
     assert judge(_k(ne=(0.9, 1.0), bypass_all=(0.3, 0.45), chance=1 / 3))[0] == "necessary and used"
 
 
-def test_demo_end_to_end_on_small_studies(tmp_path, monkeypatch):
+def test_demo_end_to_end_on_small_studies(tmp_path, monkeypatch, capsys):
     import analysis.demo as demo
 
     small = tuple(demo.Study(s.key, s.title, s.model, s.task, s.mode, n, 12, 10, s.claim)
@@ -38,6 +38,8 @@ def test_demo_end_to_end_on_small_studies(tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "STUDIES", small)
     out = tmp_path / "demo"
     assert demo.main(["--out", str(out), "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert said.count(f"wrote {out}/") == 9 and ".tmp" not in said  # the studies' lines under final names, the page
     page = (out / "index.html").read_text()
     for st in small:
         rep = json.loads((out / st.key / "causal_report.json").read_text())
@@ -45,6 +47,8 @@ def test_demo_end_to_end_on_small_studies(tmp_path, monkeypatch):
         assert f"<code>{st.model}</code> on {st.task}" in page
         assert f"python -m interventions.run --task {st.task} --model {st.model}" in page  # the commands
         assert f"--out {out / st.key}" in page and ".tmp" not in page  # with the folder the results end in
+        assert rep["config"]["command"].startswith(f"python -m interventions.run --task {st.task}") and \
+            f"--out {out / st.key} " in rep["config"]["command"]
     # both verdicts, from the numbers of these runs
     assert "Verdict from the numbers: <b>decodable, not used</b>" in page
     assert "Verdict from the numbers: <b>necessary and used</b>" in page
