@@ -768,6 +768,40 @@ def test_a_multipass_flag_where_no_fused_pass_runs_is_refused(argv, bad):
         tcli.config_of(tcli.parse_args(argv))
 
 
+@pytest.mark.parametrize("argv, bad, why", [
+    (["--base", "tiny-base", "--n-layers", "2", "--depth-scale"], "--n-layers, --depth-scale", "keeps its own arch"),
+    (["--arch", "gpt2", "--d-ff", "64"], "--d-ff", "gpt2 has neither"),
+    (["--gate-init", "default", "--gate-std", "3"], "--gate-std", "spread of --gate-init unit"),
+    (["--warm-passes", "0", "--warm-prob", "0.5"], "--warm-prob", "no warm passes"),
+    (["--fixed-point-tol", "0.01"], "--fixed-point-tol", "no fixed-point start"),
+    (["--consistency-window", "4"], "--consistency-window", "no consistency term"),
+    (["--targets", "labels", "--label-weight", "5"], "--label-weight", "weighs every label 1"),
+    (["--length-start", "8"], "--length-start", "no length curriculum"),
+    (["--tasks", "completion", "--register-curriculum", "10"], "--register-curriculum", "multi_register is not"),
+    (["--curriculum-steps", "0", "--curriculum-max-n", "4"], "--curriculum-max-n", "no curriculum"),
+    (["--no-packing", "--seq-len", "64"], "--seq-len", "unpacked rows"),
+])
+def test_a_flag_whose_option_does_nothing_is_refused(argv, bad, why):
+    with pytest.raises(UserError, match=f"^{re.escape(bad)} would have no effect: .*{re.escape(why)}"):
+        tcli.config_of(tcli.parse_args(["--preset", "smoke", *argv]))
+
+
+def test_the_same_flags_are_taken_where_they_act():
+    cfg = tcli.config_of(tcli.parse_args(["--preset", "smoke", "--gate-init", "unit", "--gate-std", "3",
+                                          "--warm-passes", "2", "--warm-prob", "0.5", "--consistency", "1",
+                                          "--consistency-window", "4", "--length-doubling", "10", "--length-start",
+                                          "8", "--curriculum-steps", "5", "--curriculum-max-n", "4"]))
+    assert (cfg.gate_std, cfg.warm_prob, cfg.consistency_window, cfg.length_start, cfg.curriculum_max_n) == \
+        (3.0, 0.5, 4, 8, 4)
+
+
+def test_resume_with_overwrite_is_refused(tmp_path):
+    from training.output import check_output
+
+    with pytest.raises(UserError, match="--overwrite would have no effect with --resume"):
+        check_output(tmp_path, resume=True, overwrite=True)
+
+
 def test_multipass_flags_stay_where_fused_passes_run():
     cfg = tcli.config_of(tcli.parse_args(["--preset", "tiny-fbt-track", "--objective", "multipass", "--schedule",
                                           "60/40", "--noise", "0.1", "--consistency", "1"]))

@@ -111,24 +111,47 @@ def config_of(args) -> TrainConfig:
 
 
 # The options that shape the multi-pass objective's fused passes (pass k > 1: its noise, prefix, warm and
-# fixed-point starts, its weight and the consistency term). The recurrent objective runs no fused pass, nor does a
-# schedule of one pass: there they would be read, recorded in the config and do nothing.
+# fixed-point starts, its weight and the consistency term).
 MULTIPASS_ONLY = ("lam", "noise", "prefix_mix", "warm_passes", "warm_prob", "fixed_point_prob", "fixed_point_tol",
                   "consistency", "consistency_window", "consistency_layers")
+# The sizes and init of a model built from scratch: --base keeps the base's own.
+FROM_SCRATCH = ("arch", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "max_len", "attn_window",
+                "tie_embeddings", "depth_scale")
+# (fields, when they do nothing, why): a flag given there would be read, recorded in the config and do nothing.
+NO_OP_RULES = (
+    (("schedule", *MULTIPASS_ONLY), lambda c: c.objective == "recurrent",
+     lambda c: "the recurrent objective (--objective recurrent) runs no fused pass"),
+    (MULTIPASS_ONLY, lambda c: not any(c.probs[1:]),
+     lambda c: f"a schedule of one pass (--schedule {c.schedule}) runs no fused pass"),
+    (FROM_SCRATCH, lambda c: c.base, lambda c: f"--base {c.base} keeps its own architecture"),
+    (("n_kv_heads", "d_ff"), lambda c: c.arch == "gpt2", lambda c: "gpt2 has neither (its MLP is 4 x d_model wide)"),
+    (("gate_init", "gate_std", "init_offset"), lambda c: c.base_fusion,
+     lambda c: "--base-fusion keeps the base's trained fusion: nothing is initialized"),
+    (("gate_std",), lambda c: c.gate_init != "unit", lambda c: "it sets the spread of --gate-init unit"),
+    (("warm_prob",), lambda c: c.warm_passes == 0, lambda c: "there are no warm passes (--warm-passes 0)"),
+    (("fixed_point_tol",), lambda c: c.fixed_point_prob == 0,
+     lambda c: "there is no fixed-point start (--fixed-point-prob 0)"),
+    (("consistency_window", "consistency_layers"), lambda c: c.consistency == 0,
+     lambda c: "there is no consistency term (--consistency 0)"),
+    (("label_weight",), lambda c: c.targets == "labels", lambda c: "--targets labels weighs every label 1"),
+    (("length_start",), lambda c: c.length_doubling == 0,
+     lambda c: "there is no length curriculum (--length-doubling 0)"),
+    (("register_curriculum",), lambda c: "multi_register" not in c.tasks, lambda c: "multi_register is not trained"),
+    (("curriculum_max_n", "curriculum_seq_len"), lambda c: c.curriculum_steps == 0,
+     lambda c: "there is no curriculum (--curriculum-steps 0)"),
+    (("seq_len", "curriculum_seq_len"), lambda c: not c.packing,
+     lambda c: "unpacked rows hold one sample each (--no-packing)"),
+)
 
 
 def _refuse_no_op_flags(cfg: TrainConfig, given: dict) -> None:
-    """A multi-pass flag given where no fused pass runs is refused, not silently ignored (the preset's own
-    values of these fields stay: they are not the user's)."""
-    if cfg.objective == "recurrent":
-        names, why = ("schedule", *MULTIPASS_ONLY), "the recurrent objective (--objective recurrent) runs no fused pass"
-    elif not any(cfg.probs[1:]):
-        names, why = MULTIPASS_ONLY, f"a schedule of one pass (--schedule {cfg.schedule}) runs no fused pass"
-    else:
-        return
-    bad = ["--" + n.replace("_", "-") for n in names if n in given]
-    if bad:
-        raise UserError(f"{', '.join(bad)} would have no effect: {why}; drop {'it' if len(bad) == 1 else 'them'}")
+    """A flag given where its option does nothing is refused, not silently ignored (a preset's own values of
+    such fields stay: they are not the user's)."""
+    for names, idle, why in NO_OP_RULES:
+        bad = ["--" + n.replace("_", "-") for n in names if n in given]
+        if bad and idle(cfg):
+            raise UserError(f"{', '.join(bad)} would have no effect: {why(cfg)}; drop "
+                            f"{'it' if len(bad) == 1 else 'them'}")
 
 
 @cli_entry

@@ -24,6 +24,8 @@ RUN_FILES = frozenset({"model.safetensors", "config.json", "tokenizer.json", "to
 def check_output(out: Path, resume: bool, overwrite: bool) -> bool:
     """Refuse (read-only, before any work) what a run may not do to `out`. True: the run is staged beside `out`
     and replaces it whole once complete (--overwrite over an earlier run); False: it writes into `out`."""
+    if resume and overwrite:  # --resume writes on into out; there is nothing for --overwrite to replace
+        raise UserError("--overwrite would have no effect with --resume (which continues the run in --out): drop it")
     if resume:
         if not out.is_dir():
             raise UserError(f"--resume: no {STATE_FILE} in {out}")
