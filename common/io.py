@@ -62,8 +62,9 @@ class DirLock:
     """Exclusive lock on a directory (created if missing) for the duration of a `with` block.
 
     Another process holding it -> UserError (refused, nothing touched). The lock is on the directory's own file
-    descriptor, so no lock file is left in or beside it. `created` says whether this lock made the directory
-    (so a refused or failed run can remove what it made).
+    descriptor, so no lock file is left in or beside it. `created` says whether this lock made the directory;
+    a block left with an exception removes every directory the lock made (it and the parents it had to make)
+    that is still empty: a refused or failed run leaves no folder behind.
     """
 
     def __init__(self, directory: str | Path, what: str = "run"):
@@ -71,11 +72,16 @@ class DirLock:
         self.what = what
         self.fd = -1
         self.created = False
+        self.made: list[Path] = []  # the directories this lock made, innermost first
 
     def __enter__(self):
         if not self.dir.exists():
+            missing, d = [], self.dir.absolute()
+            while not d.exists() and d != d.parent:
+                missing.append(d)
+                d = d.parent
             self.dir.mkdir(parents=True)
-            self.created = True
+            self.created, self.made = True, missing
         self.fd = os.open(self.dir, os.O_RDONLY)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -92,11 +98,12 @@ class DirLock:
             os.close(self.fd)
             self.fd = -1
         # A run that failed before writing anything leaves no empty directory it made itself.
-        if exc_type is not None and self.created:
-            try:
-                self.dir.rmdir()
-            except OSError:
-                pass
+        if exc_type is not None:
+            for d in self.made:
+                try:
+                    d.rmdir()
+                except OSError:  # not empty (or gone): it and its parents stay
+                    break
         return False
 
 

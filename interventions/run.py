@@ -257,6 +257,8 @@ def _check_erase_positions(positions, mode: str, T: int) -> None:
     """UserError unless every position is one where `mode` feeds a state (core's fused positions) on T columns."""
     from engine.modes import parse_mode
 
+    from .batch import pos_name
+
     if not positions:
         return
     fed = parse_mode(mode).fed_positions(T)
@@ -264,8 +266,8 @@ def _check_erase_positions(positions, mode: str, T: int) -> None:
         raise UserError(f"--erase-positions: {mode} prefill feeds no state")
     bad = [p for p in positions if p < fed[0]]
     if bad:
-        raise UserError(f"--erase-positions {bad[0]}: {mode} feeds a state only at offsets {fed[0]}..-1 of these "
-                        f"{T}-column prompts")
+        raise UserError(f"--erase-positions {pos_name(bad[0])}: {mode} feeds a state only at {pos_name(fed[0])}..T "
+                        f"(offsets {fed[0]}..-1) of these {T}-column prompts")
 
 
 @cli_entry
@@ -285,7 +287,7 @@ def main(argv=None) -> int:
     pick = lambda flag, key: budget[key] if flag is None else flag  # an explicit flag beats its budget value
     placement = Placement.from_args(args)
     source = resolve_task(args.task)  # a built-in name, a JSONL file or module:function; one-line errors
-    mode = parse_mode(args.mode or "recurrent-1").name  # checked now; a looped checkpoint's default after loading
+    mode = parse_mode("recurrent-1" if args.mode is None else args.mode).name  # checked now; a looped checkpoint's default after loading
     max_positions = pick(args.max_positions, "max_positions") or None
     max_depths = pick(args.max_depths, "max_depths") or None
     n_boot, seed, rank = pick(args.n_boot, "n_boot"), args.seed, args.subspace_rank
@@ -381,8 +383,14 @@ def main(argv=None) -> int:
         raise UserError(f"--attribution runs under standard, loop-R and recurrent-K prefill, not {mode}")
     if not feedback and erase_positions:
         raise UserError("--erase-positions: standard prefill feeds no state")
+    if not feedback and args.leace_all:
+        raise UserError(f"--leace-all erases the fed state at every fused position; {mode} prefill feeds no state: "
+                        "drop it")
+    if not feedback and args.control_model is not None and control_arg is not None:
+        raise UserError(f"--control-model: a control model tests a fed state's swap; {mode} prefill feeds no state: "
+                        "drop it")
     cmodel = None
-    if control_arg is not None and not feedback:
+    if control_arg is not None and not feedback:  # the default control, where there is nothing to control
         control_arg, control_skip = None, "a control model tests a fed state; standard prefill has none"
     if control_arg is not None:  # loaded (and checked) before any work, used after the main suite
         cmodel, ctok, _ = _load(control_arg, placement)

@@ -210,3 +210,21 @@ def test_a_refusal_under_torchrun_is_said_once(monkeypatch, capsys, rank, said):
     with pytest.raises(SystemExit) as e:
         main([])
     assert e.value.code == 2 and capsys.readouterr().err == ("error: bad flag\n" if said else "")
+
+
+def test_dir_lock_left_with_an_error_removes_the_empty_folders_it_made(tmp_path):
+    """A refusal inside the lock (a check that needs the data) leaves no folder behind, parents included; what
+    holds a file, and what existed before, stays."""
+    with pytest.raises(UserError):
+        with DirLock(tmp_path / "figures" / "model" / "task"):
+            raise UserError("refused")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "figures").mkdir()
+    with pytest.raises(UserError):
+        with DirLock(tmp_path / "figures" / "model" / "task") as lock:
+            (lock.dir / "partial.json").write_text("{}")
+            raise UserError("failed")
+    assert (tmp_path / "figures" / "model" / "task" / "partial.json").is_file()
+    with DirLock(tmp_path / "figures" / "other"):  # left without an error: the run's folder stays
+        pass
+    assert (tmp_path / "figures" / "other").is_dir()

@@ -196,8 +196,10 @@ def test_interventions_cli_reports_leace_rows(tiny_ckpt, tmp_path):
     (["--erase-positions=-1,x"], "negative offsets"),
     (["--erase-positions", "T+1"], "negative offsets"),
     (["--erase-depths", "9"], "beyond the model's depth"),
-    (["--erase-positions=-2,-400"], "feeds a state only at offsets"),
+    (["--erase-positions=-2,-400"], "--erase-positions T-1: recurrent-1 feeds a state only at T..T"),
     (["--mode", "standard", "--erase-positions", "-1"], "feeds no state"),
+    (["--mode", "standard", "--leace-all"], "--leace-all erases the fed state at every fused position"),
+    (["--mode", ""], "unknown prefill mode ''"),
 ])
 def test_interventions_cli_bad_erase_flags(tiny_ckpt, tmp_path, capsys, flags, msg):
     from interventions.run import main
@@ -209,7 +211,18 @@ def test_interventions_cli_bad_erase_flags(tiny_ckpt, tmp_path, capsys, flags, m
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and msg in err[0]
-    assert not (tmp_path / "o" / "causal_report.json").exists()
+    assert not (tmp_path / "o").exists()  # refused before anything, or inside the lock: no folder left either
+
+
+def test_an_explicit_control_model_under_standard_is_refused(tiny_ckpt, tmp_path, capsys):
+    """A control model tests the swap of a fed state: asked for under standard prefill it would be dropped."""
+    from interventions.run import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(tiny_ckpt), "--task", "completion", "--n-pairs", "10", "--distractors", "0", "--mode",
+              "standard", "--control-model", str(tiny_ckpt), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert e.value.code == 2 and "--control-model: a control model tests" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_probes_cli_erase_depth_curve(tiny_ckpt, tmp_path):
