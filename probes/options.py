@@ -65,7 +65,7 @@ def parse_args(argv):
     p.add_argument("--cache-dir", default=None,
                    help="activation cache dir (default $FBPROBE_CACHE/activations, else ./.cache/activations of the "
                         "current directory)")
-    p.add_argument("--no-cache", action="store_true", help="neither read nor write the activation cache")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the activation cache (not with --cache-dir)")
     p.add_argument("--batch-size", type=int_in(1, MAX_BATCH), default=32,
                    help=f"rows per nnsight trace, 1..{MAX_BATCH} (default 32)")
     p.add_argument("--n-boot", type=int_in(1, MAX_BOOT), default=1000,
@@ -81,7 +81,7 @@ def parse_args(argv):
     p.add_argument("--fed-lens", action="store_true",
                    help="also the logit lens of the state h_{T-1} fed into T under each feedback mode "
                         "(fed_state_lens rows; off by default: it runs the model once more per feedback mode, "
-                        "about the cost of collecting that mode again)")
+                        "about the cost of collecting that mode again; refused when no mode feeds a state)")
     add_progress_flag(p)
     add_device_flags(p)
     return p.parse_args(argv)

@@ -167,6 +167,8 @@ def main(argv=None):
     cache_dir = default_cache if args.cache_dir is None else Path(args.cache_dir)
     if not args.no_cache:
         output_dir(cache_dir, "--cache-dir")
+    elif args.cache_dir is not None:
+        raise UserError("--cache-dir names the activation cache, which --no-cache turns off: drop one of them")
 
     from stats.linear import ProbeConfig, check_groups
     from tasks import probe_labels
@@ -210,6 +212,9 @@ def main(argv=None):
             raise UserError(f"model {model_name!r} has no fusion module: only the standard mode is available "
                             f"(got {', '.join(bad)})")
     modes = canonical_modes(modes + recirc, model.n_layers)  # the canonical names every row is keyed by
+    if args.fed_lens and not any(parse_mode(m).fed_top_source for m in modes):
+        raise UserError(f"--fed-lens reads the state fed into T, and none of {', '.join(modes)} feeds one: add a "
+                        "feedback mode or drop it")
     # the model's own tokenizer or --tokenizer's; a model without one is refused (models.tokenizers)
     tok = resolve_tokenizer(model, tok, args.model, args.tokenizer)
     # Tokenize every dataset now (shared final token, known words) and, for a custom task, check its label

@@ -133,3 +133,18 @@ def test_fed_state_lens_is_opt_in(tiny_ckpt, tmp_path):
     assert doc["fed_state_lens"] == [] and doc["meta"]["lens"]["fed_state_enabled"] is False
     assert "fed_lens" not in doc["meta"]["run"]
     assert all(r["logit_lens_ld"] is not None for r in doc["results"])  # the depth lens is computed
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--modes", "standard", "--fed-lens"], "--fed-lens reads the state fed into T, and none of standard"),
+    (["--no-cache", "--cache-dir", "elsewhere"], "--cache-dir names the activation cache, which --no-cache"),
+])
+def test_a_probes_flag_that_would_do_nothing_is_refused(tiny_ckpt, tmp_path, capsys, flags, needle):
+    from probes.run import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--task", "completion", "--model", str(tiny_ckpt), "--out", str(tmp_path / "p"), "--n-pairs", "20",
+              "--distractors", "8", "--no-progress", *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and needle in err, err
+    assert not (tmp_path / "p").exists() and not (tmp_path / "elsewhere").exists()
