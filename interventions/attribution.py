@@ -35,7 +35,8 @@ TOP_K = 5
 
 def cell_means_ci(values: np.ndarray, masks: np.ndarray, groups, n_boot: int, seed: int):
     """Mean of values[:, j] over rows masks[:, j] for every column j ([B, J] each), with cluster-bootstrap 95% CIs:
-    (means [J], cis [J] of (lo, hi) or None). One draw of groups for every cell (a resample is a set of groups)."""
+    (means [J], cis [J] of (lo, hi) or None: no rows, or rows of one group alone). One draw of groups for every
+    cell (a resample is a set of groups)."""
     boot = ClusterBootstrap(groups, n_boot, seed)
     G = boot.n_groups
     counts = np.zeros((len(boot.draws), G))
@@ -47,7 +48,8 @@ def cell_means_ci(values: np.ndarray, masks: np.ndarray, groups, n_boot: int, se
     with np.errstate(invalid="ignore", divide="ignore"):
         means = vs.sum(1) / ns.sum(1)
         reps = (vs @ counts.T) / (ns @ counts.T)  # [J, n_boot]
-    cis = [percentile_ci(r) if np.isfinite(m) else None for m, r in zip(means, reps)]
+    n_groups = (ns > 0).sum(1)  # [J]: groups holding a row of the cell (one alone has no interval)
+    cis = [percentile_ci(r) if np.isfinite(m) and k >= 2 else None for m, r, k in zip(means, reps, n_groups)]
     return means, [None if c is None else [c[0], c[1]] for c in cis]
 
 
@@ -109,6 +111,10 @@ def attribution(ctx, n_boot: int = 1000, seed: int = 0, max_positions: int | Non
         interpolate = (delta_e, tuple((i + 0.5) / ig_steps for i in range(ig_steps)))
     g = site_gradients(ctx.model, ids, mask, parsed, metric, chunk, interpolate)
     t_grad = time.perf_counter() - t0
+    # The metric at the clean run. With integrated gradients `g.metric` is its mean over the path, where a pair's
+    # two rows meet halfway (mirror images: a batch mean near 0), so the clean run's own logits give it instead.
+    clean_logits = ctx.clean[mode].logits  # [B, V] at T
+    clean_mean = float(metric(clean_logits, torch.arange(len(y))).double().mean())
     T, L = ids.shape[1], ctx.n_layers
     m = b.attention_mask.bool()
     real = (m & m[pair]).numpy()  # [B, T]: own and paired column real
@@ -154,19 +160,27 @@ def attribution(ctx, n_boot: int = 1000, seed: int = 0, max_positions: int | Non
            "sites": sites, "positions": positions, "position_names": [pos_name(p) for p in positions],
            "mean_estimate": grid, "ci": ci_grid, "n_rows": [[int(M[:, i * P + j].sum()) for j in range(P)]
                                                             for i in range(len(sites))],
-           "metric_clean_mean": float(g.metric.double().mean()), "chunk": chunk,
+           "metric_clean_mean": clean_mean, "chunk": chunk,
            "timings_s": {"gradients": t_grad, "total": time.perf_counter() - t0}}
+    # the sweep's site: the fed state (feedback modes), or the residual stream at its depth (standard, loop-R)
+    by_site = None
     if sweep is not None and sweep.get("site") == "state" and est_state is not None:
+        by_site = (est_state, fed)
+    elif sweep is not None and sweep.get("site") == "resid" and sweep.get("depth") is not None:
+        by_site = (est_resid[:, :, sweep["depth"]], real)
+    if by_site is not None:
+        site_est, site_ok = by_site
         keys, est, ex = [], [], []
         for r in sweep["rows"]:
             if r["n"] == 0 or r["ld_mean"] is None:
                 continue
             c = T + r["position"]
-            rows_ok = fed[:, c]
+            rows_ok = site_ok[:, c]
             keys.append(r["position_name"])
-            est.append(float(est_state[rows_ok, c].mean()) if rows_ok.any() else float("nan"))
+            est.append(float(site_est[rows_ok, c].mean()) if rows_ok.any() else float("nan"))
             ex.append(r["ld_mean"] - r["ld_clean_mean"])
-        out["vs_position_sweep"] = {**agreement(est, ex, keys), "positions": keys, "estimate": est, "exact": ex,
+        out["vs_position_sweep"] = {**agreement(est, ex, keys), "site": sweep["site"], "depth": sweep.get("depth"),
+                                    "positions": keys, "estimate": est, "exact": ex,
                                     "exact_s": sweep.get("seconds")}
     if layers is not None and mode in layers.get("cells", {}):
         keys, est, ex = [], [], []

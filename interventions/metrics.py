@@ -124,6 +124,6 @@ def summarize(ld_patched, ld_clean, ld_ref, labels, ref_labels, groups, n_boot: 
            "ld_clean_mean": float(ld_c.mean()), "ld_ref_mean": float(ld_r.mean())}
     for k, v in point.items():
         out[k] = _finite(float(v))
-        ci = percentile_ci(reps[k]) if math.isfinite(float(v)) else None
+        ci = percentile_ci(reps[k]) if math.isfinite(float(v)) and boot.n_groups >= 2 else None  # stats.bootstrap
         out[k + "_ci"] = None if ci is None else list(ci)
     return out

@@ -385,7 +385,10 @@ def _attribution_markdown(res) -> list[str]:
            "| site | " + " | ".join(at["position_names"]) + " |", "|---" * (len(at["positions"]) + 1) + "|"]
     for site, row in zip(at["sites"], at["mean_estimate"]):
         out.append(f"| {site} | " + " | ".join(_f(v) for v in row) + " |")
-    for key, what in (("vs_position_sweep", "the exact state sweep (per position)"),
+    sw = at.get("vs_position_sweep") or {}
+    swept = (f"the exact residual sweep at depth {sw['depth']} (per position)" if sw.get("site") == "resid" else
+             "the exact state sweep (per position)")
+    for key, what in (("vs_position_sweep", swept),
                       ("vs_layer_patching", "exact layer patching (per depth x position cell)")):
         v = at.get(key)
         if v:

@@ -3,7 +3,9 @@
 Rows of one group (a pair and its siblings) are not independent, so a resample draws G groups with replacement
 (G = number of distinct groups) and takes all rows of every drawn group. A statistic that is a ratio of sums
 (an accuracy, a mean, a rate) is evaluated on each resample from per-group sums, so nothing per row is copied.
-The draws come from ``numpy.random.default_rng(seed)`` only: one seed, one set of resamples.
+The draws come from ``numpy.random.default_rng(seed)`` only: one seed, one set of resamples. A statistic whose
+rows lie in fewer than two groups has no interval (None): every resample that holds its rows is the same group
+again, and an interval of width 0 would read as certainty.
 """
 from __future__ import annotations
 
@@ -59,6 +61,8 @@ def group_bootstrap_ci(values, groups, n_boot: int = 1000, seed: int = 0) -> lis
     if len(v) == 0 or not np.isfinite(v).all():  # an undefined mean has no interval (not that of the draws
         return None  # that happen to miss the non-finite rows)
     boot = ClusterBootstrap(groups, n_boot, seed)
+    if boot.n_groups < 2:
+        return None
     _, total = boot.sums(v)
     _, count = boot.sums(np.ones_like(v))
     ci = percentile_ci(total / count)

@@ -107,6 +107,36 @@ def test_report_heatmap_and_agreement_with_the_sweep(tiny_model):
         site_gradients(tiny_model, batch.input_ids, batch.attention_mask, parse_mode("fused-2"), _ld_metric(batch))
 
 
+def test_the_clean_metric_is_the_clean_runs_with_or_without_integrated_gradients(tiny_model):
+    """metric_clean_mean is LD at the clean run; under --attribution-ig it once was the path's mean, where a pair's
+    mirror-image rows cancel (~1e-7 against a clean LD of 18 on parity)."""
+    batch = _random_batch(tiny_model, n_pairs=4, T=6, seed=2)
+    batch.attention_mask[:] = 1  # equal lengths within each pair, as integrated gradients need
+    ctx = CausalContext(tiny_model, batch, modes=("standard", "recurrent-full"))
+    rows = torch.arange(batch.size)
+    with torch.no_grad():
+        want = float(_ld_metric(batch)(ctx.clean["recurrent-full"].logits, rows).double().mean())
+    s = Suite(ctx, n_boot=20)
+    assert abs(want) > 1e-3  # a clean LD the path's mean would miss
+    for ig in (0, 4):
+        assert s.attribution(ig_steps=ig)["metric_clean_mean"] == pytest.approx(want, rel=1e-6, abs=1e-9)
+
+
+def test_under_standard_the_estimate_meets_the_residual_sweep(tiny_model):
+    """Standard prefill's sweep patches the residual at its depth: the estimate is checked against it there too."""
+    batch = _random_batch(tiny_model, n_pairs=6, T=7, seed=3)
+    ctx = CausalContext(tiny_model, batch, modes=("standard",))
+    s = Suite(ctx, n_boot=50)
+    sweep = s.position_sweep()
+    out = s.attribution(sweep=sweep)
+    v, d = out["vs_position_sweep"], sweep["depth"]
+    assert (v["site"], v["depth"]) == ("resid", d) and v["n"] == len(v["exact"]) > 0
+    row = out["sites"].index(f"d{d}")
+    by_name = dict(zip(out["position_names"], out["mean_estimate"][row]))
+    assert v["estimate"] == pytest.approx([by_name[p] for p in v["positions"]])
+    assert v["exact"][-1] == pytest.approx(sweep["rows"][-1]["ld_mean"] - sweep["rows"][-1]["ld_clean_mean"])
+
+
 def test_a_row_whose_donor_is_itself_gets_zero_everywhere(tiny_model):
     batch = _random_batch(tiny_model, n_pairs=4, T=6, seed=4)
     batch.input_ids[batch.pair[0]] = batch.input_ids[0]  # pair 0: identical prompts (labels still differ)

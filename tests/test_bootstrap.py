@@ -106,3 +106,22 @@ def test_a_nan_row_leaves_the_statistic_undefined_not_scored():
         assert s[k] is None and s[k + "_ci"] is None, k
     assert group_bootstrap_ci([0.0, 1.0, np.nan, 5.0], [0, 0, 1, 1], 500, 0) is None
     assert group_bootstrap_ci([0.0, 1.0, 2.0, 5.0], [0, 0, 1, 1], 500, 0) is not None
+
+
+def test_rows_of_one_group_have_no_interval():
+    """Every resample holding the rows of a single group is that group again: an interval of width 0 would read as
+    certainty. The one bootstrap gives None there, in each of its callers."""
+    from interventions.attribution import cell_means_ci
+    from interventions.metrics import summarize
+    from stats.bootstrap import group_bootstrap_ci
+
+    assert group_bootstrap_ci([1.0, 2.0, 4.0], [7, 7, 7], 100, 0) is None
+    assert group_bootstrap_ci([1.0, 2.0, 4.0, 3.0], [7, 7, 7, 8], 100, 0) is not None
+    vals = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
+    masks = np.array([[1, 1], [1, 1], [1, 0], [1, 0]], bool)  # cell 1: the rows of group 0 alone
+    means, cis = cell_means_ci(vals, masks, [0, 0, 1, 1], 200, 0)
+    assert means[1] == pytest.approx(3.0) and cis[1] is None and cis[0] is not None
+    ld = np.array([1.0, -2.0, 0.5, 3.0])
+    one = summarize(ld, ld + 1, ld - 1, np.array([0, 1, 0, 1]), np.array([1, 0, 1, 0]), groups=[3, 3, 3, 3],
+                    n_boot=100, seed=0)
+    assert one["n_groups"] == 1 and one["ld_mean_ci"] is None and one["accuracy_ci"] is None

@@ -82,7 +82,7 @@ def key_columns(samples, tok, ids) -> list[int]:
 def _ci(boot: ClusterBootstrap, values: np.ndarray, n_reps: np.ndarray) -> tuple[float, list[float] | None]:
     """(mean, 95% percentile CI of the mean over the group resamples)."""
     total, reps = boot.sums(values)
-    ci = percentile_ci(reps / n_reps)
+    ci = percentile_ci(reps / n_reps) if boot.n_groups >= 2 else None  # one group: no interval (stats.bootstrap)
     return float(total / len(values)), (None if ci is None else [ci[0], ci[1]])
 
 
