@@ -67,11 +67,12 @@ def check_finite_weights(weights, where: str) -> None:
                         f"values{more}")
 
 
-def save_tokenizer(tok, out: Path) -> None:
+def save_tokenizer(tok, out: str | Path) -> None:
     """tok.save_pretrained into a temporary folder, then each file renamed into place (atomic each)."""
     import shutil
     import tempfile
 
+    out = Path(out)
     tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.", suffix=".tmp", dir=out))
     try:
         tok.save_pretrained(str(tmp))

@@ -228,3 +228,11 @@ def test_dir_lock_left_with_an_error_removes_the_empty_folders_it_made(tmp_path)
     with DirLock(tmp_path / "figures" / "other"):  # left without an error: the run's folder stays
         pass
     assert (tmp_path / "figures" / "other").is_dir()
+
+
+def test_save_tokenizer_takes_a_path_as_text(tmp_path):
+    from models.full_bandwidth import save_tokenizer
+    from tasks import build_tokenizer
+
+    save_tokenizer(build_tokenizer(), str(tmp_path))
+    assert (tmp_path / "tokenizer.json").is_file() and not list(tmp_path.glob(".*.tmp"))
