@@ -52,6 +52,31 @@ class DefaultsFormatter(argparse.RawDescriptionHelpFormatter):
         return text + " (default: %(default)s)"
 
 
+def given_flags(parser: argparse.ArgumentParser, argv=None) -> set[str]:
+    """The dests of the options the command line names, whatever their values (a default's own value included):
+    the line parsed once more with every default replaced by a marker (abbreviations and --x=v forms as argparse
+    reads them)."""
+    unset = object()
+    saved = [(a, a.default) for a in parser._actions]
+    try:
+        for a, _ in saved:
+            a.default = unset
+        parsed = vars(parser.parse_args(argv))
+    finally:
+        for a, d in saved:
+            a.default = d
+    return {k for k, v in parsed.items() if v is not unset}
+
+
+def refuse_idle_flags(given: set[str], rules) -> None:
+    """One-line refusal of a flag given where its option does nothing. `rules`: (dests, idle, why) with `idle` a
+    bool; the first rule a given flag breaks is named, with every given flag of that rule."""
+    for names, idle, why in rules:
+        bad = ["--" + n.replace("_", "-") for n in names if n in given]
+        if bad and idle:
+            raise UserError(f"{', '.join(bad)} would have no effect: {why}; drop {'it' if len(bad) == 1 else 'them'}")
+
+
 def command_text(prog: str, argv=None) -> str:
     """The command as it was run, for a results file: `prog` and its arguments (the process's own when `argv` is
     None)."""

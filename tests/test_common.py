@@ -236,3 +236,16 @@ def test_save_tokenizer_takes_a_path_as_text(tmp_path):
 
     save_tokenizer(build_tokenizer(), str(tmp_path))
     assert (tmp_path / "tokenizer.json").is_file() and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_given_flags_names_what_the_line_names_whatever_its_value():
+    from common.cli import given_flags
+
+    p = Parser(prog="x")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--flag", action="store_true")
+    p.add_argument("--name", default="a")
+    assert given_flags(p, []) == set()
+    assert given_flags(p, ["--seq-len", "64", "--flag"]) == {"seq_len", "flag"}  # a default's own value too
+    assert given_flags(p, ["--seq=3", "--name", "a"]) == {"seq_len", "name"}  # abbreviations, --x=v
+    assert p.parse_args([]).seq_len == 64  # the parser's defaults are left as they were

@@ -380,6 +380,14 @@ def test_targeted_only_cli(task_model, tmp_path, monkeypatch):
     (["--targeted-only", "--targeted-task", "nope"], "--targeted-task"),
     (["--targeted-only", "--mediation-only"], "exclude each other"),
     (["--targeted-pairs", "0"], "--targeted-pairs"),
+    # a flag of an experiment the run does not run: refused, not read and ignored
+    (["--targeted-only", "--seq-len", "32", "--temps=1.1"], "--seq-len, --temps would have no effect: --targeted-only"),
+    (["--mediation-only", "--mediation-spec", "2:1:0.1", "--pairs", "2:1"], "--pairs would have no effect"),
+    (["--targeted-only", "--alpha", "0.3"], "--alpha would have no effect"),
+    (["--mediation-pairs", "8"], "the mediation experiment runs only with --mediation"),
+    (["--targeted-spec", "2:1"], "the targeted experiment runs only with --targeted"),
+    (["--mediation-only", "--mediation"], "--mediation-only runs the mediation experiment already"),
+    (["--mediation-only", "--targeted-a", "0.5"], "--targeted-alphas would have no effect"),  # an abbreviation
 ])
 def test_targeted_cli_bad_input_one_line(tmp_path, capsys, args, msg):
     from analysis.recirculation.cli import main

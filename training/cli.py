@@ -24,7 +24,7 @@ import os
 import torch
 
 from common.cli import (Parser, add_device_flags, add_output_flags, add_progress_flag, add_seed_flag, add_task_flags,
-                        add_threads_flag, int_in, output_dir)
+                        add_threads_flag, int_in, output_dir, refuse_idle_flags)
 from common.errors import UserError, cli_entry
 from common.placement import Placement
 from models.checkpoints import checkpoint_dir
@@ -147,11 +147,7 @@ NO_OP_RULES = (
 def _refuse_no_op_flags(cfg: TrainConfig, given: dict) -> None:
     """A flag given where its option does nothing is refused, not silently ignored (a preset's own values of
     such fields stay: they are not the user's)."""
-    for names, idle, why in NO_OP_RULES:
-        bad = ["--" + n.replace("_", "-") for n in names if n in given]
-        if bad and idle(cfg):
-            raise UserError(f"{', '.join(bad)} would have no effect: {why(cfg)}; drop "
-                            f"{'it' if len(bad) == 1 else 'them'}")
+    refuse_idle_flags(set(given), [(names, idle(cfg), why(cfg)) for names, idle, why in NO_OP_RULES])
 
 
 @cli_entry

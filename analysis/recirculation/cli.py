@@ -19,8 +19,8 @@ from analysis.recirculation.perplexity import Evaluator, load
 from analysis.recirculation.study import Study
 from analysis.recirculation.text import ByteTokenizer, builtin_documents, file_documents, make_splits
 from common.cli import (DefaultsFormatter, Parser, add_device_flags, add_model_flag, add_output_flags,
-                        add_plotly_flag, add_seed_flag, add_threads_flag, command_text, float_in, float_list, int_in,
-                        int_list, output_dir, safe_name)
+                        add_plotly_flag, add_seed_flag, add_threads_flag, command_text, float_in, float_list,
+                        given_flags, int_in, int_list, output_dir, refuse_idle_flags, safe_name)
 from common.errors import UserError, cli_entry
 from common.io import atomic_write, json_text, remove_owned, fresh_output
 from common.paths import default_output
@@ -143,7 +143,30 @@ def parse_args(argv=None):
                                  "in float32 either way")
     add_threads_flag(p)
     add_seed_flag(p, "the split, the random rotations, the mediation and targeted samples and the bootstrap")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    a.given = given_flags(p, argv)  # the flags the line names: one whose experiment does not run is refused
+    return a
+
+
+# The flags of the text study (a)-(e) alone; --pairs / --alpha also give the mediation's candidates.
+TEXT_STUDY = ("text", "seq_len", "n_tune", "n_test", "alphas", "fail", "temps", "small_angle", "passes", "cost_block")
+MEDIATION = ("mediation_spec", "mediation_task", "mediation_pairs", "mediation_distractors")
+TARGETED = ("targeted_task", "targeted_pairs", "targeted_distractors", "targeted_spec", "targeted_alphas")
+
+
+def _refuse_idle(a) -> None:
+    """A flag of an experiment this run does not run is refused (it was read and ignored)."""
+    only = "--mediation-only" if a.mediation_only else "--targeted-only" if a.targeted_only else None
+    run_f, run_g = a.mediation or a.mediation_only, a.targeted or a.targeted_only
+    refuse_idle_flags(a.given, [
+        (("mediation",), a.mediation_only, "--mediation-only runs the mediation experiment already"),
+        (("targeted",), a.targeted_only, "--targeted-only runs the targeted experiment already"),
+        (TEXT_STUDY, only is not None, f"{only} skips the text study they configure"),
+        (("pairs", "alpha"), only is not None and not (run_f and not a.mediation_spec),
+         "they give the text study's heatmap and the mediation's candidates, and this run has neither"),
+        (MEDIATION, not run_f, "the mediation experiment runs only with --mediation or --mediation-only"),
+        (TARGETED, not run_g, "the targeted experiment runs only with --targeted or --targeted-only"),
+    ])
 
 
 def _results_text(res: dict) -> str:
@@ -182,6 +205,7 @@ def main(argv=None):
     if a.mediation_only and a.targeted_only:
         raise UserError("--mediation-only and --targeted-only exclude each other: pass one of them and --mediation "
                         "or --targeted for the other")
+    _refuse_idle(a)
     a.targeted_alpha_list = sorted(set(float_list(a.targeted_alphas, "--targeted-alphas", 0, 1)))
     if a.targeted_spec:
         parse_sd(a.targeted_spec)  # syntax now; the depths once the model is known
