@@ -213,7 +213,7 @@ def page(studies, results, demo_cmd: str) -> str:
 @cli_entry
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from common.io import DirLock
+    from common.io import DirLock, remove_stale_tmp
     from common.paths import figures_dir
     from common.plotlyjs import stage_plotly_js
     from common.staged import Staged
@@ -228,6 +228,7 @@ def main(argv=None) -> int:
     # Each study runs into a temporary folder; the study folders and the page replace an earlier demo together,
     # once both studies are complete: a demo killed midway leaves the earlier one whole, not half new.
     with DirLock(out, "demo"), Staged(out) as stage:
+        remove_stale_tmp(out)  # the study folders a killed earlier demo left (this process holds the lock)
         found = [f"{s.key}/{f}" for s in STUDIES for f in FILES if (out / s.key / f).exists()]
         found += ["index.html"] if (out / "index.html").exists() else []
         if found and not args.overwrite:

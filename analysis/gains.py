@@ -16,9 +16,10 @@ import time
 from common.cli import (Parser, add_output_flags, add_plotly_flag, add_progress_flag, add_task_flags,
                         add_tokenizer_flag, int_in, int_list, output_dir)
 from common.errors import UserError, cli_entry
-from common.io import atomic_write, json_text, fresh_output
+from common.io import fresh_output, json_text
 from common.paths import figures_dir
-from common.plotlyjs import include_plotlyjs, write_plotly_js
+from common.plotlyjs import include_plotlyjs, stage_plotly_js
+from common.staged import Staged
 from analysis.evaluate import MAX_PAIRS, evaluate, parse_tasks
 from models.loading import load_model
 from tasks import ALL_TASKS, TASKS
@@ -101,9 +102,11 @@ def main(argv=None):
                "results": rows}
         text = json_text(doc)
         fig = figure(rows)
-        write_plotly_js(out, a.plotly)  # before the page: it never references a missing plotly.min.js
-        atomic_write(out / "gains.html", fig.to_html(include_plotlyjs=include_plotlyjs(a.plotly), full_html=True))
-        atomic_write(out / "gains.json", text)
+        with Staged(out) as st:  # the page and its JSON replace an earlier run's together, once both are whole
+            stage_plotly_js(st, a.plotly)  # before the page: it never references a missing plotly.min.js
+            st.file("gains.html", fig.to_html(include_plotlyjs=include_plotlyjs(a.plotly), full_html=True))
+            st.file("gains.json", text)
+            st.commit()
     print(f"{'task':15s} {'N':>4s} " + " ".join(f"{arm:>20s}" for arm, *_ in ARMS))
     for t in tasks:
         for n in ns:

@@ -20,9 +20,10 @@ from tqdm import tqdm
 
 from common.cli import Parser, add_output_flags, add_plotly_flag, add_task_flags, add_tokenizer_flag, int_in, output_dir
 from common.errors import UserError, cli_entry
-from common.io import atomic_write, json_text, fresh_output
+from common.io import fresh_output, json_text
 from common.paths import figures_dir
-from common.plotlyjs import include_plotlyjs, write_plotly_js
+from common.plotlyjs import include_plotlyjs, stage_plotly_js
+from common.staged import Staged
 from analysis.evaluate import EVAL_SEED, parse_tasks
 from engine.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
 from models.loading import load_model
@@ -138,9 +139,11 @@ def main(argv=None):
                "results": results, "gate": gates}
         text = json_text(doc)
         fig = figure(results)
-        write_plotly_js(out, a.plotly)  # before the page: it never references a missing plotly.min.js
-        atomic_write(out / "stability.html", fig.to_html(include_plotlyjs=include_plotlyjs(a.plotly), full_html=True))
-        atomic_write(out / "stability.json", text)
+        with Staged(out) as st:  # the page and its JSON replace an earlier run's together, once both are whole
+            stage_plotly_js(st, a.plotly)  # before the page: it never references a missing plotly.min.js
+            st.file("stability.html", fig.to_html(include_plotlyjs=include_plotlyjs(a.plotly), full_html=True))
+            st.file("stability.json", text)
+            st.commit()
     for name, rows in results.items():
         for t in tasks:
             rs = {r["passes"]: r for r in rows if r["task"] == t}

@@ -121,11 +121,16 @@ def remove_owned(directory: str | Path, names, keep=()) -> None:
 
 
 def remove_stale_tmp(directory: str | Path) -> None:
-    """Delete temporaries (`.*.tmp`) a killed earlier run may have left (SIGKILL skips every cleanup)."""
+    """Delete the temporaries (`.*.tmp` files and folders) a killed earlier run may have left in `directory`
+    (SIGKILL skips every cleanup). Call it holding the folder's lock: a live run's temporaries are its own."""
+    import shutil
+
     d = Path(directory)
     if d.is_dir():
         for p in d.glob(".*.tmp"):
-            if p.is_file():
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
                 p.unlink(missing_ok=True)
 
 

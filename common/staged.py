@@ -30,15 +30,6 @@ def _rm(p: str | Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def remove_stale_tmp_dirs(directory: str | Path) -> None:
-    """Delete temporary folders (`.*.tmp/`) a killed earlier run may have left (files: common.io.remove_stale_tmp)."""
-    d = Path(directory)
-    if d.is_dir():
-        for p in d.glob(".*.tmp"):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-
-
 class Staged:
     def __init__(self, directory: str | Path):
         self.root = Path(directory)

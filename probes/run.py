@@ -271,12 +271,11 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
     main_rank = procs.is_main
     with DirLock(out) if main_rank else contextlib.nullcontext():
         from common.io import remove_stale_tmp
-        from common.staged import Staged, remove_stale_tmp_dirs
+        from common.staged import Staged
 
         if main_rank:
             _check_out_dir(out, run_sig, args.overwrite)  # again under the lock: another run may just have written
             remove_stale_tmp(out)  # temporaries of a killed earlier run (this process holds the lock)
-            remove_stale_tmp_dirs(out)
         torch.manual_seed(args.seed)
         collector = Collector(model, batch_size=args.batch_size, pad_id=tok.pad_token_id or 0,
                               progress=not args.no_progress and main_rank)

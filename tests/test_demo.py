@@ -70,7 +70,10 @@ def test_demo_end_to_end_on_small_studies(tmp_path, monkeypatch, capsys):
         return real(argv)
 
     monkeypatch.setattr(irun, "main", stopped_in_the_second)
+    stale = out / ".parity.k1ll3d.tmp"  # a study folder a demo killed earlier (SIGKILL) left behind
+    stale.mkdir()
+    (stale / "probes.json").write_text("{}")
     with pytest.raises(SystemExit) as e:
         demo.main(["--out", str(out), "--no-progress", "--overwrite"])
     assert e.value.code == 130 and len(calls) == 2
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the stale folder is gone too

@@ -387,6 +387,7 @@ def test_targeted_only_cli(task_model, tmp_path, monkeypatch):
     (["--mediation-pairs", "8"], "the mediation experiment runs only with --mediation"),
     (["--targeted-spec", "2:1"], "the targeted experiment runs only with --targeted"),
     (["--mediation-only", "--mediation"], "--mediation-only runs the mediation experiment already"),
+    (["--alphas", "0,0"], "--alphas needs at least one alpha above 0"),
     (["--mediation-only", "--targeted-a", "0.5"], "--targeted-alphas would have no effect"),  # an abbreviation
 ])
 def test_targeted_cli_bad_input_one_line(tmp_path, capsys, args, msg):

@@ -260,6 +260,27 @@ def test_cli_end_to_end_tiny_and_refuses_overwrite(tmp_path):
     assert abs(gaps["blockwise 12 passes"]) < 1e-3  # passes >= block: the exact result
     r2 = _cli(*args)
     assert r2.returncode == 2 and "--overwrite" in r2.stderr
+    # a rerun that fails while drawing its figures (here: the third page) leaves the earlier run whole: no new page
+    # beside the old results.json, no temporary
+    import analysis.recirculation.figures as figs
+    from analysis.recirculation.cli import main
+
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real, calls = figs.html, []
+
+    def third_fails(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("disk full")
+        return real(*a, **k)
+
+    figs.html = third_fails
+    try:
+        with pytest.raises(OSError, match="disk full"):
+            main(args + ["--overwrite", "--alphas", "0.25"])
+    finally:
+        figs.html = real
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 @pytest.mark.parametrize("spec", ["3:1:0.3:convex", "2:0:0.5:residual", "3:1:0:residual"])

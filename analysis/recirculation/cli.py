@@ -3,7 +3,9 @@ The experiments and their outputs are described in analysis/recirculation/__init
 from __future__ import annotations
 
 import math
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,9 +24,11 @@ from common.cli import (DefaultsFormatter, Parser, add_device_flags, add_model_f
                         add_plotly_flag, add_seed_flag, add_threads_flag, command_text, float_in, float_list,
                         given_flags, int_in, int_list, output_dir, refuse_idle_flags, safe_name)
 from common.errors import UserError, cli_entry
-from common.io import atomic_write, json_text, remove_owned, fresh_output
+from common.io import fresh_output, json_text
 from common.paths import default_output
 from common.placement import Placement
+from common.plotlyjs import PLOTLY_JS, plotly_js_missing
+from common.staged import Staged
 from engine.recirculation import RecircSpec, parse_recirculate
 
 _PACKAGE_DOC = sys.modules["analysis.recirculation"].__doc__
@@ -177,12 +181,19 @@ def _results_text(res: dict) -> str:
 
 
 def _write_results(res: dict, out: Path, write_figures_) -> None:
-    """Figures, then results.json (it marks a complete run); then an earlier run's files this run did not
-    write are removed (under --overwrite), so the folder holds one run. Invalid JSON is refused first."""
+    """The figures and results.json replace an earlier run's together, once every one is whole (common.staged):
+    the figures are drawn into a temporary folder, then staged with results.json last (it marks a complete run);
+    an earlier run's files this run did not write are removed at the commit, so the folder holds one run. Invalid
+    JSON is refused first."""
     text = _results_text(res)  # checked before any file is touched
-    written = set(write_figures_())
-    atomic_write(out / "results.json", text)
-    remove_owned(out, OUTPUTS, keep=written | {"results.json"})
+    with tempfile.TemporaryDirectory(prefix=".figures.", suffix=".tmp", dir=out) as tmp, Staged(out) as st:
+        write_figures_(Path(tmp))
+        drawn = sorted(Path(tmp).iterdir(), key=lambda p: (p.name != PLOTLY_JS, p.name))  # plotly.js first
+        for p in drawn:
+            if p.name != PLOTLY_JS or plotly_js_missing(out):  # the folder's own copy, when it is already right
+                st.file(p.name, lambda dst, src=p: os.replace(src, dst))
+        st.file("results.json", text)
+        st.commit(remove=OUTPUTS)
 
 
 @cli_entry
@@ -192,6 +203,8 @@ def main(argv=None):
     if not a.model.strip():
         raise UserError("--model is empty")
     alphas = sorted({0.0} | set(float_list(a.alphas, "--alphas", 0, 1)))
+    if len(alphas) < 2:  # alpha 0 is the base model, always run beside them: the dose curve needs a dose
+        raise UserError("--alphas needs at least one alpha above 0 (alpha 0, the base model, is always included)")
     temps = sorted(set(float_list(a.temps, "--temps", 0, MAX_TEMP)) | {1.0})
     if any(t <= 0 for t in temps):
         raise UserError("--temps must be positive")
@@ -266,7 +279,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
         res["seconds_total"] = time.perf_counter() - t_start
         res["command"] = command
         figs = [("mediation", mediation_figure), ("targeted", targeted_figure)]
-        _write_results(res, out, lambda: [f(res[k], out, a.plotly) or f"{k}.html" for k, f in figs if k in res])
+        _write_results(res, out, lambda into: [f(res[k], into, a.plotly) for k, f in figs if k in res])
         print(f"wrote {out}/results.json and " + " and ".join(f"{k}.html" for k, _ in figs if k in res)
               + f" ({res['seconds_total']:.0f}s)")
         return res
@@ -297,7 +310,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
         res["targeted"] = run_targeted()
     res["seconds_total"] = time.perf_counter() - t_start
     res["command"] = command
-    _write_results(res, out, lambda: write_figures(res, out, a.plotly))
+    _write_results(res, out, lambda into: write_figures(res, into, a.plotly))
     print(f"wrote {out}/results.json and {len(list(out.glob('*.html')))} HTML figures ({res['seconds_total']:.0f}s)")
     return res
 
