@@ -134,6 +134,11 @@ class ResidualRecorder(Hooks):
         if self.cols is not None:
             self.buf[depth] = h[:, self.cols].detach()
 
+    @property
+    def recorded(self) -> bool:
+        """Whether every depth was recorded since the last `take()` (a run may call no model at all)."""
+        return all(b is not None for b in self.buf)
+
     def take(self) -> torch.Tensor:
         out = torch.stack(self.buf, dim=2)  # [batch, n_cols, L+1, d_model]
         self.buf = [None] * len(self.buf)

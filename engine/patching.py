@@ -599,18 +599,21 @@ def patcher(mode: Mode, model: FullBandwidthLM, ids: torch.Tensor, mask: torch.T
     return PATCHERS[mode.kind](model, ids, mask, mode)
 
 
-def record_at_T(model: FullBandwidthLM, run, patches) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits at T [B, V], residual stream at T [B, L+1, D]) of `run()`, a patched run of `patches`.
+def record_at_T(model: FullBandwidthLM, run, patches, clean_resid_T) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits at T [B, V], residual stream at T [B, L+1, D]) of `run()`, a patched run of `patches`;
+    `clean_resid_T()` gives the clean run's [B, L+1, D], asked for only by a run that calls no model.
 
     The recorder keeps the last column of every model call; the last call of every mechanism computes T
     (recurrent: the one-token step at T; standard / fused-n: the full-width pass or the cached suffix), so what
-    remains is T. Recorder hooks run before the patch hooks (registered first), so a patched depth itself shows
-    the unpatched value; the patch is applied to it here."""
+    remains is T. A run whose every patch changes nothing returns the clean result without a model call (the
+    standard patcher), so nothing is recorded and the clean residual is it. Recorder hooks run before the patch
+    hooks (registered first), so a patched depth itself shows the unpatched value; the patch is applied to it
+    here."""
     patches = list(patches)
     with ResidualRecorder(model) as rec:
         rec.cols = torch.tensor([-1])
         logits = run()
-        resid = rec.take()[:, 0]
+        resid = rec.take()[:, 0] if rec.recorded else clean_resid_T().to(logits.device).clone()
     for p in patches:
         if p.site == "resid" and p.pos == -1:
             resid[:, p.depth] = apply(p.value, resid[:, p.depth])

@@ -38,7 +38,9 @@ def erased_depth_rows(model, token_ids, samples, label_ids, mode: str, depth: in
     answers = np.array([s.label for s in samples])
     y = answers if y is None else np.asarray(y)
     groups = np.array([s.group_id for s in samples])
-    K = len(label_ids) if label_ids is not None and y is answers else len(np.unique(y))
+    # classes are indices 0..K-1 (label words, or the pair roles): the largest one present sets K, whether or not
+    # every class below it is among these samples (a class absent here is an all-zero column of the one-hot)
+    K = max(2, int(y.max()) + 1)
     folds = grouped_folds(y, groups, config)
     per_fold, _ = erased_depth_acts(model, token_ids, samples, mode, depth, acts[:, depth], folds, K, batch_pairs,
                                     pad_id, y=y)
@@ -88,6 +90,6 @@ def erased_depth_acts(model, token_ids, samples, mode: str, depth: int, clean_at
         run = patcher(m, model.eval(), ids.to(w.device), mask.to(w.device))
         for f in range(len(folds)):
             patch = [Patch("resid", fe.by_fold(X[rows], f).to(w.device, w.dtype), depth=depth, pos=-1)]
-            _, resid = record_at_T(model, lambda: run.run(patch), patch)
+            _, resid = record_at_T(model, lambda: run.run(patch), patch, lambda: run.resid()[:, -1])
             out[f][rows, depth:] = resid[:, depth:].float().cpu().numpy()
     return out, fe

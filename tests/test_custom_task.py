@@ -287,3 +287,21 @@ def test_leakage_check_compares_with_what_a_probe_without_information_scores(tin
     std0 = [r for r in doc["results"] if r["mode"] == "standard" and r["depth"] == 0]
     assert std0 and all(r["accuracy"] == 0.5 for r in std0)  # the constant input's score: class 0's share
     assert doc["meta"]["warnings"] == []
+
+
+def test_erase_on_samples_that_skip_a_label_word(tiny_ckpt, tmp_path):
+    """--erase on a 3-word file whose first pairs use words 0 and 2 only: LEACE's one-hot spans the word indices
+    (it crashed: 'Class values must be smaller than num_classes')."""
+    lines = [{"label_words": ["0", "1", "2"], "name": "gap"}]
+    for p, (a, b) in enumerate([(0, 2)] * 12 + [(1, 0)] * 2):
+        lines += [_sample(a, p, text=f"state = {p % 2}\n# final state:"),
+                  _sample(b, p, text=f"state = {1 - p % 2}\n# final state:")]
+    path = tmp_path / "gap.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    from probes.run import main
+
+    out = tmp_path / "gap"
+    assert main(["--task", str(path), "--model", str(tiny_ckpt), "--out", str(out), "--modes", "standard",
+                 "--n-pairs", "12", "--erase", "1", "--n-boot", "20", "--no-cache", "--no-progress", "--no-mdl"]) == 0
+    doc = json.loads((out / "probes.json").read_text())
+    assert doc["erased"] and {r["depth"] for r in doc["erased"]} == {1, 2}

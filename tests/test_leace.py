@@ -165,6 +165,10 @@ def test_run_recording_reads_T(tiny_model, mode):
         assert torch.equal(resid[:, d], value)
         if d < tiny_model.n_layers:
             assert not torch.allclose(resid[:, d + 1], clean[:, d + 1])  # recomputed from the patched value
+    # an identity patch (an eraser a fold could not fit leaves its rows as they are): the standard patcher
+    # answers with the clean result and calls no model, so the clean residual is the record
+    logits, resid = run_recording(ctx, mode, [Patch("resid", clean[:, 1].clone(), depth=1, pos=-1)])
+    assert torch.allclose(logits, ctx.clean[mode].logits, atol=1e-5) and torch.allclose(resid, clean, atol=1e-5)
 
 
 # ----- CLIs ---------------------------------------------------------------------------------------------------
