@@ -45,9 +45,11 @@ def random_subspace(d: int, rank: int, seed: int, dtype=torch.float32) -> torch.
     return orthonormal(torch.randn(d, rank, generator=g, dtype=torch.float64)).to(dtype)
 
 
-def fold_subspaces(H: torch.Tensor, labels, groups, rank: int = 1, config: ProbeConfig | None = None
-                   ) -> list[FoldSubspace]:
-    """Per outer fold: probe subspace of rank `rank` fitted on the training rows of H [B, D]."""
+def fold_subspaces(H: torch.Tensor, labels, groups, rank: int = 1, config: ProbeConfig | None = None,
+                   fit_mask=None) -> list[FoldSubspace]:
+    """Per outer fold: probe subspace of rank `rank` fitted on the training rows of H [B, D] (only those where
+    `fit_mask` [B] bool, e.g. the rows whose site is real rather than padding; the accuracy on those of the test
+    rows)."""
     config = config or ProbeConfig()
     X = H.detach().double().cpu().numpy()
     y = np.asarray(labels)
@@ -57,13 +59,17 @@ def fold_subspaces(H: torch.Tensor, labels, groups, rank: int = 1, config: Probe
     cv = StratifiedGroupKFold(n_splits=config.n_splits, shuffle=True, random_state=config.random_state)
     out = []
     for tr, te in cv.split(X, y, groups):
+        scored = te
+        if fit_mask is not None:
+            keep = np.asarray(fit_mask, dtype=bool)
+            tr, scored = tr[keep[tr]], te[keep[te]]
         if len(np.unique(y[tr])) < 2:
             raise UserError("a training fold has a single class: too few groups per label for grouped CV")
         dirs, Xtr, acc = [], X[tr].copy(), None
         for k in range(rank):
             probe = LinearProbe(config).fit(Xtr, y[tr], groups[tr])
             if k == 0:
-                acc = probe.score(X[te], y[te])
+                acc = probe.score(X[scored], y[scored]) if len(scored) else float("nan")
             u = _probe_direction(probe)
             if dirs:  # keep exact orthogonality to the earlier directions
                 B = np.stack(dirs, 1)

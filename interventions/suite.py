@@ -323,7 +323,10 @@ class Suite:
         y = b.probe_labels.numpy()
         K = b.n_classes if b.probe_labels is b.labels else int(b.probe_labels.max()) + 1
         folds = grouped_folds(y, b.groups, cfg)
-        probe_folds = fold_subspaces(X, y, b.groups, rank, cfg)
+        try:  # fitted on the rows where the site is real, as LEACE's erasers and the scores
+            probe_folds, probe_skipped = fold_subspaces(X, y, b.groups, rank, cfg, fit_mask=ok), None
+        except UserError as e:  # too few real rows at this position for the probe's grouped CV
+            probe_folds, probe_skipped = None, str(e)
         erasers = FoldErasers(X, y, folds, K, fit_mask=ok)
         donor = X[b.pair]
         full = ctx.run(mode, [Patch(site, donor, depth=depth, pos=pos)]).logits  # the whole swap at the site
@@ -335,7 +338,11 @@ class Suite:
         out = das_battery(run, X, donor, b.labels[b.pair], b.label_ids, b.groups, folds, ok, config, probe_folds,
                           erasers, full, self.n_boot, on_fit)
         self.timings["das"] = time.perf_counter() - t
-        where = ctx.words(mode)["state"] if site == "state" else f"the residual stream at depth {depth}"
+        # the state entering at pos is the previous column's: h_{T-1} at T, h_{T-43} at T-42
+        where = (ctx.words(mode)["state"].replace("T-1", pos_name(pos - 1)) if site == "state"
+                 else f"the residual stream at depth {depth}")
+        if probe_skipped:
+            out["probe_skipped"] = probe_skipped
         return {"site": {"site": site, "depth": depth if site == "resid" else None, "position": pos,
                          "position_name": pos_name(pos), "description": where}, "mode": mode,
                 "target": "the paired sample's label (the donor's)", **out}

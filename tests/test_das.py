@@ -42,6 +42,21 @@ def planted(n_pairs=60, seed=0):
     return H, y, pair, groups, u, run_of
 
 
+def test_the_probe_subspace_is_fitted_on_the_real_rows_alone():
+    """At a position some prompts do not reach, the site's rows there are padding: the probe (as LEACE) is fitted
+    on the real rows only. Padding rows whose label reads the other way along u left the probe no direction."""
+    H, y, pair, groups, u, _ = planted()
+    real = np.ones(len(y), bool)
+    real[: len(y) // 2] = False  # the first half: padding
+    pad = ~torch.as_tensor(real)
+    Hp = H.clone()
+    Hp[pad] = H[pad] - 2 * ((H[pad].double() @ u)[:, None] * u).float()  # the label reversed along u
+    masked = fold_subspaces(Hp, y.numpy(), groups, 1, ProbeConfig(), fit_mask=real)
+    assert all(abs(float(f.U[:, 0].double() @ u)) >= 0.95 for f in masked)
+    with pytest.raises(UserError, match="found no direction"):  # what fitting on every row did
+        fold_subspaces(Hp, y.numpy(), groups, 1, ProbeConfig())
+
+
 def test_das_recovers_a_planted_direction_and_a_random_one_moves_nothing():
     H, y, pair, groups, u, run_of = planted()
     run = run_of(H)
@@ -93,6 +108,10 @@ def test_k_equal_d_is_the_whole_state_swap_on_the_same_rows(tiny_model):
 
     _, follow = decisions(swap, batch.labels[batch.pair], batch.labels[batch.pair], batch.label_ids)
     assert out["full_swap"]["iia"] == pytest.approx(float(follow.mean()))
+    assert out["site"]["description"] == "h_{T-1}"  # the state entering at T
+    ctx_full = CausalContext(tiny_model, batch, modes=("standard", "recurrent-full"))
+    at = Suite(ctx_full, n_boot=20).das(DasConfig(ranks=(1,), steps=2), pos=-3, rank=1)
+    assert at["site"]["description"] == "h_{T-3}" and at["site"]["position_name"] == "T-2"
 
 
 def test_das_on_the_hand_built_state_model_finds_the_label_plane(make_tiny_config):
