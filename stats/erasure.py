@@ -68,12 +68,20 @@ def fit_eraser(X, labels, n_classes: int):
     return LeaceFitter.fit(x, z, constrain_cov_trace=False).eraser
 
 
+# Components of an erased row below this share of the row's largest are the projection's float64 round-off
+# (~1e-16), not a value: set to 0. A standardized probe scales a coordinate that is round-off everywhere up to unit
+# spread, and its sign still follows the erased label (a perfect erasure then read 1.00 after it).
+ROUNDOFF = 1e-10
+
+
 def apply(eraser, X: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """X [.., D] moved `alpha` of the way to its erased version (same dtype); eraser None = identity."""
     if eraser is None or alpha == 0:
         return X.clone()
     x = X.double()
-    return (x + alpha * (eraser(x) - x)).to(X.dtype)
+    out = x + alpha * (eraser(x) - x)
+    out = torch.where(out.abs() <= ROUNDOFF * x.abs().amax(-1, keepdim=True), torch.zeros_like(out), out)
+    return out.to(X.dtype)
 
 
 class FoldErasers:

@@ -304,3 +304,20 @@ def test_probes_cli_erase_fits_the_labels_the_clean_curve_fits(tiny_ckpt, tmp_pa
     er = {r["depth"]: r for r in doc["erased"]}
     assert er[1]["accuracy"] == pytest.approx(0.5, abs=0.1)  # binary role at chance where it was erased
     assert all(r["accuracy"] <= max(c["accuracy"] for c in doc["results"]) + 0.15 for r in er.values())
+
+
+def test_a_perfect_erasure_leaves_no_round_off_for_the_probe_to_read():
+    """The label in one coordinate, the others constant: LEACE leaves that coordinate at float64 round-off
+    (~3e-16) whose sign still follows the label, and the standardized probe read it at 1.00 'after'. Round-off
+    below 1e-10 of a row's largest component is 0 now, so the check reads chance, as the guarantee says."""
+    from stats.erasure import FoldErasers, grouped_folds, probe_check
+
+    cfg = ProbeConfig(n_boot=50)
+    y = np.array([0, 1] * 20)
+    g = np.repeat(np.arange(20), 2)
+    for dtype in (torch.float32, torch.float64):
+        X = torch.tensor(np.c_[2.0 * y - 1, np.ones((len(y), 15))], dtype=dtype)
+        fe = FoldErasers(X, y, grouped_folds(y, g, cfg), 2)
+        pc = probe_check(X, y, g, fe, cfg)
+        assert pc["before"]["accuracy"] == 1.0 and pc["after"]["accuracy"] == 0.5
+        assert pc["clean_on_erased"]["accuracy"] == 0.5
