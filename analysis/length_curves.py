@@ -2,13 +2,21 @@
 
 Input: eval.json documents written by ``python -m analysis.evaluate`` (rows: task, n_distractors, mode, accuracy,
 n_samples, optional ci_low / ci_high). One panel per task, x = N (log2 axis), y = label accuracy, one line per
-(model, mode) with its 95% CI as a band where the rows carry one, and the chance line at 1/K.
+(model, mode) with its 95% CI as a band where the rows carry one, and the chance line at 1/K (K: the built-in
+task's label words, or a custom task's from the file's meta.custom_tasks).
+
+Modes are read through the engine's one parser (engine.modes): ``--modes standard``, ``std`` and ``fused-0`` name
+the same rows, whatever spelling the eval.json used (a file with both ``fused`` and ``fused-1`` rows draws the
+spelling --modes names, else the first). Several files of one model are drawn as one; two files that give the
+same point (model, task, mode, N) are refused, as are files that are not eval.json documents.
 
 The page uses a fixed div id, so the same inputs always give the same page. plotly.js (``--plotly``): by default
 ``plotly.min.js`` is written once beside the page (replaced only when it differs from the installed plotly's) and
 the page loads it from there (offline); ``inline`` embeds it (4.8 MB), ``cdn`` loads it from cdn.plot.ly.
 ``--png`` renders the figure with headless Chromium (probes.depth_curves.html_to_png) from a temporary
-self-contained page. Default output: ./figures/length_curves.html under the current directory.
+self-contained page; without Chromium the run is refused before anything is written. The page (and PNG) never
+replace an existing file without --overwrite, even one another run wrote meanwhile. Default output:
+./figures/length_curves.html under the current directory.
 
     python -m analysis.length_curves checkpoints/tiny-fbt-track/eval.json checkpoints/tiny-std-track/eval.json \\
         --modes std,fused-30,recurrent-full --model-modes tiny-std-track:std \\
@@ -16,33 +24,235 @@ self-contained page. Default output: ./figures/length_curves.html under the curr
 """
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 
-from common.cli import Parser, add_output_flags, add_plotly_flag, page_outputs
+from common.cli import Parser, add_output_flags, add_plotly_flag, page_outputs, say
 from common.errors import UserError, cli_entry
-from common.io import atomic_write
+from common.io import commit_outputs, temp_beside
+from common.jsonio import read_user_json
 from common.paths import figures_dir
-
-from common.plotlyjs import include_plotlyjs, write_plotly_js
-from probes.depth_curves import PALETTE, load_results_doc, rgba
+from common.plotlyjs import PLOTLY_JS, include_plotlyjs, write_plotly_js
+from engine.modes import canonical_modes, parse_mode
+from probes.depth_curves import PALETTE, rgba
 
 DIV_ID = "length-curves"
 DASH = ("solid", "dash", "dot", "dashdot")
 # Modes drawn by default: the decodings and the recurrences; every fused-k of a sweep would crowd the page.
 DEFAULT_MODES = ("std", "soft", "fused", "recurrent-1", "recurrent-full", "fused-4", "fused-30")
+ROW_KEYS = ("task", "n_distractors", "mode", "accuracy", "n_samples")  # every eval.json row has them
 
 
-def load_eval(path) -> tuple[str, list[dict]]:
+# ----- reading eval.json ------------------------------------------------------------------------------------------
+class EvalDoc(tuple):
+    """One eval.json: unpacks as (model name, rows); `path` names the file in messages, `label_words` holds the
+    label words of its custom tasks (meta.custom_tasks)."""
+
+    def __new__(cls, name, rows, path="", label_words=None):
+        self = super().__new__(cls, (name, rows))
+        self.path = str(path) if path else name
+        self.label_words = dict(label_words or {})
+        return self
+
+    @property
+    def name(self) -> str:
+        return self[0]
+
+    @property
+    def rows(self) -> list[dict]:
+        return self[1]
+
+
+def is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def what_it_is(doc, eval_json: bool = False) -> str:
+    """What another of the suite's documents looks like, for a refusal (empty when unknown; `eval_json`: an
+    eval.json is named too)."""
+    if not isinstance(doc, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(doc), "a number")
+        return f"the top level is {kind}, not an object"
+    schema = doc.get("schema")
+    if isinstance(schema, dict) and schema.get("name") == "causal-report":
+        return "it is a causal_report.json (interventions.run)"
+    meta = doc.get("meta")
+    if isinstance(meta, dict) and isinstance(meta.get("schema"), str):
+        if meta["schema"].startswith("fbprobe.probes/"):
+            return f"it is a probes.json (meta.schema {meta['schema']}; probes.run)"
+        return f"it is a {meta['schema'][:60]} document"
+    if eval_json and isinstance(meta, dict) and isinstance(doc.get("results"), list) and "model" in meta:
+        return "it is an eval.json (analysis.evaluate)"
+    return ""
+
+
+def _check_row(r, where: str) -> None:
+    if not isinstance(r, dict):
+        raise UserError(f"{where}: a row must be an object, got {type(r).__name__}")
+    if "depth" in r:
+        raise UserError(f"{where}: a row with a depth is a probe's (probes.json), not an eval.json row")
+    missing = [k for k in ROW_KEYS if k not in r]
+    if missing:
+        raise UserError(f"{where}: missing {', '.join(missing)} (an eval.json row has {', '.join(ROW_KEYS)})")
+    if not isinstance(r["task"], str) or not r["task"].strip():
+        raise UserError(f"{where}: task must be a task name, got {r['task']!r}")
+    if not is_int(r["n_distractors"]) or r["n_distractors"] < 0:
+        raise UserError(f"{where}: n_distractors must be an integer >= 0, got {r['n_distractors']!r}")
+    if not isinstance(r["mode"], str):
+        raise UserError(f"{where}: mode must be a mode name, got {r['mode']!r}")
+    try:
+        parse_mode(r["mode"])
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None
+    if not is_number(r["accuracy"]) or not 0 <= r["accuracy"] <= 1:
+        raise UserError(f"{where}: accuracy must be a number in [0, 1], got {r['accuracy']!r}")
+    if not is_int(r["n_samples"]) or r["n_samples"] < 1:
+        raise UserError(f"{where}: n_samples must be an integer >= 1, got {r['n_samples']!r}")
+    for k in ("ci_low", "ci_high"):
+        if k in r and (not is_number(r[k]) or not 0 <= r[k] <= 1):
+            raise UserError(f"{where}: {k} must be a number in [0, 1], got {r[k]!r}")
+    if ("ci_low" in r) != ("ci_high" in r):
+        raise UserError(f"{where}: ci_low and ci_high come together")
+    if "ci_low" in r and r["ci_low"] > r["ci_high"]:
+        raise UserError(f"{where}: ci_low {r['ci_low']} > ci_high {r['ci_high']}")
+
+
+def _custom_label_words(meta: dict, where: str) -> dict[str, list]:
+    tasks = meta.get("custom_tasks", [])
+    if not isinstance(tasks, list):
+        raise UserError(f"{where}: meta.custom_tasks must be a list")
+    out = {}
+    for i, t in enumerate(tasks):
+        words = t.get("label_words") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(words, list) \
+                or len(words) < 2:
+            raise UserError(f"{where}: meta.custom_tasks[{i}] needs a name and its label_words (two or more)")
+        out[t["name"]] = words
+    return out
+
+
+def load_eval(path) -> EvalDoc:
+    """An eval.json (analysis.evaluate) checked whole, or one-line UserError naming the file and what is wrong."""
     p = Path(path)
-    doc = load_results_doc(p, "eval.json")
-    name = Path(str(doc.get("meta", {}).get("model", p.parent.name))).name or p.parent.name
-    return name, doc["results"]
+    where = f"eval.json {p}"
+    doc = read_user_json(p, "eval.json")
+    other = what_it_is(doc)
+    if other:
+        raise UserError(f"{p} is not an eval.json (python -m analysis.evaluate): {other}")
+    if not isinstance(doc.get("meta"), dict) or not isinstance(doc.get("results"), list):
+        raise UserError(f"{p} is not an eval.json (python -m analysis.evaluate): it needs a meta object and a "
+                        "results list")
+    meta, rows = doc["meta"], doc["results"]
+    model = meta.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise UserError(f"{where}: meta.model must be the model's name or path, got {model!r}")
+    if not rows:
+        raise UserError(f"{where}: no result rows")
+    seen = {}
+    for i, r in enumerate(rows):
+        _check_row(r, f"{where}: results[{i}]")
+        key = (r["task"], r["n_distractors"], r["mode"])
+        if key in seen:
+            raise UserError(f"{where}: results[{seen[key]}] and results[{i}] are both {r['task']} N = "
+                            f"{r['n_distractors']} {r['mode']}")
+        seen[key] = i
+    name = Path(model.strip()).name or p.absolute().parent.name
+    return EvalDoc(name, rows, p, _custom_label_words(meta, where))
 
 
-def _chance(task: str) -> float:
+# ----- what is drawn: one plan for the page and the tables ------------------------------------------------------
+def _as_docs(evals) -> list[EvalDoc]:
+    return [e if isinstance(e, EvalDoc) else EvalDoc(*e) for e in evals]
+
+
+def _typed(modes) -> list[str]:
+    """Mode names as given (a comma-separated string or a sequence), stripped; each checked by the engine."""
+    names = [str(m).strip() for m in (modes.split(",") if isinstance(modes, str) else modes) if str(m).strip()]
+    canonical_modes(names)  # one message for a bad or empty list
+    return names
+
+
+def _chance(task: str, docs: list[EvalDoc]) -> float:
+    """1/K: K the custom task's label words in the files' meta.custom_tasks, else the built-in task's."""
     from tasks import LABEL_WORDS
 
-    return 1.0 / len(LABEL_WORDS.get(task, (0, 1)))
+    ks = {(d.path, len(d.label_words[task])) for d in docs if task in d.label_words}
+    if len({k for _, k in ks}) > 1:
+        raise UserError(f"task {task!r} has different label words in " + ", ".join(sorted(p for p, _ in ks))
+                        + ": one panel takes one chance level")
+    if ks:
+        return 1.0 / next(iter(ks))[1]
+    base = task.split("@", 1)[0]  # a tracking task's input variant (parity@hold) keeps its task's words
+    if base in LABEL_WORDS:
+        return 1.0 / len(LABEL_WORDS[base])
+    files = ", ".join(dict.fromkeys(d.path for d in docs if any(r["task"] == task for r in d.rows)))
+    raise UserError(f"task {task!r} ({files}) is neither a built-in task nor in meta.custom_tasks: its chance "
+                    "level 1/K is unknown")
+
+
+def plan_traces(evals, modes=DEFAULT_MODES, model_modes=None, tasks=None):
+    """(tasks, {task: chance}, {task: [trace]}): what the page draws and the tables print, one curve per
+    (model, task, canonical mode). A trace: dict(model, mode (its rows' spelling), color, dash, rows sorted by N).
+    Refuses two rows for one point (files of one model that overlap)."""
+    docs = _as_docs(evals)
+    typed = _typed(modes)
+    first_typed: dict[str, int] = {}
+    for i, m in enumerate(typed):
+        first_typed.setdefault(parse_mode(m).name, i)
+    wanted_of = {}
+    for model, ms in (model_modes or {}).items():
+        t = _typed(ms)
+        wanted_of[model] = (t, {parse_mode(m).name for m in t})
+    default = (typed, set(first_typed))
+    tasks = list(tasks or dict.fromkeys(r["task"] for d in docs for r in d.rows))
+    if not tasks:
+        raise UserError("no rows to plot")
+    chance = {t: _chance(t, docs) for t in tasks}
+    models = list(dict.fromkeys(d.name for d in docs))
+    traces: dict[str, list[dict]] = {}
+    for task in tasks:
+        traces[task] = []
+        for mi, model in enumerate(models):
+            wanted, canon = wanted_of.get(model, default)
+            curves: dict[str, list] = {}  # canonical mode -> [(doc, spelling)] in row order
+            for d in docs:
+                if d.name != model:
+                    continue
+                spellings: dict[str, list[str]] = {}
+                for r in d.rows:
+                    c = parse_mode(r["mode"]).name
+                    if r["task"] == task and c in canon and r["mode"] not in spellings.setdefault(c, []):
+                        spellings[c].append(r["mode"])
+                for c, sp in spellings.items():
+                    if sp:  # the spelling asked for, else the file's first (fused beside the sweep's fused-1)
+                        curves.setdefault(c, []).append((d, next((s for s in wanted if s in sp), sp[0])))
+            for ki, (c, picks) in enumerate(curves.items()):
+                chosen = [s for _, s in picks]
+                label_mode = next((s for s in wanted if s in chosen), chosen[0])
+                by_n: dict[int, tuple] = {}
+                for d, s in picks:
+                    for r in d.rows:
+                        if r["task"] == task and r["mode"] == s:
+                            n = r["n_distractors"]
+                            if n in by_n:
+                                other = by_n[n][0].path
+                                both = f"{d.path} is given twice" if other == d.path else \
+                                    f"{other} and {d.path} both hold it"
+                                raise UserError(f"{model} {task} {label_mode} at N = {n}: {both}; a point is drawn "
+                                                "once: give each (model, task, mode, N) in one file")
+                            by_n[n] = (d, r)
+                color = typed.index(label_mode) if label_mode in typed else first_typed.get(c, ki)
+                traces[task].append(dict(model=model, mode=label_mode, canonical=c, dash=DASH[mi % len(DASH)],
+                                          color=PALETTE[color % len(PALETTE)],
+                                          rows=[by_n[n][1] for n in sorted(by_n)]))
+    if not any(traces.values()):
+        raise UserError(f"nothing to draw: no rows of the modes {', '.join(typed)} in the inputs")
+    return tasks, chance, traces
 
 
 TITLE = "State tracking past the depth: accuracy vs N (same weights, std vs recurrence; and the 1-pass twin)"
@@ -55,38 +265,27 @@ def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, task
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    rows = [(name, r) for name, rs in evals for r in rs]
-    tasks = tasks or list(dict.fromkeys(r["task"] for _, r in rows))
-    if not tasks:
-        raise UserError("no rows to plot")
-    fig = make_subplots(rows=1, cols=len(tasks), subplot_titles=[f"{t} (chance {_chance(t):.2f})" for t in tasks],
+    tasks, chance, traces = plan_traces(evals, modes, model_modes, tasks)
+    fig = make_subplots(rows=1, cols=len(tasks), subplot_titles=[f"{t} (chance {chance[t]:.2f})" for t in tasks],
                         shared_yaxes=True)
-    models = list(dict.fromkeys(name for name, _ in rows))
     for ti, task in enumerate(tasks):
-        for mi, model in enumerate(models):
-            wanted = (model_modes or {}).get(model, modes)
-            present = [m for m in dict.fromkeys(r["mode"] for n, r in rows if n == model and r["task"] == task)
-                       if m in wanted]
-            for ki, mode in enumerate(present):
-                pts = sorted((r for n, r in rows if n == model and r["task"] == task and r["mode"] == mode),
-                             key=lambda r: r["n_distractors"])
-                x = [r["n_distractors"] for r in pts]
-                y = [r["accuracy"] for r in pts]
-                color = PALETTE[(modes.index(mode) if mode in modes else ki) % len(PALETTE)]
-                label = f"{model} {mode}"
-                if all("ci_low" in r and "ci_high" in r for r in pts):
-                    fig.add_trace(go.Scatter(x=x + x[::-1], y=[r["ci_high"] for r in pts] + [r["ci_low"] for r in pts][::-1],
-                                             mode="lines", fill="toself", line=dict(width=0), fillcolor=rgba(color, 0.12),
-                                             hoverinfo="skip", showlegend=False, legendgroup=label),
-                                  row=1, col=ti + 1)
-                fig.add_trace(go.Scatter(
-                    x=x, y=y, mode="lines+markers", name=label, legendgroup=label, showlegend=ti == 0,
-                    line=dict(color=color, dash=DASH[mi % len(DASH)]),
-                    customdata=[[r.get("n_samples"), r.get("ci_low"), r.get("ci_high")] for r in pts],
-                    hovertemplate=f"{label}<br>N=%{{x}}<br>accuracy %{{y:.3f}} [%{{customdata[1]:.3f}}, "
-                                  "%{customdata[2]:.3f}]<br>n=%{customdata[0]}<extra></extra>"),
-                    row=1, col=ti + 1)
-        fig.add_hline(y=_chance(task), line=dict(color="gray", dash="dot", width=1), row=1, col=ti + 1)
+        for t in traces[task]:
+            pts, color, label = t["rows"], t["color"], f"{t['model']} {t['mode']}"
+            x = [r["n_distractors"] for r in pts]
+            y = [r["accuracy"] for r in pts]
+            if all("ci_low" in r and "ci_high" in r for r in pts):
+                fig.add_trace(go.Scatter(x=x + x[::-1], y=[r["ci_high"] for r in pts] + [r["ci_low"] for r in pts][::-1],
+                                         mode="lines", fill="toself", line=dict(width=0), fillcolor=rgba(color, 0.12),
+                                         hoverinfo="skip", showlegend=False, legendgroup=label),
+                              row=1, col=ti + 1)
+            fig.add_trace(go.Scatter(
+                x=x, y=y, mode="lines+markers", name=label, legendgroup=label, showlegend=ti == 0,
+                line=dict(color=color, dash=t["dash"]),
+                customdata=[[r.get("n_samples"), r.get("ci_low"), r.get("ci_high")] for r in pts],
+                hovertemplate=f"{label}<br>N=%{{x}}<br>accuracy %{{y:.3f}} [%{{customdata[1]:.3f}}, "
+                              "%{customdata[2]:.3f}]<br>n=%{customdata[0]}<extra></extra>"),
+                row=1, col=ti + 1)
+        fig.add_hline(y=chance[task], line=dict(color="gray", dash="dot", width=1), row=1, col=ti + 1)
         fig.update_xaxes(type="log", title_text="N update lines", row=1, col=ti + 1, dtick=0.30103)
     fig.update_yaxes(range=[0, 1.02], title_text="label accuracy", row=1, col=1)
     fig.update_layout(template="plotly_white", width=560 * len(tasks) + 240, height=460,
@@ -97,21 +296,16 @@ def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, task
 def markdown_tables(evals, modes=DEFAULT_MODES, model_modes=None, tasks=None) -> str:
     """The figure's numbers as markdown, one table per task: a row per (model, mode) drawn, a column per N, the
     accuracy to 3 decimals (the CIs stay in the eval.json files); an empty cell where a model was not run at N."""
-    rows = [(name, r) for name, rs in evals for r in rs]
-    tasks = tasks or list(dict.fromkeys(r["task"] for _, r in rows))
+    tasks, chance, traces = plan_traces(evals, modes, model_modes, tasks)
     out = []
     for task in tasks:
-        ns = sorted({r["n_distractors"] for _, r in rows if r["task"] == task})
-        lines = [f"| {task} (chance {_chance(task):.2f}), N update lines | " + " | ".join(map(str, ns)) + " |",
+        ns = sorted({r["n_distractors"] for t in traces[task] for r in t["rows"]})
+        lines = [f"| {task} (chance {chance[task]:.2f}), N update lines | " + " | ".join(map(str, ns)) + " |",
                  "|---" * (len(ns) + 1) + "|"]
-        for model in dict.fromkeys(name for name, _ in rows):
-            wanted = (model_modes or {}).get(model, modes)
-            for mode in [m for m in wanted if any(n == model and r["task"] == task and r["mode"] == m
-                                                  for n, r in rows)]:
-                acc = {r["n_distractors"]: r["accuracy"] for n, r in rows
-                       if n == model and r["task"] == task and r["mode"] == mode}
-                lines.append(f"| {model}, {mode} | " + " | ".join(f"{acc[n]:.3f}" if n in acc else "" for n in ns)
-                             + " |")
+        for t in traces[task]:
+            acc = {r["n_distractors"]: r["accuracy"] for r in t["rows"]}
+            lines.append(f"| {t['model']}, {t['mode']} | " + " | ".join(f"{acc[n]:.3f}" if n in acc else ""
+                                                                       for n in ns) + " |")
         out.append("\n".join(lines))
     return "\n\n".join(out)
 
@@ -123,11 +317,59 @@ def render_html(evals, modes=DEFAULT_MODES, model_modes=None, plotly: str = "dir
         include_plotlyjs=include_plotlyjs(plotly), full_html=True, div_id=DIV_ID, config={"displayModeBar": False})
 
 
+# ----- writing: checked first, no clobbering, quiet on a closed pipe (shared with analysis.where_state) ----------
+def _same_path(a: Path, b: Path) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_png(out: Path, png: Path | None, plotly: str) -> None:
+    """--png refused before anything is written: the page's own path (or its plotly.min.js), or no Chromium."""
+    if png is None:
+        return
+    if _same_path(png, out):
+        raise UserError(f"--png {png} is the --out page itself: give the PNG another path")
+    if plotly == "directory" and _same_path(png, out.parent / PLOTLY_JS):
+        raise UserError(f"--png {png} is the page's {PLOTLY_JS}: give the PNG another path")
+    from probes import depth_curves
+
+    if depth_curves.find_chromium() is None:
+        raise UserError("--png needs headless Chromium, which is not found (install Debian `chromium`, or `make "
+                        "chromium`); nothing written")
+
+
+def write_page(out: Path, html: str, png: Path | None, fig, div_id: str, plotly: str, overwrite: bool) -> None:
+    """The page and its PNG: the PNG rendered first (a failed render writes nothing), then plotly.min.js (before
+    any page references it), then both files put in place without clobbering (`commit_outputs`)."""
+    items = []
+    try:
+        if png is not None:
+            from probes import depth_curves
+
+            tmp_png = temp_beside(png)
+            items.append((png, tmp_png))
+            depth_curves.figure_png(fig, tmp_png, div_id)
+        write_plotly_js(out.parent, plotly)
+        items.insert(0, (out, temp_beside(out, html)))
+    except BaseException:
+        for _, tmp in items:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        raise
+    commit_outputs(items, overwrite)
+
+
 @cli_entry
 def main(argv=None):
     p = Parser(prog="python -m analysis.length_curves", description=__doc__)
     p.add_argument("evals", nargs="+", help="eval.json files (analysis.evaluate), one per model")
-    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"modes to draw (default {','.join(DEFAULT_MODES)})")
+    p.add_argument("--modes", default=None,
+                   help=f"modes to draw, any spelling the engine reads (std = standard = fused-0); each must be in "
+                        f"some input (default {','.join(DEFAULT_MODES)}: those the inputs hold)")
     p.add_argument("--model-modes", action="append", default=[], metavar="MODEL:MODES",
                    help="modes drawn for one model instead of --modes, e.g. tiny-std-track:std (repeatable; MODEL "
                         "is the model name in its eval.json)")
@@ -140,27 +382,45 @@ def main(argv=None):
     add_plotly_flag(p)
     a = p.parse_args(argv)
     out, png = page_outputs(a.out if a.out is not None else figures_dir("length_curves.html"), a.png, a.overwrite)
-    modes = tuple(m.strip() for m in a.modes.split(",") if m.strip())
-    evals = [load_eval(e) for e in a.evals]
-    names = [n for n, _ in evals]
-    model_modes = {}
+    check_png(out, png, a.plotly)
+    try:
+        modes = tuple(_typed(a.modes if a.modes is not None else DEFAULT_MODES))
+    except UserError as e:
+        raise UserError(f"--modes {a.modes!r}: {e}") from None
+    model_specs = []
     for spec in a.model_modes:
         name, sep, ms = spec.partition(":")
         wanted = tuple(m.strip() for m in ms.split(",") if m.strip())
         if not sep or not wanted:
             raise UserError(f"--model-modes {spec!r}: expected MODEL:MODE[,MODE...], e.g. tiny-std-track:std")
+        try:
+            canonical_modes(wanted)
+        except UserError as e:
+            raise UserError(f"--model-modes {spec!r}: {e}") from None
+        model_specs.append((spec, name, wanted))
+    evals = [load_eval(e) for e in a.evals]
+    names = list(dict.fromkeys(n for n, _ in evals))
+    held = {n: {parse_mode(r["mode"]).name for m, rs in evals if m == n for r in rs} for n in names}
+    if a.modes is not None:  # asked for by name: each one drawn somewhere
+        for m in modes:
+            if not any(parse_mode(m).name in h for h in held.values()):
+                raise UserError(f"--modes {m}: no input holds rows of mode {parse_mode(m).name} (they hold "
+                                f"{', '.join(sorted(set().union(*held.values())))})")
+    model_modes = {}
+    for spec, name, wanted in model_specs:
         if name not in names:
             raise UserError(f"--model-modes {spec!r}: no model {name!r} among the inputs ({', '.join(names)})")
+        for m in wanted:
+            if parse_mode(m).name not in held[name]:
+                raise UserError(f"--model-modes {spec!r}: {name} has no rows of mode {parse_mode(m).name} (it has "
+                                f"{', '.join(sorted(held[name]))})")
         model_modes[name] = wanted
-    html = render_html(evals, modes, model_modes, a.plotly, a.title)
-    write_plotly_js(out.parent, a.plotly)  # first: the page never references a missing plotly.min.js
-    atomic_write(out, html)
-    print(f"wrote {out}")
-    if a.markdown:
-        print(markdown_tables(evals, modes, model_modes))
-    if png:
-        write_png(evals, png, modes, model_modes, a.title)
-        print(f"wrote {png}")
+    fig = length_figure(evals, modes, model_modes=model_modes, title=a.title)  # every refusal of the inputs here
+    table = markdown_tables(evals, modes, model_modes) if a.markdown else None
+    html = fig.to_html(include_plotlyjs=include_plotlyjs(a.plotly), full_html=True, div_id=DIV_ID,
+                       config={"displayModeBar": False})
+    write_page(out, html, png, fig, DIV_ID, a.plotly, a.overwrite)
+    say(f"wrote {out}", *([f"wrote {png}"] if png else []), *([table] if table is not None else []))
     return 0
 
 

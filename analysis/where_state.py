@@ -5,6 +5,12 @@ Inputs, all written by the suite's own commands on the same task:
 - ``--causal``: the same model's causal_report.json (``python -m interventions.run``: ``results.loop_iterations``);
 - ``--feedback`` (repeatable): causal_report.json files of feedback models (their fed-state swap at T).
 
+Each file is checked for what it must be (a probes.json: ``meta.schema`` fbprobe.probes/...; a causal report:
+``schema.name`` causal-report, with the rows this page reads), and the files for one another: --probes and --causal
+come from the same model (weights and config hashes, else the names) and every file from the same task
+(probes.json ``meta.run.task``; a causal report's ``config.task_source.name``, else ``config.task``); anything
+else is refused in one line before anything is written.
+
 Left panel: held-out probe accuracy per (core block, iteration) of the loop (the first (mode, N) in the probes
 file). Right panel, per iteration i = 0..r: the share of answers that follow the donor when the loop state s_i is
 swapped with the paired sample's at T only and at every position, with their 95% CIs, and the logit lens on s_i;
@@ -17,15 +23,84 @@ is read from the fed state alone).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+from analysis.length_curves import check_png, is_int, is_number, what_it_is, write_page
+from common.cli import say
 from common.cli import Parser, add_output_flags, add_plotly_flag, page_outputs
 from common.errors import UserError, cli_entry
-from common.io import atomic_write
 from common.jsonio import read_user_json
 from common.paths import figures_dir
-from common.plotlyjs import include_plotlyjs, write_plotly_js
-from probes.depth_curves import PALETTE, load_results_doc, loop_core_rows, loop_grid, rgba
+from common.plotlyjs import include_plotlyjs
+from probes.depth_curves import PALETTE, loop_core_rows, loop_grid, rgba
 
 DIV_ID = "where-state"
+
+
+# ----- reading and checking the inputs ----------------------------------------------------------------------------
+def _rate_ok(v) -> bool:
+    return v is None or (is_number(v) and 0 <= v <= 1)
+
+
+def _obj(d, key: str, where: str) -> dict:
+    v = d.get(key)
+    if not isinstance(v, dict):
+        raise UserError(f"{where}: no {key} object")
+    return v
+
+
+def check_probes(doc, where: str = "--probes") -> dict:
+    """A probes.json (probes.run) with its meta (model, task) and well-formed loop rows, or one-line UserError."""
+    meta = doc.get("meta") if isinstance(doc, dict) else None
+    schema = meta.get("schema") if isinstance(meta, dict) else None
+    if not (isinstance(schema, str) and schema.startswith("fbprobe.probes/")):
+        other = what_it_is(doc, eval_json=True)
+        raise UserError(f"{where} is not a probes.json (python -m probes.run): "
+                        + (other or "no meta.schema fbprobe.probes/..."))
+    if not isinstance(doc.get("results"), list):
+        raise UserError(f"{where}: no results list")
+    run, model = _obj(meta, "run", f"{where}: meta"), _obj(meta, "model", f"{where}: meta")
+    if not isinstance(run.get("task"), str) or not isinstance(model.get("name"), str):
+        raise UserError(f"{where}: meta.run.task and meta.model.name must name the task and the model")
+    for i, r in enumerate(doc["results"]):
+        if not isinstance(r, dict):
+            raise UserError(f"{where}: results[{i}] is not an object")
+        if not r.get("loop"):
+            continue
+        lp, at = r["loop"], f"{where}: results[{i}]"
+        if not isinstance(lp, dict) or not isinstance(lp.get("part"), str) or not is_int(lp.get("iteration")) \
+                or not is_int(lp.get("block")):
+            raise UserError(f"{at}: loop must be an object with part, iteration and block")
+        if not isinstance(r.get("mode"), str) or not is_int(r.get("n_distractors")):
+            raise UserError(f"{at}: a row needs its mode and n_distractors")
+        if not (is_number(r.get("accuracy")) and 0 <= r["accuracy"] <= 1):
+            raise UserError(f"{at}: accuracy must be a number in [0, 1], got {r.get('accuracy')!r}")
+        if r.get("writes") is not None and not is_int(r.get("writes")):
+            raise UserError(f"{at}: writes must be an integer or null, got {r.get('writes')!r}")
+    return doc
+
+
+def check_causal(doc, where: str) -> dict:
+    """A causal_report.json (interventions.run) with its model and task, or one-line UserError."""
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if not (isinstance(schema, dict) and schema.get("name") == "causal-report"):
+        other = what_it_is(doc, eval_json=True)
+        raise UserError(f"{where} is not a causal_report.json (python -m interventions.run): "
+                        + (other or "no schema causal-report"))
+    model, config = _obj(doc, "model", where), _obj(doc, "config", where)
+    _obj(doc, "results", where)
+    if not isinstance(model.get("name"), str) or not isinstance(config.get("task"), str):
+        raise UserError(f"{where}: model.name and config.task must name the model and the task")
+    return doc
+
+
+def _rate_row(r, key: str, at: str) -> None:
+    m = r.get(key)
+    if not isinstance(m, dict) or "follows_donor_rate" not in m or not _rate_ok(m["follows_donor_rate"]):
+        raise UserError(f"{at}: {key} must hold follows_donor_rate (a rate in [0, 1] or null)")
+    ci = m.get("follows_donor_rate_ci")
+    if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(is_number(c) for c in ci)):
+        raise UserError(f"{at}: {key}.follows_donor_rate_ci must be [low, high] or null")
 
 
 def loop_probe_grid(probes: dict) -> tuple[str, list[int], list[int], list[list[float | None]]]:
@@ -38,22 +113,74 @@ def loop_probe_grid(probes: dict) -> tuple[str, list[int], list[int], list[list[
     return f"probe accuracy per iteration ({mode}, N = {n})", its, blocks, z
 
 
-def loop_swap_rows(causal: dict) -> tuple[dict, list[dict]]:
+def loop_swap_rows(causal: dict, where: str = "--causal") -> tuple[dict, list[dict]]:
     lp = (causal.get("results") or {}).get("loop_iterations")
-    if not lp or not lp.get("rows"):
-        raise UserError("--causal: no results.loop_iterations (run interventions.run on a looped checkpoint)")
+    if not lp:
+        raise UserError(f"{where}: no results.loop_iterations (run interventions.run on a looped checkpoint)")
+    if not isinstance(lp, dict) or not isinstance(lp.get("rows"), list) or not lp["rows"]:
+        raise UserError(f"{where}: results.loop_iterations needs a rows list (one row per iteration)")
+    if not isinstance(lp.get("mode"), str):
+        raise UserError(f"{where}: results.loop_iterations.mode must name the mode")
+    for i, r in enumerate(lp["rows"]):
+        at = f"{where}: results.loop_iterations.rows[{i}]"
+        if not isinstance(r, dict) or not is_int(r.get("iteration")):
+            raise UserError(f"{at}: a row needs its iteration (an integer)")
+        for key in ("swap_T", "swap_all_positions"):
+            _rate_row(r, key, at)
+        if "lens_accuracy" not in r or not _rate_ok(r["lens_accuracy"]):
+            raise UserError(f"{at}: lens_accuracy must be a number in [0, 1] or null")
     return lp, lp["rows"]
 
 
-def fed_state_swap(causal: dict) -> dict:
+def fed_state_swap(causal: dict, where: str | None = None) -> dict:
     """The feedback model's fed-state swap at T (results.interventions, name state_swap)."""
-    for r in (causal.get("results") or {}).get("interventions") or []:
-        if r.get("name") == "state_swap":
+    where = where or f"--feedback {(causal.get('model') or {}).get('name', '?')}"
+    rows = (causal.get("results") or {}).get("interventions") or []
+    if not isinstance(rows, list):
+        raise UserError(f"{where}: results.interventions must be a list")
+    for r in rows:
+        if isinstance(r, dict) and r.get("name") == "state_swap":
+            if not (is_number(r.get("follows_donor_rate")) and 0 <= r["follows_donor_rate"] <= 1):
+                raise UserError(f"{where}: the state_swap row has no follows_donor_rate (a rate in [0, 1])")
             return r
-    raise UserError(f"--feedback {causal.get('model', {}).get('name', '?')}: no state_swap row (a model with a "
-                    "fed state, under a recurrent mode)")
+    raise UserError(f"{where}: no state_swap row (a model with a fed state, under a recurrent mode)")
 
 
+def probes_task(probes: dict) -> str:
+    return probes["meta"]["run"]["task"]
+
+
+def causal_task(causal: dict) -> str:
+    """The task's name: config.task_source.name (a custom task's config.task is its path), else config.task."""
+    src = causal["config"].get("task_source")
+    return src["name"] if isinstance(src, dict) and isinstance(src.get("name"), str) else causal["config"]["task"]
+
+
+def _identity(name, weights, config) -> str:
+    return name + (f" (weights {weights[:12]})" if isinstance(weights, str) else "")
+
+
+def check_same_run(probes: dict, causal: dict, feedback: list[dict], names=("--probes", "--causal", ())) -> None:
+    """--probes and --causal: one model (the weights' and config's hashes where both files carry them, else the
+    names) and one task; every --feedback report: the same task."""
+    pw, pc = probes["meta"]["model"].get("weights_sha256") or probes["meta"]["run"].get("weights"), \
+        probes["meta"]["run"].get("config")
+    cw, cc = causal["model"].get("weights_sha256"), causal["model"].get("config_sha256")
+    pn, cn = probes["meta"]["model"]["name"], causal["model"]["name"]
+    if isinstance(pw, str) and isinstance(cw, str):
+        same = pw == cw and (not (isinstance(pc, str) and isinstance(cc, str)) or pc == cc)
+    else:
+        same = pn == cn
+    if not same:
+        raise UserError(f"{names[1]} is a report on {_identity(cn, cw, cc)}, {names[0]} on "
+                        f"{_identity(pn, pw, pc)}: give both files of one model")
+    task = probes_task(probes)
+    for flag, doc in [(names[1], causal)] + list(zip(names[2], feedback)):
+        if causal_task(doc) != task:
+            raise UserError(f"{flag} is on task {causal_task(doc)!r}, {names[0]} on {task!r}: give files of one task")
+
+
+# ----- the figure ---------------------------------------------------------------------------------------------------
 def where_figure(probes: dict, causal: dict, feedback: list[dict]):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -104,25 +231,27 @@ def main(argv=None):
     p.add_argument("--probes", required=True, help="the looped model's probes.json (probes.run)")
     p.add_argument("--causal", required=True, help="the looped model's causal_report.json (interventions.run)")
     p.add_argument("--feedback", action="append", default=[], metavar="CAUSAL_REPORT",
-                   help="a feedback model's causal_report.json under a recurrent mode (repeatable)")
+                   help="a feedback model's causal_report.json under a recurrent mode, on the same task (repeatable)")
     add_output_flags(p, "./figures/where_state.html", kind="file", out_extra=": the HTML page")
     p.add_argument("--png", help="also write a PNG here (needs headless Chromium)")
     add_plotly_flag(p)
     a = p.parse_args(argv)
     out, png = page_outputs(a.out if a.out is not None else figures_dir("where_state.html"), a.png, a.overwrite)
-    probes = load_results_doc(a.probes, "probes.json")
-    causal = read_user_json(a.causal, "causal_report.json")
-    feedback = [read_user_json(f, "causal_report.json") for f in a.feedback]
+    check_png(out, png, a.plotly)
+    w_probes, w_causal = f"--probes {a.probes}", f"--causal {a.causal}"
+    w_feedback = [f"--feedback {f}" for f in a.feedback]
+    probes = check_probes(read_user_json(a.probes, "probes.json"), w_probes)
+    causal = check_causal(read_user_json(a.causal, "causal_report.json"), w_causal)
+    feedback = [check_causal(read_user_json(f, "causal_report.json"), w) for f, w in zip(a.feedback, w_feedback)]
+    loop_swap_rows(causal, w_causal)
+    for fb, w in zip(feedback, w_feedback):
+        fed_state_swap(fb, w)
+    check_same_run(probes, causal, feedback, (w_probes, w_causal, w_feedback))
     fig = where_figure(probes, causal, feedback)
-    write_plotly_js(out.parent, a.plotly)
-    atomic_write(out, fig.to_html(include_plotlyjs=include_plotlyjs(a.plotly), full_html=True, div_id=DIV_ID,
-                                  config={"displayModeBar": False}))
-    print(f"wrote {out}")
-    if png:
-        from probes.depth_curves import figure_png
-
-        figure_png(fig, png, DIV_ID)
-        print(f"wrote {png}")
+    html = fig.to_html(include_plotlyjs=include_plotlyjs(a.plotly), full_html=True, div_id=DIV_ID,
+                       config={"displayModeBar": False})
+    write_page(Path(out), html, png, fig, DIV_ID, a.plotly, a.overwrite)
+    say(f"wrote {out}", *([f"wrote {png}"] if png else []))
     return 0
 
 

@@ -77,6 +77,21 @@ def refuse_idle_flags(given: set[str], rules) -> None:
             raise UserError(f"{', '.join(bad)} would have no effect: {why}; drop {'it' if len(bad) == 1 else 'them'}")
 
 
+def say(*texts: str) -> None:
+    """Print to stdout; a reader that stopped reading (`| head`) ends the output quietly, not in a traceback."""
+    try:
+        for t in texts:
+            print(t)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        try:  # the interpreter's own flush at exit would fail again: point stdout at /dev/null
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
 def command_text(prog: str, argv=None) -> str:
     """The command as it was run, for a results file: `prog` and its arguments (the process's own when `argv` is
     None)."""

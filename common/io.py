@@ -47,6 +47,61 @@ def atomic_write(path: str | Path, data) -> Path:
     return path
 
 
+def temp_beside(path: Path, data=None) -> str:
+    """A temporary file in `path`'s folder (named `.<name>.*.tmp`, the suite's temporaries), holding `data`
+    (str or bytes; None: empty, for a writer to fill) with a plain open()'s mode."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if data is not None:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.chmod(tmp, 0o666 & ~current_umask())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _link_new(tmp: str, path: Path) -> None:
+    """Put `tmp` at `path` only if nothing is there (never replaced; FileExistsError otherwise)."""
+    try:
+        os.link(tmp, path)  # atomic, and fails when the target exists
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links: claim the name first, then fill it atomically
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def commit_outputs(items, overwrite: bool) -> None:
+    """Move written temporaries [(path, tmp)] into place, in order. Without `overwrite` an existing file is never
+    replaced, even one another run wrote after this run's checks: refused in one line, and the files this call
+    already placed are taken back. The temporaries are gone on every exit path."""
+    placed = []
+    try:
+        for path, tmp in items:
+            if overwrite:
+                os.replace(tmp, path)
+                continue
+            try:
+                _link_new(tmp, path)
+            except FileExistsError:
+                raise UserError(f"{path} appeared while this run was working (another run wrote it); pass "
+                                "--overwrite to replace it") from None
+            placed.append(path)
+    except BaseException:
+        for path in placed:
+            Path(path).unlink(missing_ok=True)
+        raise
+    finally:
+        for _, tmp in items:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
 def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -123,8 +178,6 @@ def remove_owned(directory: str | Path, names, keep=()) -> None:
 def remove_stale_tmp(directory: str | Path) -> None:
     """Delete the temporaries (`.*.tmp` files and folders) a killed earlier run may have left in `directory`
     (SIGKILL skips every cleanup). Call it holding the folder's lock: a live run's temporaries are its own."""
-    import shutil
-
     d = Path(directory)
     if d.is_dir():
         for p in d.glob(".*.tmp"):

@@ -25,7 +25,6 @@ CLI: ``python -m probes.depth_curves figures/tiny-fbt/completion/probes.json [--
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -55,13 +54,12 @@ def rgba(hex_color: str, alpha: float) -> str:
 
 def load_results_doc(path, what: str) -> dict:
     """A results document (probes.json, eval.json: {"meta": ..., "results": [...]}) or one-line UserError."""
+    from common.jsonio import read_user_json
+
     p = Path(path)
     if not p.is_file():
         raise UserError(f"no {what} at {p}")
-    try:
-        doc = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{p} is not valid JSON: {e}") from None
+    doc = read_user_json(p, what)  # NaN, huge or deep values: one line too
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
         raise UserError(f"{p} is not a {what} (needs a 'results' list)")
     return doc
