@@ -302,8 +302,6 @@ def main(argv=None):
     add_device_flags(p)
     a = p.parse_args(argv)
     # --- everything that can be refused is checked before the model loads
-    if not a.model.strip():
-        raise UserError("--model is empty")
     placement = Placement.from_args(a)
     from models.tokenizers import resolve_tokenizer, tokenizer_source
 

@@ -22,8 +22,11 @@ MAX_DISTRACTORS = 1024
 
 
 def _batch(tok, task, n_pairs, n, seed):
-    s = make_dataset(task, n_pairs, n, seed=seed)
-    ids, mask = pad_left([tok(x.text, add_special_tokens=False)["input_ids"] for x in s], tok.pad_token_id)
+    from tasks import tokenize_samples
+
+    # the suite's one tokenization: a prompt with words the tokenizer does not know is refused, not run on [UNK]
+    ids, s = tokenize_samples(make_dataset(task, n_pairs, n, seed=seed), tok)
+    ids, mask = pad_left(ids, tok.pad_token_id)
     return s, ids, mask
 
 

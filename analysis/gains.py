@@ -20,7 +20,7 @@ from common.io import fresh_output, json_text
 from common.paths import figures_dir
 from common.plotlyjs import include_plotlyjs, stage_plotly_js
 from common.staged import Staged
-from analysis.evaluate import MAX_PAIRS, evaluate, parse_tasks
+from analysis.evaluate import EVAL_SEED, MAX_PAIRS, evaluate, parse_tasks
 from models.loading import load_model
 from tasks import ALL_TASKS, TASKS
 
@@ -57,8 +57,10 @@ OUTPUTS = ("gains.json", "gains.html")
 @cli_entry
 def main(argv=None):
     p = Parser(prog="python -m analysis.gains", description=__doc__)
-    p.add_argument("--fbt", default="tiny-fbt", help="full-bandwidth model (preset or dir)")
-    p.add_argument("--std", default="tiny-std", help="standard baseline model (preset or dir)")
+    p.add_argument("--fbt", default="tiny-fbt", help="full-bandwidth model: a shipped preset's name or a checkpoint "
+                                                     "directory (default tiny-fbt)")
+    p.add_argument("--std", default="tiny-std", help="standard baseline model: a shipped preset's name or a "
+                                                     "checkpoint directory (default tiny-std)")
     add_task_flags(p, ALL_TASKS, ",".join(TASKS), several=True, custom=False)
     p.add_argument("--distractors", default="0,8,32,128",
                    help=f"comma-separated N, each in 0..{MAX_DISTRACTORS} (default 0,8,32,128)")
@@ -98,7 +100,8 @@ def main(argv=None):
             src = ev_std if which == "std_model" else ev_fbt
             rows += [{**r, "arm": arm} for r in src if r["mode"] == mode]
         rows.sort(key=lambda r: (tasks.index(r["task"]), r["n_distractors"], [a_[0] for a_ in ARMS].index(r["arm"])))
-        doc = {"meta": {"fbt": a.fbt, "std": a.std, "n_pairs": a.n_pairs, "wall_s": round(time.time() - t0, 1)},
+        doc = {"meta": {"fbt": a.fbt, "std": a.std, "tasks": tasks, "n_distractors": ns, "n_pairs": a.n_pairs,
+                        "seed": EVAL_SEED, "wall_s": round(time.time() - t0, 1)},
                "results": rows}
         text = json_text(doc)
         fig = figure(rows)

@@ -97,7 +97,8 @@ OUTPUTS = ("stability.json", "stability.html")
 @cli_entry
 def main(argv=None):
     p = Parser(prog="python -m analysis.stability", description=__doc__)
-    p.add_argument("--models", default="tiny-fbt,tiny-fbt-no3", help="comma-separated presets or checkpoint dirs")
+    p.add_argument("--models", default="tiny-fbt,tiny-fbt-no3", help="comma-separated models: shipped presets' names or checkpoint directories "
+                                                                   "(default tiny-fbt,tiny-fbt-no3)")
     add_task_flags(p, ALL_TASKS, ",".join(TASKS), several=True, custom=False)
     p.add_argument("--distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
                    help=f"N distractor lines, 0..{MAX_DISTRACTORS} (default 8)")

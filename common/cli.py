@@ -362,9 +362,16 @@ def add_model_flag(p, default: str | None = "tiny-fbt", help_extra: str | None =
     text = _with_default(SHARED_HELP["--model"], help_extra,
                          None if positional or required else (default_text or str(default)))
     if positional:
-        return _shared(p.add_argument("model", metavar="MODEL", help=text), "--model")
+        return _shared(p.add_argument("model", metavar="MODEL", type=_model_name, help=text), "--model")
     return _shared(p.add_argument("--model", default=None if required else default, required=required,
-                                  metavar="NAME_OR_DIR", help=text), "--model")
+                                  metavar="NAME_OR_DIR", type=_model_name, help=text), "--model")
+
+
+def _model_name(s: str) -> str:
+    """A model's name or folder as typed; an empty one named as such (not as the folder '.' it would resolve to)."""
+    if not str(s).strip():
+        raise argparse.ArgumentTypeError("is empty: give a shipped preset's name or a model directory")
+    return s
 
 
 def add_tokenizer_flag(p):

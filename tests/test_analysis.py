@@ -74,6 +74,10 @@ def test_gains_baseline_row_is_the_standard_models_accuracy(ckpt, tmp_path):
                 "--n-pairs", "4", "--out", str(tmp_path / "g"), "--no-progress"])
     doc = json.loads((tmp_path / "g" / "gains.json").read_text())
     assert (tmp_path / "g" / "gains.html").is_file()
+    from analysis.evaluate import EVAL_SEED as seed  # what the rows were drawn with, recorded beside them
+
+    assert {k: doc["meta"][k] for k in ("tasks", "n_distractors", "n_pairs", "seed")} == \
+        {"tasks": ["memory"], "n_distractors": [0], "n_pairs": 4, "seed": seed}
     arms = {r["arm"]: r for r in doc["results"]}
     assert set(arms) == {"baseline", "fbt/std", "fbt/soft", "fbt/fused"}
     # the same checkpoint as both models: the baseline and the no-feedback arm are the same computation

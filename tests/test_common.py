@@ -249,3 +249,20 @@ def test_given_flags_names_what_the_line_names_whatever_its_value():
     assert given_flags(p, ["--seq-len", "64", "--flag"]) == {"seq_len", "flag"}  # a default's own value too
     assert given_flags(p, ["--seq=3", "--name", "a"]) == {"seq_len", "name"}  # abbreviations, --x=v
     assert p.parse_args([]).seq_len == 64  # the parser's defaults are left as they were
+
+
+def test_an_empty_model_is_refused_by_name_everywhere(capsys):
+    """--model '' (or an empty positional MODEL) is refused as empty, not read as the folder '.'."""
+    from common.cli import add_model_flag
+
+    for positional in (False, True):
+        p = Parser(prog="x")
+        add_model_flag(p, positional=positional)
+
+        @cli_entry
+        def main(argv=None):
+            p.parse_args(argv)
+
+        with pytest.raises(SystemExit):
+            main(["  "] if positional else ["--model", ""])
+        assert "is empty: give a shipped preset's name or a model directory" in capsys.readouterr().err

@@ -157,3 +157,22 @@ def test_evaluate_seed_draws_fresh_datasets(tiny_ckpt, tmp_path):
     assert seed0 == EVAL_SEED and seed1 == 1
     assert one != default and again == (1, one)
     assert run("explicit", "--seed", str(EVAL_SEED)) == (EVAL_SEED, default)  # the default is the fixed seed
+
+
+def test_the_fixed_point_diagnostic_refuses_words_its_tokenizer_does_not_know():
+    """analysis.fixed_point tokenized with tok(...) and ran prompts of [UNK]s; it goes through tokenize_samples."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from analysis.fixed_point import _batch
+    from common.errors import UserError
+    from tasks import build_tokenizer
+
+    full = build_tokenizer()
+    spec = json.loads(full.backend_tokenizer.to_str())
+    spec["model"]["vocab"].pop("scratch")  # a task word this tokenizer no longer knows
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), unk_token="[UNK]",
+                                  pad_token=full.pad_token)
+    _batch(full, "completion", 4, 2, 0)  # every word known: accepted
+    with pytest.raises(UserError, match="does not know every word"):
+        _batch(tok, "completion", 4, 2, 0)

@@ -200,8 +200,6 @@ def _write_results(res: dict, out: Path, write_figures_) -> None:
 def main(argv=None):
     a = parse_args(argv)
     # --- everything that can be refused is checked before anything loads or any file is touched
-    if not a.model.strip():
-        raise UserError("--model is empty")
     alphas = sorted({0.0} | set(float_list(a.alphas, "--alphas", 0, 1)))
     if len(alphas) < 2:  # alpha 0 is the base model, always run beside them: the dose curve needs a dose
         raise UserError("--alphas needs at least one alpha above 0 (alpha 0, the base model, is always included)")
