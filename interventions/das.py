@@ -107,6 +107,10 @@ def label_logits(logits: torch.Tensor, label_ids) -> torch.Tensor:
     return logits[:, list(label_ids)].float()
 
 
+STILL_FALLING = 0.05  # a fit whose loss still fell 5% over its last tenth of steps had not converged
+CONVERGED_LOSS = 0.05  # ... unless it is already this low (cross-entropy: every answer near certain)
+
+
 def fit_rotation(run, source: torch.Tensor, target: torch.Tensor, train: np.ndarray, label_ids, k: int,
                  config: DasConfig, seed: int) -> tuple[RotatedSubspace, dict]:
     """A rank-k RotatedSubspace trained on the `train` rows. `run(edit)` -> logits [B, V] of the model with `edit`
@@ -131,7 +135,10 @@ def fit_rotation(run, source: torch.Tensor, target: torch.Tensor, train: np.ndar
             p.grad = g
         opt.step()
         losses.append(loss.item())
-    return rot, {"loss_first": losses[0], "loss_last": losses[-1]}
+    # still learning: the loss fell by more than STILL_FALLING of itself over the last tenth of the steps
+    tail = losses[max(0, len(losses) - 1 - max(1, len(losses) // 10))]
+    falling = tail - losses[-1] > STILL_FALLING * tail and losses[-1] > CONVERGED_LOSS
+    return rot, {"loss_first": losses[0], "loss_last": losses[-1], "still_falling": bool(falling)}
 
 
 def _iia(logits, target, label_ids, rows) -> np.ndarray:
@@ -217,7 +224,8 @@ def das_battery(run, base: torch.Tensor, source: torch.Tensor, target: torch.Ten
             source, random_subspace(d, k, config.seed * 7919 + 101 * k + f, torch.float64))))
         row = {"k": k, **das, "train_iia": train_iia, "random_iia": rnd["iia"], "random_iia_ci": rnd["iia_ci"],
                "loss_first": float(np.mean([i["loss_first"] for i in fits])),
-               "loss_last": float(np.mean([i["loss_last"] for i in fits]))}
+               "loss_last": float(np.mean([i["loss_last"] for i in fits])),
+               "still_falling": int(sum(i["still_falling"] for i in fits))}  # folds whose fit had not converged
         bases = [r.exact_basis() for r in rots]
         if probe_folds is not None:
             row["cos_probe"] = _mean_cos([_cosines(b, pf.U) for b, pf in zip(bases, probe_folds)])

@@ -362,6 +362,11 @@ def _das_markdown(res) -> list[str]:
         out.append(f"| {r['k']} | {_f(r['iia'])} | {_cis(r['iia_ci'])} | {_f(r['train_iia'])} | {_f(r['random_iia'])} "
                    f"| {_cos(r.get('cos_probe'))} | {_cos(r.get('cos_leace'))} | {_f(r['loss_first'])} -> "
                    f"{_f(r['loss_last'], 3)} |")
+    falling = [r["k"] for r in das["rows"] if r.get("still_falling")]
+    if falling:
+        out += ["", f"**Not converged** at k = {', '.join(map(str, falling))}: in some folds the loss still fell by "
+                "more than 5% over the last tenth of the steps, so these IIAs are lower bounds; rerun with more "
+                "--das-steps (or a larger --das-lr)."]
     extra = []
     for key, what in (("probe", "the probe subspace"), ("leace", "LEACE's subspace"), ("full_swap", "the whole swap")):
         v = das.get(key)

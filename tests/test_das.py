@@ -209,3 +209,22 @@ def test_das_is_refused_where_the_run_has_no_gradient(tiny_ckpt, tmp_path, capsy
               "--das", "1"])
     err = capsys.readouterr().err.strip()
     assert "without gradient" in err and len(err.splitlines()) == 1
+
+
+def test_a_fit_that_is_still_learning_says_so():
+    """At a few steps the rotation has not converged: the row counts its folds as still falling and the report
+    warns that the IIA is a lower bound; a converged fit does not."""
+    from interventions.report import _das_markdown
+
+    H, y, pair, groups, u, run_of = planted()
+    folds = grouped_folds(y.numpy(), groups, ProbeConfig())
+    ok = np.ones(len(y), bool)
+    short = das_battery(run_of(H), H, H[pair], y[pair], (2, 5), groups, folds, ok,
+                        DasConfig(ranks=(1,), steps=10, lr=0.005, seed=0), n_boot=50)
+    long = das_battery(run_of(H), H, H[pair], y[pair], (2, 5), groups, folds, ok,
+                       DasConfig(ranks=(1,), steps=300, lr=0.05, seed=0), n_boot=50)
+    assert short["rows"][0]["still_falling"] >= len(folds) - 1 and long["rows"][0]["still_falling"] == 0
+    doc = {"site": {"description": "h_{T-1}", "position_name": "T"}, "mode": "recurrent-1", "n_folds": len(folds),
+           "target": "the donor's label", "settings": {"parametrization": "orthogonal", "steps": 10, "lr": 0.005}}
+    assert "**Not converged** at k = 1" in "\n".join(_das_markdown({"das": {**doc, **short}}))
+    assert "Not converged" not in "\n".join(_das_markdown({"das": {**doc, **long}}))
