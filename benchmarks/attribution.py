@@ -33,9 +33,11 @@ def main(argv=None) -> int:
     add_model_flag(p, "tiny-fbt-track")
     add_task_flags(p, ALL_TASKS, "parity", custom=False)
     p.add_argument("--mode", default="recurrent-full", help="a recurrent-K mode or standard (default recurrent-full)")
-    p.add_argument("--n-pairs", type=int_in(10, 5000), default=50)
-    p.add_argument("--distractors", type=int_in(0, 1024), default=64)
-    p.add_argument("--repeats", type=int_in(1, 100), default=2, help="timed (exact, attribution) pairs")
+    p.add_argument("--n-pairs", type=int_in(10, 5000), default=50, help="sample pairs, 10..5000 (default 50)")
+    p.add_argument("--distractors", type=int_in(0, 1024), default=64,
+                   help="distractor lines per prompt, 0..1024 (default 64)")
+    p.add_argument("--repeats", type=int_in(1, 100), default=2,
+                   help="timed (exact, attribution) pairs, 1..100 (default 2)")
     add_threads_flag(p, 2)
     args = p.parse_args(argv)
 

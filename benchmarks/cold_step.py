@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
-from common.cli import DefaultsFormatter, Parser, add_seed_flag  # noqa: E402
+from common.cli import DefaultsFormatter, Parser, add_seed_flag, float_in, int_in  # noqa: E402
 from common.errors import cli_entry  # noqa: E402
 from engine.cache import new_cache  # noqa: E402
 from engine.decode import step_loop  # noqa: E402
@@ -44,14 +44,18 @@ CLOCK = time.process_time
 def parse_args(argv=None):
     p = Parser(prog="python benchmarks/cold_step.py", description=__doc__.split("\n\n")[0],
                formatter_class=DefaultsFormatter)
-    p.add_argument("--rounds", type=int, default=25, help="interleaved rounds (medians are reported)")
-    p.add_argument("--ops", type=int, default=300, help="tiny torch ops in the bundle of section 1 (a multiple of 3)")
-    p.add_argument("--T", type=int, default=1024, help="prompt length of the prefill before the step")
-    p.add_argument("--gap-ms", type=float, default=60.0, help="how long the sleep and the busy loop of section 1 last")
+    p.add_argument("--rounds", type=int_in(1, 10_000), default=25,
+                   help="interleaved rounds (medians are reported), 1..10000")
+    p.add_argument("--ops", type=int_in(3, 1_000_000), default=300,
+                   help="tiny torch ops in the bundle of section 1, a multiple of 3 in 3..1000000")
+    p.add_argument("--T", type=int_in(2, 100_000), default=1024,
+                   help="prompt length of the prefill before the step, 2..100000")
+    p.add_argument("--gap-ms", type=float_in(0, 60_000, lo_open=True), default=60.0,
+                   help="how long the sleep and the busy loop of section 1 last, in milliseconds, in (0, 60000]")
     add_seed_flag(p, "the random weights and tokens")
     a = p.parse_args(argv)
-    if min(a.rounds, a.gap_ms) <= 0 or a.ops < 3 or a.ops % 3 or a.T < 2:
-        p.error("--rounds and --gap-ms must be positive, --ops a positive multiple of 3 and --T >= 2")
+    if a.ops % 3:
+        p.error(f"--ops must be a multiple of 3, got {a.ops}")
     return a
 
 

@@ -47,11 +47,11 @@ def parse_args(argv=None):
     add_model_flag(p, None, " for both parts",
                    default_text="a random tiny-fbt-shaped model for part 1, the tiny-fbt checkpoint for part 2")
     p.add_argument("--batch", type=int_in(2, 100_000), default=32,
-                   help="prompts in the batch (completion pairs: an even count) (default: %(default)s)")
+                   help="prompts in the batch (completion pairs: an even count), 2..100000 (default: %(default)s)")
     p.add_argument("--distractors", type=int_in(0, 100_000), default=32,
-                   help="N: distractors per completion prompt (default: %(default)s)")
+                   help="N: distractors per completion prompt, 0..100000 (default: %(default)s)")
     p.add_argument("--repeats", type=int_in(1, 10_000), default=15,
-                   help="interleaved rounds of the three arms (default: %(default)s)")
+                   help="interleaved rounds of the three arms, 1..10000 (default: %(default)s)")
     p.add_argument("--skip-e2e", action="store_true", help="skip part 2, the end-to-end probes.run")
     add_threads_flag(p)
     return p.parse_args(argv)

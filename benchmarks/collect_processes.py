@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere without an install
 
-from common.cli import DefaultsFormatter, Parser, add_model_flag, add_threads_flag, set_threads  # noqa: E402
+from common.cli import DefaultsFormatter, Parser, add_model_flag, add_threads_flag, int_in, set_threads  # noqa: E402
 from common.errors import cli_entry  # noqa: E402
 
 PROCS = (1, 2)
@@ -35,12 +35,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                formatter_class=DefaultsFormatter)
     add_model_flag(p, "tiny-fbt")
     p.add_argument("--modes", default="standard,recurrent-1", help="modes collected")
-    p.add_argument("--n-pairs", type=int, default=96, help="pairs of the completion dataset")
-    p.add_argument("--distractors", type=int, default=32, help="distractor lines per prompt")
-    p.add_argument("--batch-size", type=int, default=32, help="rows per nnsight trace")
+    p.add_argument("--n-pairs", type=int_in(5, 5000), default=96,
+                   help="pairs of the completion dataset, 5..5000 (probes.run's range)")
+    p.add_argument("--distractors", type=int_in(0, 256), default=32,
+                   help="distractor lines per prompt, 0..256 (probes.run's range)")
+    p.add_argument("--batch-size", type=int_in(1, 4096), default=32, help="rows per nnsight trace, 1..4096")
     add_threads_flag(p, 1, "; per process")
-    p.add_argument("--repeats", type=int, default=5, help="timed collections per launch; medians over these")
-    p.add_argument("--timeout", type=int, default=1800, help="seconds allowed per launch (a hang guard)")
+    p.add_argument("--repeats", type=int_in(1, 10_000), default=5,
+                   help="timed collections per launch, 1..10000; medians over these")
+    p.add_argument("--timeout", type=int_in(1, 86_400), default=1800,
+                   help="seconds allowed per launch (a hang guard), 1..86400")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: this process is one of a launch's workers
     return p.parse_args(argv)
 

@@ -68,15 +68,17 @@ def parse_args(argv=None):
     p.add_argument("--models", default=f"{SMOL},tiny-fbt",
                    help=f"comma-separated: '{SMOL}' (random-init SmolLM2-135M shape) and/or preset names or "
                         "checkpoint dirs with a fusion module (default: %(default)s)")
-    p.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default: %(default)s)")
+    p.add_argument("--batches", default="1,8",
+                   help="comma-separated batch sizes, each in 1..4096 (default: %(default)s)")
     p.add_argument("--prompt-len", type=int_in(2, 100_000), default=64,
-                   help="T: prompt tokens for decoding, and the T of recurrent-full vs the HF floor "
+                   help="T: prompt tokens for decoding, and the T of recurrent-full vs the HF floor, 2..100000 "
                         "(default: %(default)s)")
     p.add_argument("--new-tokens", type=int_in(2, 100_000), default=32,
-                   help="N: greedy tokens per generate call; N-1 decoding steps are timed (default: %(default)s)")
+                   help="N: greedy tokens per generate call, 2..100000; N-1 decoding steps are timed "
+                        "(default: %(default)s)")
     p.add_argument("--repeats", type=int_in(1, 10_000), default=5,
                    help="interleaved pairs per figure, their order alternating (recurrent-full: rounds of three arms, "
-                        "each arm in each slot in turn) (default: %(default)s)")
+                        "each arm in each slot in turn), 1..10000 (default: %(default)s)")
     p.add_argument("--parts", default="decode,recurrent-full",
                    help="which measurements: decode, recurrent-full or both (default: %(default)s)")
     add_threads_flag(p, available_cpus(), default_text=f"{available_cpus()}, the CPUs available to this process")
@@ -87,8 +89,8 @@ def parse_args(argv=None):
                    help="architecture of the SmolLM2-shaped model: llama (SmolLM2's own) or the project's qwen3 "
                         "builder (models.configs.qwen3_config, adds QK-norm) (default: %(default)s)")
     p.add_argument("--smol-layers", type=int_in(1, 1000), default=SMOL_SHAPE["layers"],
-                   help="decoder blocks of the SmolLM2-shaped model; fewer for a quick check, the decode goal "
-                        "then does not apply (default: %(default)s)")
+                   help="decoder blocks of the SmolLM2-shaped model, 1..1000; fewer for a quick check, the decode "
+                        "goal then does not apply (default: %(default)s)")
     add_seed_flag(p, "the random weights and tokens")
     add_device_flags(p, dtype=False, device_map=False)
     a = p.parse_args(argv)

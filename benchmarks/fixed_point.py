@@ -25,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
-from common.cli import DefaultsFormatter, Parser, add_model_flag, add_threads_flag, set_threads  # noqa: E402
+from common.cli import (DefaultsFormatter, Parser, add_model_flag, add_threads_flag, float_in, int_in,  # noqa: E402
+                        set_threads)
 from common.cpus import available_cpus  # noqa: E402
 from common.errors import UserError, cli_entry  # noqa: E402
 from engine.prefill import fixed_point_top, shift_state  # noqa: E402
@@ -39,14 +40,14 @@ def parse_args(argv=None):
                formatter_class=DefaultsFormatter)
     add_model_flag(p, "tiny-fbt", ", with a fusion module")
     p.add_argument("--preset", default="tiny-fbt", choices=list(PRESETS), help="whose batches are drawn")
-    p.add_argument("--tol", type=float, default=1e-3, help="relative state-change tolerance of the Jacobi path")
-    p.add_argument("--first-step", type=int, default=3000, help="first training step whose batches are used")
-    p.add_argument("--steps", type=int, default=8, help="consecutive training steps (3 micro-batches each)")
+    p.add_argument("--tol", type=float_in(0, 1, lo_open=True, hi_open=True), default=1e-3,
+                   help="relative state-change tolerance of the Jacobi path, in (0, 1)")
+    p.add_argument("--first-step", type=int_in(0, 10_000_000), default=3000,
+                   help="first training step whose batches are used, 0..10000000")
+    p.add_argument("--steps", type=int_in(1, 10_000), default=8,
+                   help="consecutive training steps (3 micro-batches each), 1..10000")
     add_threads_flag(p, available_cpus(), default_text=f"{available_cpus()}, the CPUs available to this process")
-    a = p.parse_args(argv)
-    if a.steps < 1 or a.first_step < 0 or not 0 < a.tol < 1:
-        p.error("--steps must be >= 1, --first-step >= 0, --tol in (0, 1)")
-    return a
+    return p.parse_args(argv)
 
 
 @cli_entry

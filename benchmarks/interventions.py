@@ -25,8 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.cli import Parser, add_model_flag, add_task_flags  # noqa: E402
+from common.cli import Parser, add_model_flag, add_task_flags, int_in  # noqa: E402
 from common.errors import cli_entry  # noqa: E402
+from interventions.run import MAX_DISTRACTORS, MAX_POSITIONS, N_PAIRS_RANGE  # noqa: E402
 from tasks import ALL_TASKS  # noqa: E402
 
 
@@ -35,12 +36,20 @@ def main(argv=None) -> int:
     p = Parser(prog="python benchmarks/interventions.py", description=__doc__.splitlines()[0])
     add_model_flag(p, "tiny-fbt")
     add_task_flags(p, ALL_TASKS, "completion", custom=False)
-    p.add_argument("--n-pairs", default="200")
-    p.add_argument("--distractors", default="8")
-    p.add_argument("--control-model", default=None)
-    p.add_argument("--mode", default="recurrent-full")
-    p.add_argument("--max-positions", default="64")
-    p.add_argument("--budget", default="full", choices=("quick", "full"))
+    p.add_argument("--n-pairs", type=int_in(*N_PAIRS_RANGE), default=200,
+                   help=f"sample pairs (2 samples each), {N_PAIRS_RANGE[0]}..{N_PAIRS_RANGE[1]} (default 200)")
+    p.add_argument("--distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
+                   help=f"distractor lines per prompt, 0..{MAX_DISTRACTORS} (default 8)")
+    p.add_argument("--control-model", default=None,
+                   help="interventions.run's negative-control model (default: its own, tiny-std when its checkpoint "
+                        "exists; 'none' to skip)")
+    p.add_argument("--mode", default="recurrent-full",
+                   help="the prefill mode intervened on, as interventions.run's --mode (default recurrent-full)")
+    p.add_argument("--max-positions", type=int_in(0, MAX_POSITIONS), default=64,
+                   help=f"position sweep and layer-patching heatmap over the last P positions, 0..{MAX_POSITIONS} "
+                        "(0 = all; default 64)")
+    p.add_argument("--budget", default="full", choices=("quick", "full"),
+                   help="interventions.run's --budget: quick or full (default full)")
     args = p.parse_args(argv)
 
     import torch
@@ -50,9 +59,9 @@ def main(argv=None) -> int:
     from tasks import make_dataset
 
     with tempfile.TemporaryDirectory() as tmp:
-        cli = ["--model", args.model, "--task", args.task, "--n-pairs", args.n_pairs, "--distractors",
-               args.distractors, "--out", tmp, "--no-progress", "--mode", args.mode, "--max-positions",
-               args.max_positions, "--budget", args.budget]
+        cli = ["--model", args.model, "--task", args.task, "--n-pairs", str(args.n_pairs), "--distractors",
+               str(args.distractors), "--out", tmp, "--no-progress", "--mode", args.mode, "--max-positions",
+               str(args.max_positions), "--budget", args.budget]
         if args.control_model:
             cli += ["--control-model", args.control_model]
         t = time.perf_counter()

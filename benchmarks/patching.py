@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.cli import Parser, add_model_flag, add_task_flags, add_threads_flag, set_threads  # noqa: E402
+from common.cli import Parser, add_model_flag, add_task_flags, add_threads_flag, int_in, set_threads  # noqa: E402
 from common.errors import cli_entry  # noqa: E402
 from tasks import ALL_TASKS  # noqa: E402
 
@@ -38,10 +38,13 @@ def main(argv=None) -> int:
     p = Parser(prog="python benchmarks/patching.py", description=__doc__.splitlines()[0])
     add_model_flag(p, "smollm2-135m")
     add_task_flags(p, ALL_TASKS, "completion", custom=False)
-    p.add_argument("--n-pairs", type=int, default=16)
-    p.add_argument("--distractors", type=int, default=8)
-    p.add_argument("--positions", type=int, default=12, help="patched columns, spread over the prompt")
-    p.add_argument("--repeats", type=int, default=3, help="timed pairs per (position, depth)")
+    p.add_argument("--n-pairs", type=int_in(1, 5000), default=16, help="sample pairs, 1..5000 (default 16)")
+    p.add_argument("--distractors", type=int_in(0, 1024), default=8,
+                   help="distractor lines per prompt, 0..1024 (default 8)")
+    p.add_argument("--positions", type=int_in(1, 100_000), default=12,
+                   help="patched columns, spread over the prompt, 1..100000 (default 12)")
+    p.add_argument("--repeats", type=int_in(1, 10_000), default=3,
+                   help="timed pairs per (position, depth), 1..10000 (default 3)")
     add_threads_flag(p, 2)
     args = p.parse_args(argv)
 

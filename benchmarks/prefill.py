@@ -52,7 +52,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
 from common.cli import (DefaultsFormatter, Parser, add_device_flags, add_seed_flag, add_threads_flag,  # noqa: E402
-                        set_threads)
+                        int_in, set_threads)
 from common.cpus import available_cpus  # noqa: E402
 from common.errors import cli_entry  # noqa: E402
 from common.placement import Placement  # noqa: E402
@@ -68,41 +68,50 @@ def parse_args(argv=None):
     p = Parser(prog="python benchmarks/prefill.py", description=__doc__.split("\n\n")[0],
                formatter_class=DefaultsFormatter)
     add_threads_flag(p, available_cpus(), default_text=f"{available_cpus()}, the CPUs available to this process")
-    p.add_argument("--layers", type=int, default=4, help="decoder blocks of the tiny Qwen3-style model")
-    p.add_argument("--d-model", type=int, default=128, help="hidden size")
-    p.add_argument("--heads", type=int, default=4, help="attention heads (KV heads = heads // 2)")
-    p.add_argument("--vocab", type=int, default=64, help="vocabulary size")
-    p.add_argument("--batch", type=int, default=1, help="prompts per batch (all of length T)")
-    p.add_argument("--short", type=int, default=256, help="the short prompt length T for the scaling ratio")
-    p.add_argument("--long", type=int, default=1024, help="the long prompt length T (scaling, speed-up, overhead)")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per figure (the median is reported)")
-    p.add_argument("--overhead-repeats", type=int, default=30,
+    p.add_argument("--layers", type=int_in(1, 1000), default=4,
+                   help="decoder blocks of the tiny Qwen3-style model, 1..1000")
+    p.add_argument("--d-model", type=int_in(2, 65_536), default=128,
+                   help="hidden size, 2..65536 (a multiple of --heads, with an even head size)")
+    p.add_argument("--heads", type=int_in(2, 1024), default=4,
+                   help="attention heads, an even number in 2..1024 (KV heads = heads // 2)")
+    p.add_argument("--vocab", type=int_in(2, 1_000_000), default=64, help="vocabulary size, 2..1000000")
+    p.add_argument("--batch", type=int_in(1, 4096), default=1, help="prompts per batch (all of length T), 1..4096")
+    p.add_argument("--short", type=int_in(2, 100_000), default=256,
+                   help="the short prompt length T for the scaling ratio, 2..100000 and at most --long")
+    p.add_argument("--long", type=int_in(2, 100_000), default=1024,
+                   help="the long prompt length T (scaling, speed-up, overhead), 2..100000")
+    p.add_argument("--repeats", type=int_in(1, 10_000), default=3,
+                   help="timed repeats per figure (the median is reported), 1..10000")
+    p.add_argument("--overhead-repeats", type=int_in(1, 10_000), default=30,
                    help="interleaved rounds, each in a shuffled order (standard, recurrent-1, recurrent-1 with HF's "
-                        "own step, HF prefill, HF prefill + one step) at T=long")
+                        "own step, HF prefill, HF prefill + one step) at T=long, 1..10000")
     p.add_argument("--naive", choices=("sample", "full"), default="sample",
                    help="'sample': time the naive step at --naive-samples positions and sum the interpolated "
                         "per-position costs over all T; 'full': time the whole naive recompute once")
-    p.add_argument("--naive-samples", type=int, default=16, help="positions timed with --naive sample")
+    p.add_argument("--naive-samples", type=int_in(1, 100_000), default=16,
+                   help="positions timed with --naive sample, 1..100000")
     p.add_argument("--window-model", default="checkpoints/tiny-fbt-track",
                    help="a windowed checkpoint (every layer sliding-window) for the window-cache figure; 'none' "
                         "skips it")
-    p.add_argument("--window-short", type=int, default=1024, help="the short prompt length T of the window figure")
-    p.add_argument("--window-long", type=int, default=4096, help="the long prompt length T of the window figure")
-    p.add_argument("--window-batch", type=int, default=8, help="prompts per batch in the window figure")
-    p.add_argument("--window-repeats", type=int, default=2,
-                   help="timed repeats per window figure (the full cache at T=4096 takes minutes)")
+    p.add_argument("--window-short", type=int_in(2, 100_000), default=1024,
+                   help="the short prompt length T of the window figure, 2..100000 and at most --window-long")
+    p.add_argument("--window-long", type=int_in(2, 100_000), default=4096,
+                   help="the long prompt length T of the window figure, 2..100000")
+    p.add_argument("--window-batch", type=int_in(1, 4096), default=8,
+                   help="prompts per batch in the window figure, 1..4096")
+    p.add_argument("--window-repeats", type=int_in(1, 10_000), default=2,
+                   help="timed repeats per window figure, 1..10000 (the full cache at T=4096 takes minutes)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="'wall': elapsed time; 'cpu': this process's CPU time, much less disturbed by other busy "
                         "processes on the machine (meaningful with --threads 1 on CPU)")
     add_seed_flag(p, "the random weights and tokens")
     add_device_flags(p, dtype=False, device_map=False)
     a = p.parse_args(argv)
-    if min(a.layers, a.d_model, a.heads, a.vocab, a.batch, a.repeats, a.naive_samples, a.overhead_repeats) < 1:
-        p.error("all sizes and counts must be >= 1")
-    if not 2 <= a.short <= a.long or not 2 <= a.window_short <= a.window_long or min(a.window_batch, a.window_repeats) < 1:
-        p.error("need 2 <= --short <= --long, 2 <= --window-short <= --window-long and --window-batch, --window-repeats >= 1")
-    if a.d_model % a.heads or a.heads % 2:
-        p.error("--d-model must be divisible by --heads, and --heads must be even")
+    if a.short > a.long or a.window_short > a.window_long:
+        p.error("need --short <= --long and --window-short <= --window-long")
+    if a.d_model % a.heads or a.heads % 2 or (a.d_model // a.heads) % 2:
+        p.error("--d-model must be divisible by --heads, --heads must be even, and the head size --d-model / "
+                "--heads must be even (rotary embeddings)")
     return a
 
 

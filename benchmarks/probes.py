@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.cli import Parser, add_threads_flag  # noqa: E402
+from common.cli import Parser, add_threads_flag, float_in, int_in  # noqa: E402
 from common.errors import cli_entry  # noqa: E402
 
 
@@ -53,15 +53,20 @@ def _objective(clf, X, y, C, classes, balanced):
 @cli_entry
 def main(argv=None) -> int:
     p = Parser(prog="python benchmarks/probes.py", description=__doc__.splitlines()[0])
-    p.add_argument("--depths", type=int, default=8, help="depths (SmolLM2 has 31; time scales linearly)")
-    p.add_argument("--d-model", type=int, default=576)
-    p.add_argument("--n-pairs", type=int, default=48)
-    p.add_argument("--classes", type=int, default=2, help="label classes (3: shell_game-like pairs)")
-    p.add_argument("--tight-tol", type=float, default=1e-8, help="tol of the tight scikit-learn runs")
+    p.add_argument("--depths", type=int_in(1, 1000), default=8,
+                   help="depths, 1..1000 (SmolLM2 has 31; time scales linearly) (default 8)")
+    p.add_argument("--d-model", type=int_in(2, 100_000), default=576,
+                   help="width of the random activations, 2..100000 and at least --classes (default 576, SmolLM2's)")
+    p.add_argument("--n-pairs", type=int_in(10, 5000), default=48,
+                   help="sample pairs (2 rows each, one group), 10..5000 (default 48)")
+    p.add_argument("--classes", type=int_in(2, 100), default=2,
+                   help="label classes, 2..100 (3: shell_game-like pairs) (default 2)")
+    p.add_argument("--tight-tol", type=float_in(0, 1, lo_open=True, hi_open=True), default=1e-8,
+                   help="tol of the tight scikit-learn runs, in (0, 1) (default 1e-8)")
     add_threads_flag(p, 1, "; here the BLAS / OpenMP pools of the scikit-learn fits (threadpoolctl; 0: no limit)")
     a = p.parse_args(argv)
-    if a.classes < 2 or a.depths < 1 or a.n_pairs < 10:
-        p.error("need --classes >= 2, --depths >= 1, --n-pairs >= 10")
+    if a.d_model < a.classes:
+        p.error(f"--d-model must be at least --classes ({a.classes}): one informative direction per class")
 
     import numpy as np
     from sklearn.exceptions import ConvergenceWarning
@@ -78,6 +83,7 @@ def main(argv=None) -> int:
     # pairs of two different labels, one group each (binary: (0, 1); K classes: (c, c + 1 mod K) cycling)
     y = np.array([(p + j) % k for p in range(a.n_pairs) for j in (0, 1)])
     groups = np.repeat(np.arange(a.n_pairs), 2)
+    lin.check_groups(y, groups, lin.ProbeConfig().n_splits)  # many --classes need more --n-pairs
     n = len(y)
     Xs = []
     for depth in range(a.depths):

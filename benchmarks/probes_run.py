@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere without an install
 
-from common.cli import Parser  # noqa: E402
+from common.cli import Parser, int_in  # noqa: E402
 from common.errors import cli_entry  # noqa: E402
 
 BASELINE = "7e5b62d"
@@ -40,13 +40,11 @@ def parse_args(argv=None):
     p.add_argument("--baseline-commit", default=BASELINE,
                    help=f"commit checked out into a temporary git worktree (default {BASELINE})")
     p.add_argument("--baseline-dir", default=None, help="an existing checkout of the baseline instead")
-    p.add_argument("--repeats", type=int, default=5, help="counted pairs (default 5)")
-    p.add_argument("--warmup", type=int, default=1, help="pairs run first and not counted (default 1)")
+    p.add_argument("--repeats", type=int_in(1, 1000), default=5, help="counted pairs, 1..1000 (default 5)")
+    p.add_argument("--warmup", type=int_in(0, 1000), default=1,
+                   help="pairs run first and not counted, 0..1000 (default 1)")
     p.add_argument("probes_args", nargs="*", help=f"probes.run arguments after -- (default {' '.join(DEFAULT_ARGS)})")
-    a = p.parse_args(argv)
-    if a.repeats < 1 or a.warmup < 0:
-        p.error("--repeats must be >= 1 and --warmup >= 0")
-    return a
+    return p.parse_args(argv)
 
 
 def run_once(checkout: Path, args: list[str]) -> dict:

@@ -25,8 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
-from common.cli import DefaultsFormatter, Parser, add_model_flag, add_threads_flag, set_threads  # noqa: E402
-from common.errors import UserError, cli_entry  # noqa: E402
+from common.cli import (DefaultsFormatter, Parser, add_model_flag, add_threads_flag, int_in, int_list,  # noqa: E402
+                        set_threads)
+from common.errors import cli_entry  # noqa: E402
 from engine.prefill import generate  # noqa: E402
 from engine.recirculation import RecirculatedLM, parse_recirculate  # noqa: E402
 
@@ -37,13 +38,18 @@ def parse_args(argv=None):
     add_model_flag(p, "tiny", ", or tiny (a random 4-layer d128 Qwen3-style model)")
     p.add_argument("--recirculate", default=None,
                    help="s:d:alpha[:convex|residual] (default: L:L//4:0.1:convex for the model's L layers)")
-    p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens before generating")
-    p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per timing")
-    p.add_argument("--prefill-len", type=int, default=256, help="prompt length of the prefill comparison")
-    p.add_argument("--passes", default="1,2,4", help="blockwise pass counts")
-    p.add_argument("--repeats", type=int, default=3, help="timings per measurement (median)")
+    p.add_argument("--prompt-len", type=int_in(1, 100_000), default=64,
+                   help="prompt tokens before generating, 1..100000")
+    p.add_argument("--new-tokens", type=int_in(2, 100_000), default=32,
+                   help="tokens generated per timing, 2..100000")
+    p.add_argument("--prefill-len", type=int_in(1, 100_000), default=256,
+                   help="prompt length of the prefill comparison, 1..100000")
+    p.add_argument("--passes", default="1,2,4", help="blockwise pass counts, comma-separated, each in 1..1000")
+    p.add_argument("--repeats", type=int_in(1, 10_000), default=3, help="timings per measurement (median), 1..10000")
     add_threads_flag(p)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    a.passes = int_list(a.passes, "--passes", lo=1, hi=1000)
+    return a
 
 
 def _load(name):
@@ -66,9 +72,7 @@ def _time(fn) -> float:
 @cli_entry
 def main(argv=None):
     a = parse_args(argv)
-    if min(a.prompt_len, a.prefill_len, a.repeats) < 1 or a.new_tokens < 2:
-        raise UserError("--prompt-len, --prefill-len, --repeats must be >= 1 and --new-tokens >= 2")
-    passes = [int(x) for x in a.passes.split(",") if x.strip()]
+    passes = a.passes
     set_threads(a.threads)
     model = _load(a.model)
     L = model.n_layers

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without an install
 
-from common.cli import DefaultsFormatter, Parser, add_seed_flag, add_threads_flag, set_threads  # noqa: E402
+from common.cli import DefaultsFormatter, Parser, add_seed_flag, add_threads_flag, int_in, set_threads  # noqa: E402
 from common.cpus import available_cpus  # noqa: E402
 from common.errors import cli_entry  # noqa: E402
 from training.loss import multipass_loss  # noqa: E402
@@ -48,15 +48,19 @@ def parse_args(argv=None):
     p.add_argument("--preset", default="tiny-fbt", choices=[k for k in PRESETS],
                    help="training preset whose architecture and loss settings are timed")
     add_threads_flag(p, available_cpus(), default_text=f"{available_cpus()}, the CPUs available to this process")
-    p.add_argument("--rows", type=int, default=16, help="sequences per batch")
-    p.add_argument("--length", type=int, default=256, help="tokens per sequence (rows x length ~ batch tokens)")
-    p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the task tokenizer's)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed rounds (one step of every K each)")
-    p.add_argument("--repeats", type=int, default=7, help="timed rounds; medians over these")
+    p.add_argument("--rows", type=int_in(1, 4096), default=16, help="sequences per batch, 1..4096")
+    p.add_argument("--length", type=int_in(2, 1_048_576), default=256,
+                   help="tokens per sequence, 2..1048576 and at most the preset's max_len (rows x length ~ batch "
+                        "tokens)")
+    p.add_argument("--vocab", type=int_in(2, 1_000_000), default=None,
+                   help="vocabulary size, 2..1000000 (default: the task tokenizer's)")
+    p.add_argument("--warmup", type=int_in(0, 10_000), default=2,
+                   help="untimed rounds (one step of every K each), 0..10000")
+    p.add_argument("--repeats", type=int_in(1, 10_000), default=7, help="timed rounds, 1..10000; medians over these")
     add_seed_flag(p, "the random weights, tokens and noise")
     a = p.parse_args(argv)
-    if min(a.rows, a.repeats) < 1 or a.length < 2 or a.warmup < 0 or (a.vocab is not None and a.vocab < 2):
-        p.error("--rows, --repeats must be >= 1, --length >= 2, --warmup >= 0, --vocab >= 2")
+    if a.length > PRESETS[a.preset].max_len:
+        p.error(f"--length {a.length} exceeds {a.preset}'s context (max_len {PRESETS[a.preset].max_len})")
     return a
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere without an install
 
-from common.cli import DefaultsFormatter, Parser, add_threads_flag, set_threads  # noqa: E402
+from common.cli import DefaultsFormatter, Parser, add_threads_flag, int_in, set_threads  # noqa: E402
 from common.errors import cli_entry  # noqa: E402
 
 PROCS = (1, 2)
@@ -42,16 +42,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                formatter_class=DefaultsFormatter)
     p.add_argument("--preset", default="tiny-fbt", choices=list(PRESETS), help="training recipe whose steps are timed")
     add_threads_flag(p, 1, "; per process")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    p.add_argument("--steps", type=int, default=10, help="timed steps; medians over these")
-    p.add_argument("--first-step", type=int, default=0,
-                   help="first step index (the recipe's batches and pass counts at these steps are timed)")
-    p.add_argument("--timeout", type=int, default=1800, help="seconds allowed per launch (a hang guard)")
+    p.add_argument("--warmup", type=int_in(0, 10_000), default=2, help="untimed steps first, 0..10000")
+    p.add_argument("--steps", type=int_in(1, 10_000), default=10, help="timed steps, 1..10000; medians over these")
+    p.add_argument("--first-step", type=int_in(0, 10_000_000), default=0,
+                   help="first step index, 0..10000000 (the recipe's batches and pass counts at these steps are "
+                        "timed)")
+    p.add_argument("--timeout", type=int_in(1, 86_400), default=1800,
+                   help="seconds allowed per launch (a hang guard), 1..86400")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: this process is one of a launch's workers
-    a = p.parse_args(argv)
-    if a.steps < 1 or a.warmup < 0 or a.first_step < 0:
-        p.error("--steps must be >= 1, --warmup and --first-step >= 0")
-    return a
+    return p.parse_args(argv)
 
 
 def worker(a: argparse.Namespace) -> None:

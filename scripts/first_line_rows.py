@@ -20,6 +20,8 @@ from models.loading import load_model
 
 
 MAX_N = 1024  # interventions.run's --distractors bound
+MAX_POSITIONS = 100_000  # interventions.run's --max-positions bound
+MAX_PAIRS = 5000  # interventions.run's --n-pairs bound
 
 
 def run(model_path: str, task: str, n: int, line: int = 0, positions: int = 16, n_pairs: int = 50) -> None:
@@ -65,12 +67,12 @@ def main(argv=None) -> None:
     add_model_flag(p, positional=True)
     add_task_flags(p, ALL_TASKS, positional=True)
     p.add_argument("n", metavar="N", type=int_in(0, MAX_N), help=f"distractor lines per prompt, 0..{MAX_N}")
-    p.add_argument("line", metavar="LINE", nargs="?", type=int_in(0), default=0,
-                   help="the differing update line, 0-based (default 0: the first)")
-    p.add_argument("positions", metavar="POSITIONS", nargs="?", type=int_in(1), default=16,
-                   help="positions after it searched for a flip (default 16)")
-    p.add_argument("n_pairs", metavar="N_PAIRS", nargs="?", type=int_in(1), default=50,
-                   help="sample pairs (default 50)")
+    p.add_argument("line", metavar="LINE", nargs="?", type=int_in(0, MAX_N - 1), default=0,
+                   help=f"the differing update line, 0-based, 0..{MAX_N - 1} and below N (default 0: the first)")
+    p.add_argument("positions", metavar="POSITIONS", nargs="?", type=int_in(1, MAX_POSITIONS), default=16,
+                   help=f"positions after it searched for a flip, 1..{MAX_POSITIONS} (default 16)")
+    p.add_argument("n_pairs", metavar="N_PAIRS", nargs="?", type=int_in(1, MAX_PAIRS), default=50,
+                   help=f"sample pairs, 1..{MAX_PAIRS} (default 50)")
     a = p.parse_args(argv)
     run(a.model, a.task, a.n, a.line, a.positions, a.n_pairs)
 

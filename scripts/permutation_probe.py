@@ -61,10 +61,11 @@ def main(argv=None) -> int:
     p = Parser(prog="python scripts/permutation_probe.py", description=__doc__.splitlines()[0])
     add_model_flag(p, "tiny-fbt-group")
     p.add_argument("task", choices=("s5", "a5"), help="the word problem")
-    p.add_argument("--distractors", type=int_in(1, 1024), default=64, help="update lines N (default 64)")
-    p.add_argument("--n-pairs", type=int_in(50, 5000), default=600, help="sample pairs (default 600: 1200 rows)")
+    p.add_argument("--distractors", type=int_in(1, 1024), default=64, help="update lines N, 1..1024 (default 64)")
+    p.add_argument("--n-pairs", type=int_in(50, 5000), default=600,
+                   help="sample pairs, 50..5000 (default 600: 1200 rows)")
     p.add_argument("--mode", default="recurrent-full", help="the prefill mode (default recurrent-full)")
-    p.add_argument("--batch-size", type=int_in(1, 1024), default=64)
+    p.add_argument("--batch-size", type=int_in(1, 1024), default=64, help="prompts per forward, 1..1024 (default 64)")
     p.add_argument("--sites", choices=("fed", "all"), default="fed",
                    help="fed: the fed state h_{T-1} only (default); all: also the residual at T at depths 0, L/2, L")
     add_seed_flag(p, "the dataset and the probes' folds")

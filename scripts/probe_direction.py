@@ -43,8 +43,9 @@ def main(argv=None) -> int:
     p = Parser(prog="python scripts/probe_direction.py", description=__doc__.splitlines()[0])
     add_model_flag(p, "tiny-fbt-track")
     p.add_argument("task", help="a built-in task with a fed state to read (e.g. parity, shell_game, memory)")
-    p.add_argument("--distractors", type=int_in(0, 1024), default=8, help="distractor / update lines N (default 8)")
-    p.add_argument("--n-pairs", type=int_in(10, 2000), default=100, help="sample pairs (default 100)")
+    p.add_argument("--distractors", type=int_in(0, 1024), default=8,
+                   help="distractor / update lines N, 0..1024 (default 8)")
+    p.add_argument("--n-pairs", type=int_in(10, 2000), default=100, help="sample pairs, 10..2000 (default 100)")
     p.add_argument("--mode", default="recurrent-full", help="a recurrent-K prefill mode (default recurrent-full)")
     add_seed_flag(p, "the dataset and the folds")
     add_threads_flag(p, 2)

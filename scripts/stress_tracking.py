@@ -114,10 +114,10 @@ def main(argv=None) -> int:
     p = Parser(prog="python scripts/stress_tracking.py", description=__doc__.splitlines()[0])
     p.add_argument("task", choices=TASKS, help="the tracking task")
     add_model_flag(p, "tiny-fbt-track3")
-    p.add_argument("--distractors", type=int_in(2, 16384), default=1024, help="update lines N (default 1024)")
-    p.add_argument("--samples", type=int_in(1, 1000), default=8, help="prompts per family (default 8)")
+    p.add_argument("--distractors", type=int_in(2, 16384), default=1024, help="update lines N, 2..16384 (default 1024)")
+    p.add_argument("--samples", type=int_in(1, 1000), default=8, help="prompts per family, 1..1000 (default 8)")
     p.add_argument("--mode", default="recurrent-full", help="the prefill mode (default recurrent-full)")
-    p.add_argument("--batch-size", type=int_in(1, 1024), default=8, help="prompts per forward (default 8)")
+    p.add_argument("--batch-size", type=int_in(1, 1024), default=8, help="prompts per forward, 1..1024 (default 8)")
     p.add_argument("--families", default=None,
                    help="comma-separated families to run (default: all of them, listed in the module doc)")
     add_seed_flag(p, "the prompts")
