@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -104,12 +105,24 @@ def _range_text(lo, hi) -> str:
     return f"in {lo}..{hi}"
 
 
+_ASCII_INT = re.compile(r"[+-]?[0-9]+")
+
+
+def ascii_int(s) -> int:
+    """A base-10 integer written in ASCII digits (Python's int() takes '1_000' and full-width digits too); ValueError
+    otherwise."""
+    s = str(s).strip()
+    if not _ASCII_INT.fullmatch(s):
+        raise ValueError(s)
+    return int(s, 10)
+
+
 def int_in(lo: int, hi: int | None = None):
     """argparse `type=`: a base-10 integer in [lo, hi] (hi None = unbounded above)."""
 
     def parse(s: str) -> int:
         try:
-            v = int(str(s).strip(), 10)
+            v = ascii_int(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be an integer {_range_text(lo, hi)}, got {s!r}") from None
         if v < lo or (hi is not None and v > hi):
@@ -150,7 +163,7 @@ def int_list(spec: str, what: str, lo: int = 0, hi: int | None = None) -> list[i
         if not x.strip():
             continue
         try:
-            v = int(x.strip(), 10)
+            v = ascii_int(x)
         except ValueError:
             raise UserError(f"{what} must be comma-separated integers {_range_text(lo, hi)}, got {spec!r}") from None
         if v < lo or (hi is not None and v > hi):
@@ -173,7 +186,7 @@ def position_list(spec: str, what: str, max_back: int) -> list[int]:
         if not x:
             continue
         try:
-            v = -1 if x == "T" else (-1 - int(x[2:], 10) if x.startswith("T-") else int(x, 10))
+            v = -1 if x == "T" else (-1 - ascii_int(x[2:]) if x.startswith("T-") else ascii_int(x))
         except ValueError:
             raise UserError(msg) from None
         if not -max_back <= v <= -1:

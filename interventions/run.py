@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from common.cli import (Parser, add_device_flags, add_model_flag, add_output_flags, add_plotly_flag,
-                        add_progress_flag, add_seed_flag, add_task_flags, add_tokenizer_flag, command_text, int_in,
-                        output_dir, safe_name)
+                        add_progress_flag, add_seed_flag, add_task_flags, add_tokenizer_flag, command_text, float_in,
+                        int_in, output_dir, safe_name)
 from common.errors import UserError, cli_entry
 from common.paths import default_output
 
@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "position T; the default under standard is resid:L//2) or 'resid:D@T-3'")
     p.add_argument("--das-steps", type=int_in(1, 100_000), default=None,
                    help="full-batch Adam steps per fitted rotation (default 100; with --das only)")
-    p.add_argument("--das-lr", type=float, default=None,
+    p.add_argument("--das-lr", type=float_in(0, 10, lo_open=True), default=None,
                    help="Adam learning rate of the rotation, in (0, 10] (default 0.01; with --das only)")
     p.add_argument("--attribution", action="store_true",
                    help="attribution patching: the first-order estimate (donor - own) . dLD/d(site) of every patch "
@@ -235,8 +235,8 @@ def _parse_das_site(spec, feedback: bool, n_layers: int) -> tuple[str, int, int]
 
     if spec is None:
         return ("state", 0, -1) if feedback else ("resid", n_layers // 2, -1)
-    where, _, at = str(spec).partition("@")
-    pos = position_list(at, "--das-site position", MAX_POSITIONS)[0] if at else -1
+    where, sep, at = str(spec).partition("@")
+    pos = position_list(at, "--das-site position", MAX_POSITIONS)[0] if sep else -1  # 'state@' names none: refused
     kind, _, depth = where.partition(":")
     if kind == "state" and not depth:
         if not feedback:

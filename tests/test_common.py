@@ -28,7 +28,7 @@ def test_parser_error_is_one_line_exit_2(capsys):
     assert err.count("\n") == 1 and "usage" not in err and "--n" in err and "1..10" in err
 
 
-@pytest.mark.parametrize("s", ["0", "11", "1.5", "nan", "", "1e3"])
+@pytest.mark.parametrize("s", ["0", "11", "1.5", "nan", "", "1e3", "1_0", "\uff15", "0x5"])
 def test_int_in_refuses(s):
     import argparse
     with pytest.raises(argparse.ArgumentTypeError):

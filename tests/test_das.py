@@ -135,9 +135,14 @@ def test_das_cli_flags_are_refused_with_one_line(tmp_path):
     assert _parse_das_site(None, True, 6) == ("state", 0, -1)
     assert _parse_das_site(None, False, 6) == ("resid", 3, -1)
     assert _parse_das_site("resid:2@T-3", True, 6) == ("resid", 2, -4)
-    for bad in ("resid:-1", "state:1", "foo", "resid:x"):
+    for bad in ("resid:-1", "state:1", "foo", "resid:x", "state@", "resid:2@"):  # '@' and no position: not T
         with pytest.raises(UserError):
             _parse_das_site(bad, True, 6)
+    from interventions.run import build_parser
+
+    for lr in ("nan", "0", "-1", "11"):  # refused while parsing, before any model loads
+        with pytest.raises(UserError, match="--das-lr"):
+            build_parser().parse_args(["--das", "1", "--das-lr", lr])
     with pytest.raises(UserError, match="feeds no state"):
         _parse_das_site("state", False, 6)
 
