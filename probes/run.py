@@ -354,6 +354,10 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
             if probe_label != ANSWER_PROBE_LABEL:  # the probes fit the pair role (tasks.probe_labels): binary
                 meta["labels"].update(probe_label=probe_label, probe_chance=0.5)
         meta.update(extra.meta(args.erase))
+        if args.erase is not None:  # the erased curve runs the patching engine, which recirculation modes are not on
+            from engine.modes import parse_mode
+
+            meta["erase"]["skipped_modes"] = [m for m in modes if parse_mode(m).is_recirculation]
         meta["lens"] = {**meta["lens"], "fed_state_enabled": bool(args.fed_lens and no_lens is None)}  # a copy
         spec = getattr(model, "spec", None)
         if spec is not None and hasattr(model, "iterations"):  # a looped model: the iteration axis of every depth

@@ -238,6 +238,7 @@ def test_probes_cli_erase_depth_curve(tiny_ckpt, tmp_path):
                  "--no-mdl"]) == 0
     doc = json.loads((out / "probes.json").read_text())
     assert doc["meta"]["run"]["erase"] == 1 and doc["meta"]["erase"]["depth"] == 1
+    assert doc["meta"]["erase"]["skipped_modes"] == []  # no recirculation mode here
     er = doc["erased"]
     assert {(r["mode"], r["depth"]) for r in er} == {(m, d) for m in ("standard", "recurrent-1") for d in (1, 2)}
     for r in er:
