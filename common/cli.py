@@ -69,11 +69,13 @@ def given_flags(parser: argparse.ArgumentParser, argv=None) -> set[str]:
     return {k for k, v in parsed.items() if v is not unset}
 
 
-def refuse_idle_flags(given: set[str], rules) -> None:
+def refuse_idle_flags(given: set[str], rules, spelled: dict | None = None) -> None:
     """One-line refusal of a flag given where its option does nothing. `rules`: (dests, idle, why) with `idle` a
-    bool; the first rule a given flag breaks is named, with every given flag of that rule."""
+    bool; the first rule a given flag breaks is named, with every given flag of that rule (`spelled`: how to name a
+    dest whose flag has several spellings)."""
+    spelled = spelled or {}
     for names, idle, why in rules:
-        bad = ["--" + n.replace("_", "-") for n in names if n in given]
+        bad = [spelled.get(n, "--" + n.replace("_", "-")) for n in names if n in given]
         if bad and idle:
             raise UserError(f"{', '.join(bad)} would have no effect: {why}; drop {'it' if len(bad) == 1 else 'them'}")
 

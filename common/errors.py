@@ -31,9 +31,9 @@ def cli_entry(main):
 
 def _says_it() -> bool:
     """Whether this process prints a refusal. Under torchrun every process checks the same command line before
-    any of them joins the process group, so each would print the same line: rank 0 says it for all. Once the
+    any of them joins the process group, so each would print the same line: the first process of each node says it for its node. Once the
     group is up, an error may be this process's own, and every process says its own."""
-    if os.environ.get("RANK", "0") == "0":
+    if os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":  # one process a node (a node may differ)
         return True
     dist = sys.modules.get("torch.distributed")  # never imported here just to ask
     return bool(dist is not None and dist.is_available() and dist.is_initialized())

@@ -175,14 +175,16 @@ def remove_owned(directory: str | Path, names, keep=()) -> None:
             p.unlink()
 
 
-def remove_stale_tmp(directory: str | Path) -> None:
-    """Delete the temporaries (`.*.tmp` files and folders) a killed earlier run may have left in `directory`
-    (SIGKILL skips every cleanup). Call it holding the folder's lock: a live run's temporaries are its own."""
+def remove_stale_tmp(directory: str | Path, folders: bool = True) -> None:
+    """Delete the temporaries (`.*.tmp` files, and folders unless `folders` is False) a killed earlier run may have
+    left in `directory` (SIGKILL skips every cleanup). Call it holding the folder's lock: a live run's temporaries
+    are its own. A trainer keeps its folders: a complete pending checkpoint is the newest one (training.checkpoint)."""
     d = Path(directory)
     if d.is_dir():
         for p in d.glob(".*.tmp"):
             if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
+                if folders:
+                    shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
 

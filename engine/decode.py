@@ -20,8 +20,8 @@ def check_generation(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
                      max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask) on the model's device; UserError for a negative count, bad inputs, or a run
     longer than the model's context."""
-    if max_new_tokens < 0:
-        raise UserError(f"max_new_tokens must be >= 0, got {max_new_tokens!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise UserError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     check_inputs(model, input_ids, attention_mask, (-1,))
     input_ids, attention_mask = to_model(model, input_ids, attention_mask)
     ctx = model_context(model)

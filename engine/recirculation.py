@@ -456,9 +456,10 @@ class RecirculatedLM(nn.Module):
 
         Returns new token ids [batch, max_new_tokens]. Identity mixing = the base model's cached greedy decoding.
         """
+        from engine.decode import check_generation
+
         self._check(input_ids, attention_mask)
-        if max_new_tokens < 0:
-            raise UserError("max_new_tokens must be >= 0")
+        check_generation(self.base, input_ids, attention_mask, max_new_tokens)  # the count, and the context
         B, T = input_ids.shape
         if max_new_tokens == 0:
             return input_ids.new_zeros((B, 0))

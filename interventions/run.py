@@ -383,9 +383,9 @@ def main(argv=None) -> int:
         raise UserError(f"--attribution runs under standard, loop-R and recurrent-K prefill, not {mode}")
     if not feedback and erase_positions:
         raise UserError("--erase-positions: standard prefill feeds no state")
-    if not feedback and args.leace_all:
-        raise UserError(f"--leace-all erases the fed state at every fused position; {mode} prefill feeds no state: "
-                        "drop it")
+    if not feedback and args.leace_all is not None:
+        raise UserError(f"--leace-all / --no-leace-all: the row erases the fed state at every fused position, and "
+                        f"{mode} prefill feeds no state: drop it")
     if not feedback and args.control_model is not None and control_arg is not None:
         raise UserError(f"--control-model: a control model tests a fed state's swap; {mode} prefill feeds no state: "
                         "drop it")

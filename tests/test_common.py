@@ -194,14 +194,16 @@ def test_cli_entry_prints_one_line_whatever_the_message(capsys):
     assert e.value.code == 2 and capsys.readouterr().err == "error: a user's code said; boom; on three lines\n"
 
 
-@pytest.mark.parametrize("rank, said", [(None, True), ("0", True), ("1", False), ("3", False)])
-def test_a_refusal_under_torchrun_is_said_once(monkeypatch, capsys, rank, said):
-    """torchrun's processes all check the same command line before the group is up: rank 0 alone prints the
-    refusal; every process still exits 2."""
-    if rank is None:
-        monkeypatch.delenv("RANK", raising=False)
-    else:
-        monkeypatch.setenv("RANK", rank)
+@pytest.mark.parametrize("rank, local, said", [(None, None, True), ("0", "0", True), ("1", "1", False),
+                                               ("3", "1", False), ("2", "0", True)])
+def test_a_refusal_under_torchrun_is_said_once_a_node(monkeypatch, capsys, rank, local, said):
+    """torchrun's processes all check the same command line before the group is up: the first process of each node
+    prints the refusal (a node may refuse what another accepts: no GPU there); every process still exits 2."""
+    for name, v in (("RANK", rank), ("LOCAL_RANK", local)):
+        if v is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, v)
 
     @cli_entry
     def main(argv=None):

@@ -355,3 +355,23 @@ def test_probes_run_by_path(saved, tmp_path):
     std = np.load(out / "activations" / "N0_standard.npz")["resid"]
     rec = np.load(out / "activations" / "N0_recirc-2:1:0.5:convex.npz")["resid"]
     assert std.shape[1:] == (3, 32) and np.abs(std[:, :2] - rec[:, :2]).max() <= 1e-5, model_type
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+def test_recirculated_generation_is_held_to_the_context_as_every_decoding(model_type):
+    """generate under recirc-S:D:A checked the prompt alone: GPT-2 ran its whole prefill and died on a position
+    embedding (IndexError), Llama generated past its context. One line now, as std; the count must be an integer."""
+    from common.errors import UserError
+    from engine.prefill import generate
+    from models.full_bandwidth import FullBandwidthLM
+
+    model = FullBandwidthLM(tiny_lm(model_type), fusion=False).eval()
+    ids = torch.tensor([[(i % 60) + 1 for i in range(250)]])
+    mask = torch.ones_like(ids)
+    for decoding in ("std", "recirc-2:1:0.5"):
+        with pytest.raises(UserError, match="250 prompt tokens \\+ 10 new tokens exceed the model's context"):
+            generate(model, ids, mask, 10, decoding)
+        assert generate(model, ids, mask, 7, decoding).shape == (1, 7)  # the last new token is never fed back
+        for bad in (True, 2.0, -1):
+            with pytest.raises(UserError, match="max_new_tokens must be an integer >= 0"):
+                generate(model, ids[:, :5], mask[:, :5], bad, decoding)

@@ -202,7 +202,8 @@ def test_interventions_cli_reports_leace_rows(tiny_ckpt, tmp_path):
     (["--erase-depths", "9"], "beyond the model's depth"),
     (["--erase-positions=-2,-400"], "--erase-positions T-1: recurrent-1 feeds a state only at T..T"),
     (["--mode", "standard", "--erase-positions", "-1"], "feeds no state"),
-    (["--mode", "standard", "--leace-all"], "--leace-all erases the fed state at every fused position"),
+    (["--mode", "standard", "--leace-all"], "--leace-all / --no-leace-all: the row erases the fed state"),
+    (["--mode", "standard", "--no-leace-all"], "--leace-all / --no-leace-all: the row erases the fed state"),
     (["--mode", ""], "unknown prefill mode ''"),
 ])
 def test_interventions_cli_bad_erase_flags(tiny_ckpt, tmp_path, capsys, flags, msg):

@@ -780,6 +780,7 @@ def test_a_multipass_flag_where_no_fused_pass_runs_is_refused(argv, bad):
     (["--tasks", "completion", "--register-curriculum", "10"], "--register-curriculum", "multi_register is not"),
     (["--curriculum-steps", "0", "--curriculum-max-n", "4"], "--curriculum-max-n", "no curriculum"),
     (["--no-packing", "--seq-len", "64"], "--seq-len", "unpacked rows"),
+    (["--base", "tiny-base", "--untied"], "--tie-embeddings / --untied", "keeps its own arch"),
 ])
 def test_a_flag_whose_option_does_nothing_is_refused(argv, bad, why):
     with pytest.raises(UserError, match=f"^{re.escape(bad)} would have no effect: .*{re.escape(why)}"):
@@ -793,6 +794,18 @@ def test_the_same_flags_are_taken_where_they_act():
                                           "8", "--curriculum-steps", "5", "--curriculum-max-n", "4"]))
     assert (cfg.gate_std, cfg.warm_prob, cfg.consistency_window, cfg.length_start, cfg.curriculum_max_n) == \
         (3.0, 0.5, 4, 8, 4)
+
+
+def test_the_flags_a_refusal_leaves_are_enough():
+    """What the refusals leave must still configure every run: an unpacked preset at a shorter context (its packed
+    rows' seq_len no longer has to fit: there are none), a --base preset at a packed length past the default
+    max_len (the base's own context is checked by the trainer, not --max-len)."""
+    cfg = tcli.config_of(tcli.parse_args(["--preset", "tiny-fbt-track", "--max-len", "512"]))
+    assert (cfg.max_len, cfg.packing) == (512, False)
+    cfg = tcli.config_of(tcli.parse_args(["--preset", "smoke", "--base", "tiny-base", "--seq-len", "4096"]))
+    assert (cfg.seq_len, cfg.base, cfg.packing) == (4096, "tiny-base", True)
+    with pytest.raises(UserError, match="must be at most the model's max_len"):  # packed, from scratch: checked
+        tcli.config_of(tcli.parse_args(["--preset", "smoke", "--seq-len", "4096"]))
 
 
 def test_resume_with_overwrite_is_refused(tmp_path):

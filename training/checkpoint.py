@@ -93,7 +93,7 @@ def finish_pending(out: Path) -> None:
 def remove_stale(out: Path) -> None:
     """Temporaries a killed earlier save left in `out` (SIGKILL skips every cleanup), and an incomplete pending
     checkpoint (a complete one is kept: it is the newest checkpoint, moved in by finish_pending)."""
-    remove_stale_tmp(out)
+    remove_stale_tmp(out, folders=False)  # the pending checkpoint is a `.tmp` folder: judged below
     pending = Path(out) / PENDING
     if pending.is_dir() and not pending.is_symlink() and not _complete(pending):
         shutil.rmtree(pending, ignore_errors=True)

@@ -120,7 +120,7 @@ FROM_SCRATCH = ("arch", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", 
 # (fields, when they do nothing, why): a flag given there would be read, recorded in the config and do nothing.
 NO_OP_RULES = (
     (("schedule", *MULTIPASS_ONLY), lambda c: c.objective == "recurrent",
-     lambda c: "the recurrent objective (--objective recurrent) runs no fused pass"),
+     lambda c: "the recurrent objective (--objective recurrent) runs no fused pass for them to shape"),
     (MULTIPASS_ONLY, lambda c: not any(c.probs[1:]),
      lambda c: f"a schedule of one pass (--schedule {c.schedule}) runs no fused pass"),
     (FROM_SCRATCH, lambda c: c.base, lambda c: f"--base {c.base} keeps its own architecture"),
@@ -147,7 +147,8 @@ NO_OP_RULES = (
 def _refuse_no_op_flags(cfg: TrainConfig, given: dict) -> None:
     """A flag given where its option does nothing is refused, not silently ignored (a preset's own values of
     such fields stay: they are not the user's)."""
-    refuse_idle_flags(set(given), [(names, idle(cfg), why(cfg)) for names, idle, why in NO_OP_RULES])
+    refuse_idle_flags(set(given), [(names, idle(cfg), why(cfg)) for names, idle, why in NO_OP_RULES],
+                      spelled={"tie_embeddings": "--tie-embeddings / --untied"})
 
 
 @cli_entry

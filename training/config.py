@@ -324,7 +324,8 @@ class TrainConfig:
         if not all(math.isfinite(p) for p in self.probs) or len(self.probs) > MAX_PASSES:
             raise UserError(f"bad schedule {self.schedule!r}: at most {MAX_PASSES} finite weights (of 1, 2, 3... "
                             "passes), e.g. 75/22/3")
-        if self.seq_len > self.max_len or self.curriculum_seq_len > self.max_len:
+        # packed rows only (unpacked rows hold one sample each); --base keeps its own context, checked by the trainer
+        if self.packing and not self.base and (self.seq_len > self.max_len or self.curriculum_seq_len > self.max_len):
             raise UserError(f"seq_len ({self.seq_len}) and curriculum_seq_len ({self.curriculum_seq_len}) must be at "
                             f"most the model's max_len ({self.max_len})")
         self.lr_legs = tuple(self.lr_legs)

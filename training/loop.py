@@ -117,7 +117,7 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
         if tok is None:
             raise UserError(f"--base {cfg.base}: no tokenizer found beside the model")
         limit = context_limit(base.lm)
-        if limit and max(cfg.seq_len, cfg.curriculum_seq_len) > limit:
+        if limit and cfg.packing and max(cfg.seq_len, cfg.curriculum_seq_len) > limit:  # rows of seq_len tokens
             raise UserError(f"seq_len ({cfg.seq_len}) and curriculum_seq_len ({cfg.curriculum_seq_len}) must be at "
                             f"most the context of --base {cfg.base} ({limit})")
         del base
