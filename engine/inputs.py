@@ -60,6 +60,11 @@ def check_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         raise UserError("empty dataset: nothing to run")
     if not bool(attention_mask[:, -1].all()):
         raise UserError("prompts must be left-padded (the last column must be a real token in every row)")
+    emb = model.lm.get_input_embeddings() if hasattr(model, "lm") else None
+    if emb is not None and input_ids.numel():  # an id past the embedding table: one line, not an IndexError
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= emb.num_embeddings:
+            raise UserError(f"token id {lo if lo < 0 else hi} is outside the model's vocabulary 0..{emb.num_embeddings - 1}")
     T = input_ids.shape[1]
     ctx = model_context(model)
     longest = int(attention_mask.sum(-1).max())

@@ -375,3 +375,17 @@ def test_recirculated_generation_is_held_to_the_context_as_every_decoding(model_
         for bad in (True, 2.0, -1):
             with pytest.raises(UserError, match="max_new_tokens must be an integer >= 0"):
                 generate(model, ids[:, :5], mask[:, :5], bad, decoding)
+
+
+def test_a_token_id_outside_the_vocabulary_is_one_line():
+    from common.errors import UserError
+    from engine.prefill import generate, prefill
+    from models.full_bandwidth import FullBandwidthLM
+
+    model = FullBandwidthLM(tiny_lm("llama"), fusion=False).eval()
+    for bad in (64, -1):
+        ids = torch.tensor([[1, 2, bad, 3]])
+        with pytest.raises(UserError, match="outside the model's vocabulary 0..63"):
+            prefill(model, ids, torch.ones_like(ids), "standard")
+        with pytest.raises(UserError, match="outside the model's vocabulary"):
+            generate(model, ids, torch.ones_like(ids), 2, "recirc-2:1:0.5")
