@@ -68,7 +68,7 @@ position, K-class labels) keeps every field of version 1 and adds:
     results.position_sweep      {mode, site "state", reference, positions [offsets t - T], position_names,
                                 rows [{position, position_name, n_at_or_before_first_diff, <metrics>}],
                                 first_diff [per row offset of the pair's first differing token],
-                                by_first_diff [{relative = t - first_diff, <metrics>}],
+                                by_first_diff [{relative = t - first_diff (+ 1 for the residual site), <metrics>}],
                                 by_line [{relative_line = line(t) - line(first differing token), <metrics>}]
                                 (lines counted by newline tokens; pooled over the positions of that line),
                                 at_or_before_first_diff / after_first_diff <metrics> (pooled cells),
@@ -98,6 +98,11 @@ SCHEMA = {"name": "causal-report", "version": 8}
 # Reports written before schema 7 (and the fusion's runs) name the fused state; recirculation reports carry their own.
 _FUSION_WORDS = {"state": "h_{T-1}", "noun": "the fused state", "site": "the state entering the fusion at T",
                  "site_t": "the state entering the fusion at t"}
+
+
+def _task_name(cfg: dict) -> str:
+    """The task as the report names it: a task file's own name (its header's), not the path typed."""
+    return (cfg.get("task_source") or {}).get("name") or cfg["task"]
 
 
 def _words(res: dict) -> dict:
@@ -150,7 +155,7 @@ def verdict(report: dict) -> tuple[str, str]:
     if swap is None or sub is None:
         why = res.get("fed_state") or "not applicable (no feedback): standard prefill feeds no state"
         return ("not applicable (no feedback)",
-                f"{cfg['task']} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): {why}, so "
+                f"{_task_name(cfg)} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): {why}, so "
                 f"the fed-state analyses do not apply (clean accuracy {_f(clean['accuracy'])} "
                 f"{_ci(clean, 'accuracy')}, n={clean['n']})" + _resid_clause(res) + _loop_clause(res) + ".")
     ne, ci = swap["normalized_effect"], swap["normalized_effect_ci"]
@@ -166,8 +171,10 @@ def verdict(report: dict) -> tuple[str, str]:
     r = sub["rank"]
     parts = {n: _row(res, n) for n in ("subspace_swap", "complement_swap", "random_subspace_swap")}
     w = _words(res)
-    s = (f"{cfg['task']} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): {w['noun']} is "
-         f"{label} (judged by the normalized effect's CI): swapping {w['site']} with the "
+    s = (f"{_task_name(cfg)} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): {w['noun']} is "
+         f"{label} (judged by the normalized effect's CI, unrounded: causally used where its lower end exceeds 0.5, "
+         f"partly used above 0.05, not detectably used below; inconclusive at a clean accuracy under 0.6): swapping "
+         f"{w['site']} with the "
          f"paired sample's makes {_f(swap['follows_donor_rate'], pct=True)} "
          f"{_ci(swap, 'follows_donor_rate', pct=True)} of predictions follow the donor's label and changes "
          f"{_f(swap['changed_rate'], pct=True)} {_ci(swap, 'changed_rate', pct=True)}, normalized effect {_f(ne)} "
@@ -286,7 +293,7 @@ def _leace_rows(res, site=None) -> list[dict]:
 
 def _leace_markdown(res) -> list[str]:
     le = res.get("leace")
-    if not le:
+    if not le or not le.get("rows"):  # nothing erased (e.g. no fed state and no --erase-depths): no empty table
         return []
     out = ["", "## Concept erasure (LEACE)", "",
            f"{le['method']} {le.get('package_version') or ''}: the concept ({le['concept']}) erased by the least-squares "
@@ -314,7 +321,7 @@ def _leace_markdown(res) -> list[str]:
 
 
 def _cis(x, nd=2):
-    return "" if not x else f"[{x[0]:.{nd}f}, {x[1]:.{nd}f}]"
+    return "[n/a]" if not x else f"[{x[0]:.{nd}f}, {x[1]:.{nd}f}]"  # no interval is said, not left blank
 
 
 def _cos(xs) -> str:
@@ -398,7 +405,7 @@ def _attribution_markdown(res) -> list[str]:
         v = at.get(key)
         if v:
             spear = ("undefined (fewer than 3 cells, or one side constant)" if v["spearman"] is None
-                     else f"{v['spearman']:.2f}")
+                     else f"{v['spearman']:.3f}")  # 3 places: 0.897 is below the 0.9 bar, and reads so
             verdict = ""
             if v["spearman"] is not None and v["spearman"] < 0.9:
                 verdict = (" Below the 0.9 agreement bar: the first-order estimate does not rank these cells as the "
@@ -413,7 +420,7 @@ def _attribution_markdown(res) -> list[str]:
 def markdown(report: dict) -> str:
     cfg, res = report["config"], report["results"]
     sentence = report["verdict"]["sentence"]
-    lines = [f"# Causal-ablation report: {cfg['task']} on {report['model']['name']}", "",
+    lines = [f"# Causal-ablation report: {_task_name(cfg)} on {report['model']['name']}", "",
              f"**Verdict.** {sentence}", "", control_sentence(report), "",
              f"Model `{report['model']['path']}` (weights sha256 {report['model']['weights_sha256'][:12]}), "
              f"mode `{cfg['mode']}`, {cfg['n_pairs']} pairs ({report['dataset']['n_samples']} samples, "
@@ -453,18 +460,22 @@ def markdown(report: dict) -> str:
         lines.append(_table([{**r, "label": f"depth {r['depth']}"} for r in ab["rows"]], "depth"))
     sw = res.get("position_sweep")
     if sw:
-        what = (_words(res)["site_t"] if sw.get("site", "state") == "state"
-                else f"the residual stream at depth {sw.get('depth')}, position t,")
-        lines += ["", f"## Position sweep: {'state' if sw.get('site', 'state') == 'state' else 'residual'} swap "
+        state = sw.get("site", "state") == "state"
+        what = _words(res)["site_t"] if state else f"the residual stream at depth {sw.get('depth')}, position t,"
+        # the state at t is column t-1's (identical in both rows while t <= first_diff); the residual at t is column
+        # t's own (identical while t < first_diff): `relative` counts from the last identical position either way
+        lines += ["", f"## Position sweep: {'state' if state else 'residual'} swap "
                   f"at position t ({sw['mode']}), effect on the answer at T", "",
                   f"The paired sample's {what} replaces the row's own, the rest of the run "
                   "is recomputed from it. Positions aligned from the end; rows whose own or paired columns "
-                  "are padding are left out. `at/before diff` = rows whose pair's first differing token is at or "
-                  "after t (their two states are identical there).", ""]
+                  "are padding are left out. `at/before diff` = rows whose pair's first differing token is "
+                  + ("at or after t (their two states are identical there)." if state else
+                     "after t (their two residuals, column t's own, are identical there)."), ""]
         lines.append(_table([{**r, "label": f"{r['position_name']} ({r['n_at_or_before_first_diff']} at/before "
                                              f"diff)"} for r in sw["rows"]], "position"))
         b, a = sw.get("at_or_before_first_diff"), sw.get("after_first_diff")
-        lines += ["", "Aligned to the pair's first differing token (relative = t - first differing position):", ""]
+        lines += ["", "Aligned to the pair's first differing token (relative = t - first differing position"
+                  + ("" if state else " + 1: 0 is the last position before it") + "):", ""]
         lines.append(_table([{**r, "label": f"{r['relative']:+d}"} for r in sw["by_first_diff"]], "relative"))
         if sw.get("by_line"):
             lines += ["", "Aligned by line (relative line = line of t - line of the first differing token; "
@@ -519,22 +530,25 @@ def html_report(report: dict, plotly: str = "directory") -> str:
     res = report["results"]
     figs = []
 
-    def err(rows, key):
-        lo = [r[key] - r[key + "_ci"][0] if r.get(key + "_ci") and r[key] is not None else 0 for r in rows]
-        hi = [r[key + "_ci"][1] - r[key] if r.get(key + "_ci") and r[key] is not None else 0 for r in rows]
+    def err(rows, key):  # no interval (null CI): no bar, not a bar of width 0 (which reads as certainty)
+        lo = [r[key] - r[key + "_ci"][0] if r.get(key + "_ci") and r[key] is not None else None for r in rows]
+        hi = [r[key + "_ci"][1] - r[key] if r.get(key + "_ci") and r[key] is not None else None for r in rows]
         return dict(type="data", symmetric=False, array=hi, arrayminus=lo)
 
     rows = res["interventions"] + ((res.get("subspace") or {}).get("rows") or []) + _leace_rows(res)
     c = report.get("control")
     crow = [dict(r, name=f"control: {r['name']}") for r in (c.get("interventions") or [])] if c else []
     allrows = rows + crow
-    fig = make_subplots(rows=1, cols=4, subplot_titles=("normalized effect", "accuracy", "follows donor", "changed"))
-    for j, key in enumerate(("normalized_effect", "accuracy", "follows_donor_rate", "changed_rate")):
-        fig.add_trace(go.Bar(x=[r["name"] for r in allrows], y=[r[key] for r in allrows], error_y=err(allrows, key),
-                             name=key, showlegend=False), row=1, col=j + 1)
-    fig.update_layout(title=f"Interventions at T: {_words(res)['noun']} (and LEACE on the residual stream, leace_resid_d*) "
-                            "(bars: 95% bootstrap CI)", height=480)
-    figs.append(fig)
+    if allrows:  # a model without a fed state and without erasures has no row here: no empty figure
+        fig = make_subplots(rows=1, cols=4, subplot_titles=("normalized effect", "accuracy", "follows donor", "changed"))
+        for j, key in enumerate(("normalized_effect", "accuracy", "follows_donor_rate", "changed_rate")):
+            fig.add_trace(go.Bar(x=[r["name"] for r in allrows], y=[r[key] for r in allrows],
+                                 error_y=err(allrows, key), name=key, showlegend=False), row=1, col=j + 1)
+        parts = ([_words(res)["noun"]] if res["interventions"] else []) + \
+            (["LEACE on the residual stream (leace_resid_d*)"] if _leace_rows(res, "resid") else [])
+        fig.update_layout(title=f"Interventions at T: {' and '.join(parts) or 'the rows computed'} "
+                                "(bars: 95% bootstrap CI)", height=480)
+        figs.append(fig)
 
     if res.get("dose"):
         dose = res["dose"]["rows"]
@@ -558,7 +572,8 @@ def html_report(report: dict, plotly: str = "directory") -> str:
 
     sw = res.get("position_sweep")
     if sw:
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("by position t - T", "by t - first differing token"))
+        fig = make_subplots(rows=1, cols=2, subplot_titles=(
+            "by position t - T", "by t - first differing token" + ("" if sw.get("site", "state") == "state" else " + 1")))
         for key in ("normalized_effect", "changed_rate"):
             rs = [r for r in sw["rows"] if r[key] is not None]
             fig.add_trace(go.Scatter(x=[r["position"] for r in rs], y=[r[key] for r in rs], error_y=err(rs, key),
@@ -621,7 +636,7 @@ def html_report(report: dict, plotly: str = "directory") -> str:
     body = []
     for i, f in enumerate(figs):
         body.append(f.to_html(full_html=False, include_plotlyjs=js if i == 0 else False))
-    title = f"Causal-ablation report: {report['config']['task']} on {report['model']['name']}"
+    title = f"Causal-ablation report: {_task_name(report['config'])} on {report['model']['name']}"
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title></head><body>"
             f"<h1>{html.escape(title)}</h1><p><b>Verdict.</b> {html.escape(report['verdict']['sentence'])}</p>"
             f"<p>{html.escape(control_sentence(report))}</p>" + "".join(body) + "</body></html>")

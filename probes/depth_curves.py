@@ -204,7 +204,8 @@ def depth_curve_figure(doc_or_path, title: str | None = None):
     if erased:
         more.append(f"dashed lines: accuracy after LEACE erasure of the label at depth {doc['erased'][0]['erased_at']}")
     if "lens" in panels:
-        more.append("row 2: logit lens, own label word minus the best other (0 = undecided; diamond: fed state)")
+        more.append("row 2: logit lens, own label word minus the best other (0 = undecided"
+                    + ("; diamond: fed state)" if fed_all else ")"))  # the diamond only where one is drawn
     if "mdl" in panels:
         more.append(f"row {len(panels)}: MDL compression, uniform / online code (1 = nothing learnable)")
     more = "".join(f"<br><sup>{m}</sup>" for m in more)

@@ -73,6 +73,13 @@ def test_standard_mode_battery_on_a_plain_hf_lm(plain_dir, tmp_path):
     assert lp["standard"]["normalized_effect"][-1][-1] == pytest.approx(1.0, abs=1e-4)
     md = (out / "causal_report.md").read_text()
     assert "not applicable (no feedback)" in md and "Mean ablation by depth" in md and "20 samples" in md
+    # the page says what it shows, and nothing it did not compute: the residual sweep's alignment (the residual at
+    # t is column t's own: relative = t - first differing position + 1), no empty LEACE table, no empty figure
+    assert "relative = t - first differing position + 1: 0 is the last position before it" in md
+    assert "is after t (their two residuals, column t's own, are identical there)" in md
+    assert "## Concept erasure (LEACE)" not in md
+    page = (out / "causal_report.html").read_text()
+    assert "by t - first differing token + 1" in page and "Interventions at T:" not in page
 
 
 def test_a_feedback_mode_on_a_plain_lm_is_one_line(plain_dir, tmp_path, capsys):

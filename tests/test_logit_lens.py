@@ -133,6 +133,7 @@ def test_fed_state_lens_is_opt_in(tiny_ckpt, tmp_path):
     assert doc["fed_state_lens"] == [] and doc["meta"]["lens"]["fed_state_enabled"] is False
     assert "fed_lens" not in doc["meta"]["run"]
     assert all(r["logit_lens_ld"] is not None for r in doc["results"])  # the depth lens is computed
+    assert "diamond: fed state" not in (out / "depth_curves.html").read_text()  # no diamond drawn, none named
 
 
 @pytest.mark.parametrize("flags, needle", [
