@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from test_length_curves import _refused  # one refusal check for both pages
+
 
 def _rate(v):
     return {"follows_donor_rate": v, "follows_donor_rate_ci": [max(0.0, v - 0.1), min(1.0, v + 0.1)]}
@@ -80,15 +82,6 @@ def _edit(path, fn, new_path=None):
     out = Path(new_path) if new_path else Path(path).with_name("x_" + Path(path).name)
     out.write_text(json.dumps(doc))
     return str(out)
-
-
-def _refused(main, args, tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(args + ["--out", str(tmp_path / "refused" / "o.html")])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
-    assert not (tmp_path / "refused").exists()  # nothing written, not even plotly.min.js or the folder
-    return err
 
 
 def test_the_wrong_kind_of_json_is_one_line_naming_the_file(tmp_path, capsys):
