@@ -23,33 +23,24 @@ from common.errors import UserError
 def atomic_write(path: str | Path, data) -> Path:
     """Write `data` (str, bytes, or a callable `write(tmp_path)`) to `path` atomically."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = temp_beside(path, None if callable(data) else data)
     try:
         if callable(data):
-            os.close(fd)
-            fd = -1
             data(tmp)
-        else:
-            with os.fdopen(fd, "wb") as f:
-                fd = -1
-                f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        # mkstemp makes 0600, and so do some writers that replace the file (safetensors): set a plain open()'s
-        # mode once it is written
-        os.chmod(tmp, 0o666 & ~current_umask())
+            # some writers replace the file with a 0600 one (safetensors): a plain open()'s mode once it is written
+            os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
-        if fd >= 0:
-            os.close(fd)
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return path
 
 
-def temp_beside(path: Path, data=None) -> str:
+def temp_beside(path: str | Path, data=None) -> str:
     """A temporary file in `path`'s folder (named `.<name>.*.tmp`, the suite's temporaries), holding `data`
-    (str or bytes; None: empty, for a writer to fill) with a plain open()'s mode."""
+    (str or bytes; None: empty, for a writer to fill) with a plain open()'s mode (mkstemp makes 0600)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
