@@ -31,7 +31,7 @@ from common.paths import figures_dir
 from engine.modes import DECODINGS, EVAL_MODES, MAX_FUSED_PASSES, MAX_LOOP_ITERATIONS, parse_mode
 from engine.prefill import fused_trajectory, pad_left, prefill_many
 from common.placement import Placement
-from models.loading import load_model
+from models.loading import load_model, model_dir
 from tasks import ALL_TASKS, DISTRACTOR_COUNTS, TASKS, TRACKING_TASKS
 from tasks.language import LANGUAGE_DISTRACTORS
 from tasks.custom import TaskSource, resolve_task
@@ -321,6 +321,7 @@ def main(argv=None):
     # The output folder is locked for the whole run (common.io.DirLock): a second run into it is refused at once,
     # in one line, instead of computing for minutes and then replacing (with --overwrite) the first one's results.
     with DirLock(out.parent, "analysis.evaluate run"):
+        model_dir(a.model)  # an unknown model is refused before a task's own code runs
         load_tasks(tasks)  # every other argument checked: a module:function task's code may run now
         ns = distractors_for(tasks, a.distractors)
         from tasks import dataset_fingerprint

@@ -304,10 +304,10 @@ def main(argv=None) -> int:
         from models.tokenizers import tokenizer_source
 
         tokenizer_source(args.tokenizer)  # a name that names nothing: refused before any model loads
+    from models.loading import model_dir
+
+    model_dir(args.model)  # an unknown name, an untrained preset, no config.json: one line, nothing loaded
     main_path = _model_path(args.model)
-    if not main_path.exists() and args.model != "smollm2-135m":
-        from models.loading import load_model
-        load_model(args.model)  # raises the loader's UserError (unknown name / untrained preset)
     model_name = safe_name(main_path)  # a path ending in '..' names the folder it resolves to
     from common.io import DirLock
 

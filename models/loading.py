@@ -24,28 +24,16 @@ def load_model(name_or_path: str, placement=None):
     from models.full_bandwidth import FullBandwidthLM, check_finite_weights
 
     placement = placement or CPU
-    p = Path(name_or_path)
+    p = model_dir(name_or_path)
     # --- the real pretrained model of the recirculation study, owned by models/smollm2.py ---
-    if not p.exists() and name_or_path == "smollm2-135m":
+    if p is None:
         from models.smollm2 import load_smollm2
 
         model, tok, name = load_smollm2(**_hf_kw(placement))
         check_finite_weights(model, name)
         return placement.place(model), tok, name
     # ---
-    if not p.exists() and name_or_path in PRESET_NAMES:
-        p = checkpoint_dir(name_or_path)
-        if not p.exists():
-            raise UserError(f"preset {name_or_path!r} has no shipped checkpoint at {p}; train it with "
-                            f"`python -m training.train --preset {name_or_path}`")
-    if not p.exists():
-        names = ", ".join(k for k in PRESET_NAMES if k != "smoke")
-        raise UserError(f"unknown model {name_or_path!r}: not a preset ({names}) nor an existing directory")
-    if not p.is_dir():
-        raise UserError(f"model {name_or_path!r}: {p} is a file, not a model directory")
     cfg_file = p / "config.json"
-    if not cfg_file.is_file():
-        raise UserError(f"{p} is not a model directory: it has no config.json")
     if '"full-bandwidth-lm"' in cfg_file.read_text(errors="replace"):
         if placement.device_map != "none":
             raise UserError(f"--device-map is for plain HF models; {p} is a full-bandwidth checkpoint "
@@ -61,6 +49,28 @@ def load_model(name_or_path: str, placement=None):
     else:
         model = FullBandwidthLM(_load_hf_lm(p, **_hf_kw(placement)), fusion=False).eval()
     return placement.place(model), _load_tokenizer(p, model), p.name
+
+
+def model_dir(name_or_path: str) -> Path | None:
+    """The folder `load_model` would read (None: the SmolLM2-135M of models/smollm2.py), after the checks that need
+    no file read beyond a listing: an unknown name, a preset without its checkpoint, a file, a folder without
+    config.json are one line. CLIs call it before anything else runs (a task's own code included)."""
+    p = Path(name_or_path)
+    if not p.exists() and name_or_path == "smollm2-135m":
+        return None
+    if not p.exists() and name_or_path in PRESET_NAMES:
+        p = checkpoint_dir(name_or_path)
+        if not p.exists():
+            raise UserError(f"preset {name_or_path!r} has no shipped checkpoint at {p}; train it with "
+                            f"`python -m training.train --preset {name_or_path}`")
+    if not p.exists():
+        names = ", ".join(k for k in PRESET_NAMES if k != "smoke")
+        raise UserError(f"unknown model {name_or_path!r}: not a preset ({names}) nor an existing directory")
+    if not p.is_dir():
+        raise UserError(f"model {name_or_path!r}: {p} is a file, not a model directory")
+    if not (p / "config.json").is_file():
+        raise UserError(f"{p} is not a model directory: it has no config.json")
+    return p
 
 
 def _hf_kw(placement) -> dict:

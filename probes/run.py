@@ -179,6 +179,9 @@ def main(argv=None):
 
     if args.tokenizer is not None:  # the name now (a folder or a preset); its files once the model is loaded
         tokenizer_source(args.tokenizer)
+    from models.loading import load_model, model_dir
+
+    model_dir(args.model)  # an unknown model is refused before a task's own code runs
     source.load()  # a module:function task's code runs from here on, every other argument checked
     task = source.name
     distractors = _parse_distractors(args.distractors, source)
@@ -200,7 +203,6 @@ def main(argv=None):
         datasets[n] = samples
 
     from models.fingerprint import config_hash, tokenizer_hash, weights_hash
-    from models.loading import load_model
 
     model, tok, loaded_name = load_model(args.model, placement)
     # A path ending in '..' (or '.') names no folder: derive the name from the resolved path instead.

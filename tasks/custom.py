@@ -428,7 +428,9 @@ def _run_user_code(what: str, call, failed: Callable[[Exception], str]):
             raise UserError(f"{what} called sys.exit({e.code!r}); a task's code must return or raise") from None
         except UserError as e:  # the user's code refusing its arguments
             raise UserError(_one_line(f"{what}: {e}")) from None
-        except Exception as e:  # a bug in the user's code: still one line, whatever its message holds
+        except (KeyboardInterrupt, _TimeUp):  # the user's Ctrl-C (exit 130); the time limit's own signal
+            raise
+        except BaseException as e:  # a bug in the user's code, even a BaseException of its own: still one line
             raise UserError(_one_line(failed(e))) from None
 
 

@@ -336,6 +336,28 @@ def test_sys_exit_in_a_task_is_one_line(user_module, body, needle):
     assert needle in _one_line(e)
 
 
+@pytest.mark.parametrize("where", ["import", "generator"])
+def test_a_base_exception_of_the_tasks_own_is_one_line(user_module, where):
+    from tasks import resolve_task
+
+    raise_it = "class Boom(BaseException):\n    pass\n"
+    body = {"import": raise_it + "raise Boom('bang')\n" + GOOD,
+            "generator": raise_it + GOOD + "def bad(n, k, s):\n    raise Boom('bang')\nbad.label_words = ('0', '1')\n",
+            }[where]
+    mod = user_module(body)
+    with pytest.raises(UserError) as e:
+        resolve_task(f"{mod}:{'gen' if where == 'import' else 'bad'}").make(2, 0, 0)
+    assert "Boom: bang" in _one_line(e)
+
+
+def test_ctrl_c_in_a_task_stays_an_interrupt(user_module):
+    from tasks import resolve_task
+
+    mod = user_module(GOOD + "def bad(n, k, s):\n    raise KeyboardInterrupt\nbad.label_words = ('0', '1')\n")
+    with pytest.raises(KeyboardInterrupt):
+        resolve_task(f"{mod}:bad").make(2, 0, 0)
+
+
 @pytest.mark.parametrize("where", ["generator", "import", "swallowing"])
 def test_a_task_that_never_ends_is_stopped(user_module, monkeypatch, where):
     import tasks.custom as custom
@@ -423,11 +445,15 @@ def test_task_code_is_imported_only_after_every_other_check(user_module, tmp_pat
     _cli_refused(interventions, ["--task", f"{mod}:gen", "--model", "tiny-fbt", "--tokenizer", str(tmp_path / "nope"),
                                  "--no-progress"], capsys, "nope")
     assert not marker.exists()
-    # with every other argument good, the task is loaded (and its code run) before the model
-    _cli_refused(probes, ["--task", f"{mod}:gen", "--model", "no-such-model", "--out", str(tmp_path / "o"),
-                          "--distractors", "0", "--no-progress"], capsys, "unknown model")
-    assert marker.exists()
-    assert src.load().name == "gen" and not (tmp_path / "o").exists()
+    # every other argument good but the model's name (or folder): refused before the import too
+    for main, argv in ((probes, ["--task", f"{mod}:gen", "--distractors", "0"]),
+                       (evaluate, ["--tasks", f"{mod}:gen", "--distractors", "0"]),
+                       (interventions, ["--task", f"{mod}:gen", "--distractors", "0"])):
+        for model, needle in (("no-such-model", "unknown model"), (str(tmp_path), "no config.json")):
+            _cli_refused(main, [*argv, "--model", model, "--out", str(tmp_path / "o"), "--no-progress"], capsys,
+                         needle)
+            assert not marker.exists(), (argv, model)
+    assert src.load().name == "gen" and marker.exists() and not (tmp_path / "o").exists()
 
 
 # ----- 5. training ----------------------------------------------------------------------------------------------
