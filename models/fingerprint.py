@@ -2,7 +2,7 @@
 record, and what causal_report.json's model.weights_sha256 / config_sha256 are (interventions.run).
 
 A model is its weights *and* its config: two folders with the same tensors and another `rope_theta`,
-`sliding_window`, norm epsilon or soft-cap are different models, and must not share cached activations."""
+`sliding_window`, norm epsilon (the fusion's too), soft-cap or looped split are different models, and must not share cached activations."""
 from __future__ import annotations
 
 import hashlib
@@ -29,11 +29,22 @@ _NOT_COMPUTATION = frozenset({"_name_or_path", "transformers_version", "architec
 
 def config_hash(model_or_config) -> str:
     """SHA-256 of the HF config's entries (a FullBandwidthLM's wrapped LM's; a config or config dict as given),
-    as sorted JSON, but for those in _NOT_COMPUTATION."""
+    as sorted JSON, but for those in _NOT_COMPUTATION; for a FullBandwidthLM also what its own config.json
+    holds beside the HF config: the fusion's settings (its RMSNorm eps) and a looped model's prelude / core /
+    coda split, neither of which is a tensor or an HF config entry."""
     obj = getattr(model_or_config, "lm", model_or_config)
     config = getattr(obj, "config", obj)
     d = config if isinstance(config, dict) else config.to_dict()
-    blob = json.dumps({k: v for k, v in d.items() if k not in _NOT_COMPUTATION}, sort_keys=True, default=str)
+    d = {k: v for k, v in d.items() if k not in _NOT_COMPUTATION}
+    wrapper = {}
+    if hasattr(model_or_config, "fusion_settings"):
+        wrapper["fusion"] = model_or_config.fusion_settings()
+    spec = getattr(model_or_config, "spec", None)
+    if hasattr(spec, "to_dict"):
+        wrapper["loop"] = spec.to_dict()
+    if wrapper:  # a key no HF config has; a bare HF config's hash is what it was
+        d = {"hf_config": d, "full_bandwidth": wrapper}
+    blob = json.dumps(d, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 

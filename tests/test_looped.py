@@ -366,3 +366,27 @@ def test_the_verdict_names_the_first_iteration_whose_loop_state_carries_the_answ
     res["loop_iterations"]["rows"] = [row(0, 0.1, 0.3), row(1, 0.2, 0.4)]
     assert "at T at no iteration (at most 0.20)" in _loop_clause(res)
     assert _loop_clause({}) == ""
+
+
+def test_config_hash_tells_loop_splits_and_fusion_eps_apart(tmp_path):
+    """The same tensors under another prelude / core / coda split (the same unrolled depth) or another fusion eps
+    compute something else: they must not share cached activations or a run signature."""
+    from models.fingerprint import config_hash, weights_hash
+
+    a = make(LoopSpec(1, 2, 1, 3))
+    b = make(LoopSpec(2, 2, 0, 3))  # 4 blocks either way, unrolled to 1 + 6 + 1 vs 2 + 6 + 0
+    b.load_state_dict(a.state_dict())
+    x = torch.randint(0, V, (1, 9))
+    assert weights_hash(a) == weights_hash(b) and not torch.equal(a(x).logits, b(x).logits)
+    assert config_hash(a) != config_hash(b)
+    saved_looped(tmp_path / "l", LoopSpec(1, 2, 1, 3))
+    from models.loading import load_model
+
+    assert config_hash(load_model(str(tmp_path / "l"))[0]) == config_hash(load_model(str(tmp_path / "l"))[0])
+    torch.manual_seed(0)
+    fb = FullBandwidthLM(AutoModelForCausalLM.from_config(qwen3_config(V, n_layers=2, d_model=32, n_heads=2,
+                                                                       n_kv_heads=1)))
+    other = copy.deepcopy(fb)
+    other.fusion.norm.eps = 0.5
+    assert weights_hash(fb) == weights_hash(other) and config_hash(fb) != config_hash(other)
+    assert config_hash(fb.lm.config) == config_hash(fb.lm.config.to_dict())  # a bare config: as before
