@@ -16,6 +16,14 @@ _SPEC_RE = re.compile(r"^\s*(-?\d+)\s*:\s*(-?\d+)\s*:\s*([^:]+?)\s*(?::\s*(\w+)\
 
 
 # ----- configuration ----------------------------------------------------------------------------------------
+def exact_g(x: float) -> str:
+    """`x` as `:g` writes it (0.1, 1, 1e-05) where that reads back as the same float, else its shortest exact
+    form (0.1000004): a mode name is a cache key and a row key, so two values never share one."""
+    x = float(x)
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
+
+
 @dataclass(frozen=True, eq=False)
 class RecircSpec:
     source: int  # depth s (1..L)
@@ -52,7 +60,7 @@ class RecircSpec:
     @property
     def name(self) -> str:
         extra = f":ramp{self.ramp}" if self.ramp else ""
-        return f"recirc-{self.source}:{self.target}:{float(self.alpha):g}:{self.mode}{extra}"
+        return f"recirc-{self.source}:{self.target}:{exact_g(self.alpha)}:{self.mode}{extra}"
 
     def validate(self, n_layers: int) -> "RecircSpec":
         if not (1 <= self.source <= n_layers):

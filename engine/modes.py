@@ -52,7 +52,11 @@ class Mode:
         if self.kind == "fused":
             return f"fused-{self.n}"
         if self.kind == "loop":
-            return f"loop-{self.n}" if self.tol is None else f"loop-{self.n}:{self.tol:g}"
+            if self.tol is None:
+                return f"loop-{self.n}"
+            from engine.mixing import exact_g
+
+            return f"loop-{self.n}:{exact_g(self.tol)}"
         return self.recirc.name
 
     @property
