@@ -32,6 +32,7 @@ from common.paths import default_output
 N_PAIRS_RANGE = (10, 5000)
 MAX_DISTRACTORS = 1024
 MAX_RANK = 64
+MIN_BOOT = 20  # fewer resamples give no 95% interval: its ends are the extreme draws, or one draw
 MAX_BOOT = 100_000
 MAX_POSITIONS = 100_000
 MAX_ERASE_DEPTH = 10_000  # checked against the model's depth once it is loaded
@@ -94,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"number of sample pairs (2 samples each), {N_PAIRS_RANGE[0]}..{N_PAIRS_RANGE[1]}; for a "
                         "task file the first this many pairs of its N (default: every pair of a file, else from "
                         "--budget)")
-    p.add_argument("--n-boot", type=int_in(1, MAX_BOOT), default=None,
-                   help=f"cluster-bootstrap resamples (over groups) for every 95%% CI, 1..{MAX_BOOT} (default from "
+    p.add_argument("--n-boot", type=int_in(MIN_BOOT, MAX_BOOT), default=None,
+                   help=f"cluster-bootstrap resamples (over groups) for every 95%% CI, {MIN_BOOT}..{MAX_BOOT} (default from "
                         "--budget)")
     add_seed_flag(p, "the dataset, the resampled states and the bootstrap")
     p.add_argument("--subspace-rank", type=int_in(1, MAX_RANK), default=None,
@@ -383,6 +384,12 @@ def main(argv=None) -> int:
         raise UserError(f"--attribution runs under standard, loop-R and recurrent-K prefill, not {mode}")
     if not feedback and erase_positions:
         raise UserError("--erase-positions: standard prefill feeds no state")
+    if erase_positions and set(erase_positions) == {-1}:
+        raise UserError("--erase-positions T: the fed state at T is always erased (row leace_state_T): drop it, or "
+                        "name positions before T")
+    if args.subspace_rank is not None and not feedback and das_cfg is None:
+        raise UserError(f"--subspace-rank sets the fed state's subspace swap (and the probe subspace beside --das); "
+                        f"{mode} prefill feeds no state: drop it, or add --das")
     if not feedback and args.leace_all is not None:
         raise UserError(f"--leace-all / --no-leace-all: the row erases the fed state at every fused position, and "
                         f"{mode} prefill feeds no state: drop it")

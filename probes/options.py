@@ -29,6 +29,7 @@ DEFAULT_N_PAIRS = 96
 MAX_DISTRACTORS = 256
 MIN_PAIRS, MAX_PAIRS = 5, 5000
 MAX_BATCH = 4096
+MIN_BOOT = 20  # fewer resamples give no 95% interval: its ends are the extreme draws, or one draw
 MAX_BOOT = 100_000
 MAX_ERASE_DEPTH = 10_000  # checked against the model's depth once it is loaded
 OUTPUTS = ("probes.json", "depth_curves.html", "activations")  # every file a probes run owns in --out
@@ -68,8 +69,8 @@ def parse_args(argv):
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the activation cache (not with --cache-dir)")
     p.add_argument("--batch-size", type=int_in(1, MAX_BATCH), default=32,
                    help=f"rows per nnsight trace, 1..{MAX_BATCH} (default 32)")
-    p.add_argument("--n-boot", type=int_in(1, MAX_BOOT), default=1000,
-                   help=f"bootstrap resamples for the 95%% CI, 1..{MAX_BOOT} (default 1000)")
+    p.add_argument("--n-boot", type=int_in(MIN_BOOT, MAX_BOOT), default=1000,
+                   help=f"bootstrap resamples for the 95%% CI, {MIN_BOOT}..{MAX_BOOT} (default 1000)")
     p.add_argument("--erase", type=int_in(0, MAX_ERASE_DEPTH), default=None, metavar="DEPTH",
                    help="also probe every depth >= DEPTH after erasing the label (LEACE, fitted on each fold's "
                         "training groups) from the residual stream at (DEPTH, T) and running the model on from "

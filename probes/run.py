@@ -315,7 +315,8 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
                                            args.batch_size, tok.pad_token_id or 0, y=y)
                 if mode == "standard":
                     s0, null = scores[0], _null_accuracy(y, groups, config)
-                    if not s0.ci_low <= null <= s0.ci_high:
+                    # the estimate itself equal to the no-information probe's: nothing leaked, whatever the CI
+                    if s0.accuracy != null and not s0.ci_low <= null <= s0.ci_high:
                         msg = (f"LEAKAGE: standard-prefill depth-0 accuracy {s0.accuracy:.3f} "
                                f"(95% CI {s0.ci_low:.3f}..{s0.ci_high:.3f}) is not at chance ({null:.3f}) "
                                f"for {task} N={n}: all prompts end with the same token, so this is a bug")

@@ -189,7 +189,7 @@ def test_probes_run_on_a_function_and_errors(tiny_ckpt, tmp_path, capsys):
             (["--task", "tests.data.custom_tasks:same_labels", "--distractors", "1"], "have the same label"),
             (["--task", "tests.data.custom_tasks:crashes", "--distractors", "1"], "ValueError: boom")):
         with pytest.raises(SystemExit) as e:
-            main([*argv, "--model", "no-such-model", "--out", str(tmp_path / "x")])  # refused before loading
+            main([*argv, "--model", str(tiny_ckpt), "--out", str(tmp_path / "x")])  # refused before loading
         err = capsys.readouterr().err
         assert e.value.code == 2 and msg in err and err.count("\n") == 1, err
     assert not (tmp_path / "x").exists()
@@ -287,6 +287,30 @@ def test_leakage_check_compares_with_what_a_probe_without_information_scores(tin
     std0 = [r for r in doc["results"] if r["mode"] == "standard" and r["depth"] == 0]
     assert std0 and all(r["accuracy"] == 0.5 for r in std0)  # the constant input's score: class 0's share
     assert doc["meta"]["warnings"] == []
+
+
+def test_leakage_check_trusts_an_estimate_equal_to_the_null(tiny_ckpt, tmp_path, monkeypatch, capsys):
+    """A percentile interval from few resamples can miss its own estimate (--n-boot 1 gave "0.350 (95% CI
+    0.450..0.450) is not at chance (0.350)"): a depth-0 estimate equal to the no-information probe's is no leak,
+    whatever its interval; 1..19 resamples are refused."""
+    import stats.linear as linear
+    from probes.run import main
+
+    monkeypatch.setattr(linear, "percentile_ci", lambda r: (0.95, 0.95))  # an interval away from every estimate
+    out = tmp_path / "o"
+    assert main(["--task", "completion", "--model", str(tiny_ckpt), "--out", str(out), "--modes", "standard",
+                 "--n-pairs", "10", "--distractors", "0", "--n-boot", "20", "--no-cache", "--no-progress",
+                 "--no-mdl"]) == 0
+    doc = json.loads((out / "probes.json").read_text())
+    assert [r["accuracy"] for r in doc["results"] if r["depth"] == 0] == [0.5]
+    assert doc["meta"]["warnings"] == [] and "LEAKAGE" not in capsys.readouterr().err
+    for argv in (["--n-boot", "19"], ["--n-boot", "1"]):
+        with pytest.raises(SystemExit):
+            main(["--task", "completion", *argv])
+    from interventions.run import main as interventions
+
+    with pytest.raises(SystemExit):
+        interventions(["--task", "parity", "--n-boot", "1"])
 
 
 def test_erase_on_samples_that_skip_a_label_word(tiny_ckpt, tmp_path):

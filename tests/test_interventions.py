@@ -259,7 +259,7 @@ def test_cli_refuses_to_overwrite_another_runs_results(tmp_path, capsys):
     out.mkdir()
     (out / "causal_report.json").write_text('{"previous": true}')
     (out / "probe_results.json").write_text("keep")
-    code, err = _cli(["--model", str(tmp_path), "--out", str(out)], capsys)
+    code, err = _cli(["--model", "tiny-fbt", "--out", str(out)], capsys)  # refused before it loads
     assert code == 2 and "--overwrite" in err and err.strip().count("\n") == 0
     assert json.loads((out / "causal_report.json").read_text()) == {"previous": True}
     assert (out / "probe_results.json").read_text() == "keep"

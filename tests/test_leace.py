@@ -205,6 +205,8 @@ def test_interventions_cli_reports_leace_rows(tiny_ckpt, tmp_path):
     (["--mode", "standard", "--leace-all"], "--leace-all / --no-leace-all: the row erases the fed state"),
     (["--mode", "standard", "--no-leace-all"], "--leace-all / --no-leace-all: the row erases the fed state"),
     (["--mode", ""], "unknown prefill mode ''"),
+    (["--mode", "recurrent-full", "--erase-positions", "T"], "the fed state at T is always erased"),
+    (["--mode", "standard", "--subspace-rank", "3"], "--subspace-rank sets the fed state's subspace swap"),
 ])
 def test_interventions_cli_bad_erase_flags(tiny_ckpt, tmp_path, capsys, flags, msg):
     from interventions.run import main

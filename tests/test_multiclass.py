@@ -76,6 +76,24 @@ def test_permute_labels_k_classes_keeps_group_structure():
     assert all(len(set(y2c[g2 == g])) == 1 for g in range(30))
 
 
+@pytest.mark.parametrize("task", ["shell_game", "s5", "a5"])
+@pytest.mark.parametrize("seed", [0, 2, 7])
+def test_control_labels_keep_the_class_counts_so_no_information_has_no_selectivity(task, seed):
+    """A probe that learns nothing scores the share of the class its tie goes to, on the true labels and on the
+    control ones alike: the control labels must keep the class counts (shell_game seed 0 read selectivity -0.042
+    on constant features, s5 seed 2 -0.073), while still breaking the rule (about 1/K of them the true label)."""
+    from tasks import make_dataset
+
+    samples = make_dataset(task, 96, 8, seed=seed)
+    y, groups = np.array([s.label for s in samples]), np.array([s.group_id for s in samples])
+    k = len(np.unique(y))
+    s = grouped_cv_score(np.zeros((len(y), 1)), y, groups, ProbeConfig(n_boot=20, random_state=seed))
+    assert s.selectivity == 0.0
+    yc = permute_labels_by_group(y, groups, seed)
+    assert np.array_equal(np.bincount(yc, minlength=k), np.bincount(y, minlength=k))
+    assert np.mean(yc == y) < 1 / k + 0.15
+
+
 def test_check_groups_k_classes():
     _, y, groups, _ = three_class_pairs(n_pairs=15)
     assert check_groups(y, groups, 5) == 15
@@ -134,7 +152,7 @@ def test_probes_run_tracking_defaults_and_n0_refused(capsys):
     assert _default_modes("shell_game") == ["standard", "recurrent-1", "recurrent-full"]
     assert _parse_distractors(None, resolve_task("parity")) == [8, 32, 64]
     with pytest.raises(SystemExit) as e:
-        main(["--task", "parity", "--distractors", "0,8", "--model", "no-such-model"])
+        main(["--task", "parity", "--distractors", "0,8", "--model", "tiny-fbt-track"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "parity needs N >= 1" in err and err.count("\n") == 1
 
