@@ -60,6 +60,11 @@ def check_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         raise UserError("empty dataset: nothing to run")
     if not bool(attention_mask[:, -1].all()):
         raise UserError("prompts must be left-padded (the last column must be a real token in every row)")
+    real = attention_mask.bool()
+    if bool((real[:, :-1] & ~real[:, 1:]).any()):  # a real column before a padding one: a hole in the prompt
+        row = int((real[:, :-1] & ~real[:, 1:]).any(-1).nonzero()[0, 0])
+        raise UserError(f"prompts must be left-padded: row {row} has a padding column between real tokens "
+                        "(the fed state's chain would break there)")
     emb = model.lm.get_input_embeddings() if hasattr(model, "lm") else None
     if emb is not None and input_ids.numel():  # an id past the embedding table: one line, not an IndexError
         lo, hi = int(input_ids.min()), int(input_ids.max())
