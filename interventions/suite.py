@@ -85,6 +85,25 @@ def cap_positions(positions, max_positions):
     return positions if not max_positions else positions[-max_positions:]
 
 
+def first_diff_lines(b: Batch) -> np.ndarray | None:
+    """Per row: the line index of the pair's first differing token (None without line indices), found from
+    the prompts' starts: two prompts of different lengths (an s5 `swap` line against a `cycle` line) share
+    their prefix, not their columns, so the end-aligned `Batch.first_diff` would name the longer row's
+    first token. The lines after it are the same text in both rows, hence at the same end offsets."""
+    if b.line_index is None:
+        return None
+    T = b.input_ids.shape[1]
+    mask = b.attention_mask.bool()
+    out = np.empty(b.size, dtype=np.int64)
+    for i, j in enumerate(b.pair.tolist()):
+        own, other = b.input_ids[i][mask[i]], b.input_ids[j][mask[j]]  # [len] the real tokens
+        n = min(len(own), len(other))
+        diff = (own[:n] != other[:n]).nonzero()
+        k = int(diff[0, 0]) if len(diff) else n  # one prompt a prefix of the other: where the shorter ends
+        out[i] = b.line_index[i, T - len(own) + min(k, len(own) - 1)]
+    return out
+
+
 def first_line_after_positions(batch: Batch, fline: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(pos [B], has [B]): each row's first column of the line after line `fline[row]`, as an offset from the
     end (-1 = T), and whether the row has such a line (`pos` 0 where not)."""
@@ -497,12 +516,7 @@ class Suite:
         return out
 
     def _first_diff_lines(self) -> np.ndarray | None:
-        """Per row: the line index of the pair's first differing token (None without line indices)."""
-        b = self.ctx.batch
-        if b.line_index is None:
-            return None
-        T = b.input_ids.shape[1]
-        return b.line_index[np.arange(b.size), np.clip(b.first_diff + T, 0, T - 1)]
+        return first_diff_lines(self.ctx.batch)
 
     def first_line_extra_runs(self) -> int:
         """Patched runs `_first_line_after` adds (one, every row at its own position), for the progress plan."""

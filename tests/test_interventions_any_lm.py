@@ -303,3 +303,26 @@ def test_an_exact_tie_left_as_it_was_is_no_change():
     ld = np.array([0.0, 1.0, -1.0, 0.0])
     m = summarize(ld, ld, -ld, np.array([0, 1, 0, 1]), np.array([1, 0, 1, 0]), np.arange(4), n_boot=10)
     assert m["changed_rate"] == 0.0
+
+
+def test_first_diff_lines_of_pairs_of_different_lengths():
+    """s5 pairs differ in one line, a `swap` (3 words) against a `cycle` (4): the two prompts share their prefix,
+    not their columns. Each row's differing line must be the pair's real one (Sample.diff_line update lines after
+    the `ball under` line), and the line after it must start at the same end offset in both rows (end-aligned:
+    it was the longer row's line 0 and the shorter row was dropped)."""
+    import numpy as np
+
+    from interventions.batch import Batch
+    from interventions.suite import first_diff_lines, first_line_after_positions
+    from tasks import build_tokenizer, make_dataset
+
+    samples = make_dataset("s5", 12, 8, seed=0)
+    b = Batch.from_samples(samples, build_tokenizer(), "s5")
+    lengths = b.attention_mask.sum(1)
+    assert (lengths != lengths[b.pair]).any()  # the case at hand: some pairs differ in length
+    header_lines = samples[0].text.split("\n").index(next(x for x in samples[0].text.split("\n")
+                                                          if x.startswith(("swap", "cycle"))))
+    fline = first_diff_lines(b)
+    assert fline.tolist() == [s.diff_line + header_lines for s in samples]
+    pos, has = first_line_after_positions(b, fline)
+    assert has.all() and np.array_equal(pos, pos[b.pair])
