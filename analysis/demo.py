@@ -4,7 +4,7 @@
 checkpoints, then one page, figures/demo/index.html, with the two verdicts, their depth curves, their key
 numbers with 95% CIs and the command behind every number:
 
-    decodable, not used    tiny-fbt on completion (N = 8), recurrent-1: the depth-0 probe reads the answer
+    decodable, not used    tiny-fbt on memory (N = 8), recurrent-1: the depth-0 probe reads the stored bit
                            after one recurrent step, yet swapping the fed state changes no answer
     necessary and used     tiny-fbt-track on parity (N = 32), recurrent-full: without its fed inputs the model
                            is at chance, and swapping the fed state (at T, or at each row's first position
@@ -52,7 +52,9 @@ class Study:
 
 
 STUDIES = (
-    Study("completion", "Decodable, not used", "tiny-fbt", "completion", "recurrent-1", 8, 96, 60,
+    # memory, not completion: completion's groups hold out whole R values (tasks.generators), only 10 of them, and
+    # there the depth-0 probe reads 0.95 [0.86, 1.00] at N = 8: decodable, short of this rule's CI low >= 0.9
+    Study("memory", "Decodable, not used", "tiny-fbt", "memory", "recurrent-1", 8, 96, 60,
           "decodable, not used"),
     Study("parity", "Necessary and used", "tiny-fbt-track", "parity", "recurrent-full", 32, 48, 50,
           "necessary and used"),

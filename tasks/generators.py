@@ -28,10 +28,11 @@ FORMAT_VERSION = 1
 
 
 def _completion(n_pairs: int, n: int, rng: random.Random) -> list[Sample]:
-    # Group = (R, C_mismatch): both members of a pair share it, and since every sample with a given
-    # (R, C) combination lands in the same group, a grouped-CV probe can never have seen the label of a
-    # held-out (R, C) combination; it must compute C == R rather than memorise combinations.
-    # With digits there are at most 10 * 9 = 90 groups.
+    # Group = R: every sample with a given (R, C) combination lands in one group (the label-1 member's
+    # (R, R) recurs in every pair with that R, so (R, C_mismatch) groups shared it: 61 of 192 texts had an
+    # exact copy in another group), so a grouped-CV probe never saw the label of a held-out combination, nor
+    # its text: it must compute C == R rather than memorise combinations. At most 10 groups (5 folds need
+    # 5 distinct R: about 8 pairs and up).
     groups = _GroupIds()
     distractors = ["scratch += 0"] * n
     out = []
@@ -39,7 +40,7 @@ def _completion(n_pairs: int, n: int, rng: random.Random) -> list[Sample]:
         r = rng.randrange(10)
         c_mismatch = rng.choice([d for d in range(10) if d != r])
         s = rng.randrange(10)
-        gid = groups((r, c_mismatch))
+        gid = groups(r)
         for label, c in ((0, c_mismatch), (1, r)):
             lines = [f"required = {r}", f"completed = {c}", f"scratch = {s}", *distractors, "Status" + FINAL_TOKEN]
             out.append(Sample("completion", "\n".join(lines), label, pair_id, gid, n))

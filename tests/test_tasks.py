@@ -62,13 +62,23 @@ def test_completion_semantics_and_groups():
         for s, f in ((a, fa), (b, fb)):
             assert s.label == int(f["completed"] == f["required"])
             assert s.text.split("\n")[-1] == "Status:"
-        mismatch = fa["completed"] if a.label == 0 else fb["completed"]
-        key = (fa["required"], mismatch)
+        key = fa["required"]
         assert key_of_group.setdefault(a.group_id, key) == key
-    # group ids equal iff (R, C_mismatch) equal
-    assert len(set(key_of_group.values())) == len(key_of_group) <= 90
+    # group ids equal iff R equal
+    assert len(set(key_of_group.values())) == len(key_of_group) == 10
     assert sorted(key_of_group) == list(range(len(key_of_group)))  # small ints, first-appearance order
-    assert len(key_of_group) > 50
+
+
+@pytest.mark.parametrize("task, n", [("completion", 0), ("completion", 32), ("memory", 8), ("multi_register", 8),
+                                     ("shell_game", 64), ("s5", 64)])
+def test_no_text_recurs_in_another_group(task, n):
+    """Grouped CV holds out whole groups: a text in two groups would be scored on a copy of its training data
+    (completion's (R, C_mismatch) groups put the label-1 text (R, R, S) in several: 61 of 192 texts at N = 0..128).
+    Parity at small N cannot keep this (its comment in tasks.generators says why)."""
+    groups_of = {}
+    for s in make_dataset(task, 96, n, seed=3):
+        groups_of.setdefault(s.text, set()).add(s.group_id)
+    assert all(len(g) == 1 for g in groups_of.values())
 
 
 def test_memory_semantics_and_groups():
@@ -147,9 +157,9 @@ def test_deterministic_and_fingerprint(task):
 
 def test_fingerprint_is_a_known_value():
     # Guards against accidental format / RNG changes that would silently reuse stale caches.
-    # If this changes on purpose (new text format), bump generators.FORMAT_VERSION and update the value.
+    # If this changes on purpose (new text format, new groups), bump generators.FORMAT_VERSION where texts change and update the value.
     fp = dataset_fingerprint(make_dataset("completion", 3, 2, seed=0))
-    assert fp == "7b57ad123bb50df22e3898d7f412d9afb47cf39c6ccacd3f34c7915a9f7b947a"
+    assert fp == "d1532d8f6ade831c33cae1580c55671e62bfc0ad3a2e2801b377ced0023ea9cd"
     fp = dataset_fingerprint(make_dataset("multi_register", 3, 2, seed=0))  # unchanged by the curriculum option
     assert fp == "aeea61dbfb466b1978b3e22dc41a87246f326c779e1581f0a79b81540c15aeb1"
     # n_tokens is tokenizer-dependent and left out of the fingerprint

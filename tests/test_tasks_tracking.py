@@ -241,14 +241,15 @@ def test_tracking_fingerprints_are_known_values():
 
 
 # dataset_fingerprint(make_dataset(task, 10, n, seed)) computed BEFORE the tracking tasks and the optional
-# Sample fields existed: adding them must leave every old dataset and its cache key untouched.
+# Sample fields existed: adding them must leave every old dataset and its cache key untouched. (completion's
+# values are from 2026-12-06, when its groups became R alone: the same texts and labels, other group ids.)
 OLD_FINGERPRINTS = {
-    ("completion", 0, 0): "0bdf6915084f40132d46ace9a1421f3443aec2b3c56386c8330a4f864e2dfa63",
-    ("completion", 0, 1): "a37b4088684ad63423a1d05b0e66ad55d72a8fb516b2629b87711167a62f8b86",
-    ("completion", 8, 0): "4fded62e6bb74de6c101ce4eb4b079bb879de4090147a31200d60e8041a8e2ca",
-    ("completion", 8, 1): "3f56ef7b89ab5965a9840c4570c5bd911778cffed2f77e113b97ab2e066eebde",
-    ("completion", 256, 0): "b1108284a37ee66c4c2d42174fe8393eb5ac645c05ebe286e14f7832cd4e812d",
-    ("completion", 256, 1): "4aed01365d5720e5cc2a97410faa0ae89194196a67bca8dfb8856aed00eefe7f",
+    ("completion", 0, 0): "9d8fa67838add220ae390a89965ed8bce6ce77e1d4be34745686dfdd9b8b0912",
+    ("completion", 0, 1): "a794e724b61ac8a3b4c173f03a6566b83ad7adb45b75347371c6fd22265528ba",
+    ("completion", 8, 0): "e297640574201e78c3577584f193ea9e2530630d0b81f863dd0a08b7293490c2",
+    ("completion", 8, 1): "1f3edb0c0b431ca031769290a11cb9b93947ad68727f0c0d46b5f511560d0827",
+    ("completion", 256, 0): "88e235d17314336adc614296dc483f1e178ebd915468e6a89e09fce54a834b71",
+    ("completion", 256, 1): "8f8c303877f9834a25b421fb1e63b4026d324fe69f1a80e16d26782752efef92",
     ("memory", 0, 0): "9084906f45c8541d7e3850747f91c49167ff19fc527c952b1a7b548ea642ed2b",
     ("memory", 0, 1): "9084906f45c8541d7e3850747f91c49167ff19fc527c952b1a7b548ea642ed2b",
     ("memory", 8, 0): "3df353864d832113385a413012b2014035f11a2fe633230690605732fbdad78f",
