@@ -278,7 +278,7 @@ def main(argv=None) -> int:
     from engine.modes import parse_mode
     from models.fingerprint import config_hash, weights_hash
     from stats.linear import ProbeConfig
-    from tasks import dataset_fingerprint, probe_labels, resolve_task
+    from tasks import copies_across_groups, dataset_fingerprint, probe_labels, resolve_task
     from tasks.samples import ANSWER_PROBE_LABEL
 
     from .progress import Progress
@@ -421,6 +421,11 @@ def main(argv=None) -> int:
         n_pairs_used = len({s.pair_id for s in samples})
         say(f"{n_pairs_used} pairs ({batch.size} samples), N = {n_dis}, T = {batch.input_ids.shape[1]} columns, "
             f"budget {args.budget}; clean runs")
+        copies = copies_across_groups(samples)
+        if copies:  # the probes' held-out accuracies (subspace, LEACE, DAS) then include texts seen in training
+            print(f"warning: {copies} of {len(samples)} samples have their exact text in another group: the probes' "
+                  "held-out accuracies include texts they were trained on (too few distinct prompts at this N)",
+                  file=sys.stderr)
         _check_erase_positions(erase_positions, mode, batch.input_ids.shape[1])  # before any model run
         T = batch.input_ids.shape[1]
         if das_cfg is not None:
@@ -485,7 +490,8 @@ def main(argv=None) -> int:
                        "command": command_text("python -m interventions.run", argv)},
             "dataset": {"fingerprint": dataset_fingerprint(samples), "n_samples": batch.size,
                         "n_pairs": n_pairs_used, "n_groups": int(len(set(batch.groups.tolist()))),
-                        "tokens_min": int(lengths.min()), "tokens_max": int(lengths.max())},
+                        "tokens_min": int(lengths.min()), "tokens_max": int(lengths.max()),
+                        "copies_across_groups": copies},
             "results": results,
             "control": control,
         }

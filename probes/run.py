@@ -282,7 +282,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
         collector = Collector(model, batch_size=args.batch_size, pad_id=tok.pad_token_id or 0,
                               progress=not args.no_progress and main_rank)
         cache = None if args.no_cache else ActivationCache(cache_dir)
-        from tasks import dataset_fingerprint
+        from tasks import copies_across_groups, dataset_fingerprint
 
         results, warnings, ds_meta, exports, fed_lens, erased = [], [], {}, [], [], []
         extra = MethodFields(model, label_ids, config, not args.no_mdl, no_lens)
@@ -292,13 +292,20 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
             answers = np.array([s.label for s in samples])  # what the logit lens reads (the label words' index)
             groups = np.array([s.group_id for s in samples])
             lengths = [len(r) for r in ids]
+            copies = copies_across_groups(samples)
             ds_meta[str(n)] = {"fingerprint": dataset_fingerprint(samples), "n_samples": len(samples),
                                "n_groups": int(len(np.unique(groups))), "min_tokens": min(lengths),
-                               "max_tokens": max(lengths)}
+                               "max_tokens": max(lengths), "copies_across_groups": copies}
             acts, status = collect_with_cache(collector, ids, samples, modes, tok, cache, weights=w_hash,
                                               desc=f"{task} N={n}", procs=procs)
             if acts is None:  # not rank 0: its share is with rank 0 now
                 continue
+            if copies:
+                msg = (f"{task} N={n}: {copies} of {len(samples)} samples have their exact text in another group, so "
+                       "held-out scores include texts the probe was trained on (too few distinct prompts at this N)")
+                warnings.append({"kind": "copies_across_groups", "task": task, "n_distractors": n,
+                                 "count": copies, "message": msg})
+                print(f"warning: {msg}", file=sys.stderr)
             if not args.no_progress:
                 print(f"[{task} N={n}] activations: " + ", ".join(f"{m} {s}" for m, s in status.items()),
                       file=sys.stderr)
@@ -405,7 +412,8 @@ def _print_summary(doc, out):
         print(f"  {r['mode']:>15s} N={r['n_distractors']:<4d} acc {r['accuracy']:.3f} "
               f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] control {r['control_accuracy']:.3f}")
     if doc["meta"]["warnings"]:
-        print(f"WARNING: {len(doc['meta']['warnings'])} leakage warning(s), see meta.warnings")
+        kinds = sorted({w["kind"] for w in doc["meta"]["warnings"]})
+        print(f"WARNING: {len(doc['meta']['warnings'])} warning(s) ({', '.join(kinds)}), see meta.warnings")
     print(f"wrote {out / 'probes.json'} and {out / 'depth_curves.html'} in {doc['meta']['wall_time_s']:.1f}s")
 
 

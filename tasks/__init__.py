@@ -7,12 +7,14 @@ Every prompt of a task ends with the same final token (":" for the synthetic tas
 differing only in what determines the label; ``group_id`` is the cross-validation group held out as a whole.
 """
 from .generators import dataset_fingerprint, make_dataset
-from .samples import ALL_TASKS, DISTRACTOR_COUNTS, LABEL_WORDS, LANGUAGE_TASKS, TASKS, TRACKING_TASKS, Sample, pair_roles, probe_labels
+from .samples import (ALL_TASKS, DISTRACTOR_COUNTS, LABEL_WORDS, LANGUAGE_TASKS, TASKS, TRACKING_TASKS, Sample,
+                      copies_across_groups, pair_roles, probe_labels)
 from .tokenizer import build_tokenizer, key_token_positions, label_token_ids, tokenize_samples
 from .custom import TaskSource, resolve_task  # bring-your-own tasks (docs/tasks.md)
 
 __all__ = [
     "TASKS",
+    "copies_across_groups",
     "TRACKING_TASKS",
     "LANGUAGE_TASKS",
     "ALL_TASKS",

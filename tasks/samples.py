@@ -125,3 +125,14 @@ def probe_labels(samples, n_splits: int) -> tuple[list[int], str]:
     roles = pair_roles(samples)
     check_groups(roles, groups, n_splits)
     return roles, ROLE_PROBE_LABEL
+
+
+def copies_across_groups(samples) -> int:
+    """How many samples have their exact text in another group. Grouped cross-validation holds whole groups out so
+    that no probe is scored on its training data; a text in two groups breaks that (short tracking prompts: parity
+    at N = 8 has 2**8 texts, and 106 of 96 pairs' 192 samples recur across groups; at N <= 4 all do). probes.run
+    and interventions.run record the count and say so where it is not 0."""
+    groups_of: dict = {}
+    for s in samples:
+        groups_of.setdefault(s.text, set()).add(s.group_id)
+    return sum(len(groups_of[s.text]) > 1 for s in samples)

@@ -313,6 +313,27 @@ def test_leakage_check_trusts_an_estimate_equal_to_the_null(tiny_ckpt, tmp_path,
         interventions(["--task", "parity", "--n-boot", "1"])
 
 
+def test_texts_in_two_groups_are_counted_and_said(tiny_ckpt, tmp_path, capsys):
+    """Parity at N = 4 has 16 texts: most samples recur in another group, so held-out scores include texts the
+    probe was trained on. probes.json says how many (meta.datasets, meta.warnings) and stderr says so."""
+    from probes.run import main
+    from tasks import copies_across_groups, make_dataset
+
+    assert copies_across_groups(make_dataset("parity", 96, 8, seed=0)) == 106
+    assert copies_across_groups(make_dataset("parity", 96, 32, seed=0)) == 0
+    assert copies_across_groups(make_dataset("completion", 96, 8, seed=0)) == 0
+    samples = make_dataset("parity", 12, 4, seed=0)
+    out = tmp_path / "o"
+    assert main(["--task", "parity", "--model", str(tiny_ckpt), "--out", str(out), "--modes", "standard",
+                 "--n-pairs", "12", "--distractors", "4", "--n-boot", "20", "--no-cache", "--no-progress",
+                 "--no-mdl"]) == 0
+    doc = json.loads((out / "probes.json").read_text())
+    n = copies_across_groups(samples)
+    assert n > 0 and doc["meta"]["datasets"]["4"]["copies_across_groups"] == n
+    assert [w["count"] for w in doc["meta"]["warnings"] if w["kind"] == "copies_across_groups"] == [n]
+    assert f"{n} of 24 samples have their exact text in another group" in capsys.readouterr().err
+
+
 def test_erase_on_samples_that_skip_a_label_word(tiny_ckpt, tmp_path):
     """--erase on a 3-word file whose first pairs use words 0 and 2 only: LEACE's one-hot spans the word indices
     (it crashed: 'Class values must be smaller than num_classes')."""
