@@ -113,8 +113,9 @@ def _parse_distractors(s, task):
     source = task if isinstance(task, TaskSource) else None
     name = source.name if source is not None else task
     if s is None:
-        if name in DEFAULT_DISTRACTORS:
-            return list(DEFAULT_DISTRACTORS[name])
+        base = source.task if source is not None and source.builtin else name  # parity@hold: parity's N values
+        if base in DEFAULT_DISTRACTORS:
+            return list(DEFAULT_DISTRACTORS[base])
         if source is not None and source.default_distractors:  # a JSONL file's N values, f.distractors
             return list(source.default_distractors)
         raise UserError(f"task {source.spec if source else name} has no default distractor counts: "

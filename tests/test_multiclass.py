@@ -151,6 +151,8 @@ def test_probes_run_tracking_defaults_and_n0_refused(capsys):
     assert DEFAULT_DISTRACTORS["parity"] == (8, 32, 64)
     assert _default_modes("shell_game") == ["standard", "recurrent-1", "recurrent-full"]
     assert _parse_distractors(None, resolve_task("parity")) == [8, 32, 64]
+    for variant in ("parity@hold", "parity@uniform", "s5@heldout"):  # a variant takes its task's N values
+        assert _parse_distractors(None, resolve_task(variant)) == [8, 32, 64]
     with pytest.raises(SystemExit) as e:
         main(["--task", "parity", "--distractors", "0,8", "--model", "tiny-fbt-track"])
     err = capsys.readouterr().err
