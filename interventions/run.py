@@ -421,11 +421,6 @@ def main(argv=None) -> int:
         n_pairs_used = len({s.pair_id for s in samples})
         say(f"{n_pairs_used} pairs ({batch.size} samples), N = {n_dis}, T = {batch.input_ids.shape[1]} columns, "
             f"budget {args.budget}; clean runs")
-        copies = copies_across_groups(samples)
-        if copies:  # the probes' held-out accuracies (subspace, LEACE, DAS) then include texts seen in training
-            print(f"warning: {copies} of {len(samples)} samples have their exact text in another group: the probes' "
-                  "held-out accuracies include texts they were trained on (too few distinct prompts at this N)",
-                  file=sys.stderr)
         _check_erase_positions(erase_positions, mode, batch.input_ids.shape[1])  # before any model run
         T = batch.input_ids.shape[1]
         if das_cfg is not None:
@@ -444,6 +439,11 @@ def main(argv=None) -> int:
         ctx = CausalContext(model, batch, modes=modes)
         if das_cfg is not None and das_site[0] == "resid" and das_site[1] > ctx.n_layers:
             raise UserError(f"--das-site depth {das_site[1]} is beyond {mode}'s depth 0..{ctx.n_layers}")
+        copies = copies_across_groups(samples)
+        if copies:  # every check passed; the probes' held-out accuracies (subspace, LEACE, DAS) see trained texts
+            print(f"warning: {copies} of {len(samples)} samples have their exact text in another group: the probes' "
+                  "held-out accuracies include texts they were trained on (too few distinct prompts at this N)",
+                  file=sys.stderr)
         layer_depths = evenly(range(ctx.n_layers + 1), max_depths)  # the mode's own stack (loop-R: its unrolling)
         try:
             results = run_suite(ctx, rank=rank, n_boot=n_boot, seed=seed, probe_config=probe_cfg,

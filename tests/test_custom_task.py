@@ -167,8 +167,10 @@ def test_probes_run_on_a_jsonl_file(tiny_ckpt, tmp_path):
     run = doc["meta"]["run"]
     assert run["task"] == "last_write" and run["distractors"] == [1, 2] and run["n_pairs"] is None
     assert run["task_source"]["kind"] == "jsonl" and run["task_source"]["label_words"] == ["0", "1", "2"]
-    assert doc["meta"]["labels"]["chance"] == pytest.approx(1 / 3) and doc["meta"]["warnings"] == []
+    assert doc["meta"]["labels"]["chance"] == pytest.approx(1 / 3)
+    assert [w for w in doc["meta"]["warnings"] if w["kind"] == "leakage"] == []
     assert doc["meta"]["datasets"]["1"]["n_samples"] == 30
+    assert doc["meta"]["datasets"]["1"]["copies_across_groups"] == 30  # this file's 4-line prompts recur across groups
     assert {r["task"] for r in doc["results"]} == {"last_write"}
     std0 = [r for r in doc["results"] if r["mode"] == "standard" and r["depth"] == 0]
     assert all(r["ci_low"] <= 1 / 3 <= r["ci_high"] for r in std0)
@@ -183,6 +185,7 @@ def test_probes_run_on_a_function_and_errors(tiny_ckpt, tmp_path, capsys):
     doc = json.loads((out / "probes.json").read_text())
     assert doc["meta"]["run"]["distractors"] == [2, 4] and doc["meta"]["labels"]["words"] == ["0", "1"]
     assert doc["meta"]["run"]["task_source"]["spec"] == FUNC
+    capsys.readouterr()  # the run's own lines (its short prompts recur across groups: a warning)
     for argv, msg in (
             (["--task", str(JSONL), "--distractors", "3"], "no samples with n_distractors = 3"),
             (["--task", str(JSONL), "--n-pairs", "5"], "last_write N=1 with --n-pairs 5: too few groups"),
@@ -286,7 +289,7 @@ def test_leakage_check_compares_with_what_a_probe_without_information_scores(tin
     doc = json.loads((out / "probes.json").read_text())
     std0 = [r for r in doc["results"] if r["mode"] == "standard" and r["depth"] == 0]
     assert std0 and all(r["accuracy"] == 0.5 for r in std0)  # the constant input's score: class 0's share
-    assert doc["meta"]["warnings"] == []
+    assert [w for w in doc["meta"]["warnings"] if w["kind"] == "leakage"] == []  # (its texts recur: counted)
 
 
 def test_leakage_check_trusts_an_estimate_equal_to_the_null(tiny_ckpt, tmp_path, monkeypatch, capsys):

@@ -167,6 +167,7 @@ def test_cli_writes_the_iia_table_and_the_attribution_heatmap(tiny_ckpt, tmp_pat
     assert "## Distributed alignment search" in md and "## Attribution patching" in md
     page = (out / "causal_report.html").read_text()
     assert "DAS: IIA vs rank k" in page and "Attribution patching" in page
+    capsys.readouterr()  # the run's own lines (a warning among them: parity N = 8 has texts in two groups)
     # bad combinations: one line each, nothing written
     # (a flag that would change nothing is refused, not dropped: DAS settings without --das, a residual sweep depth
     # under a mode that sweeps its fed state)

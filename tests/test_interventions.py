@@ -293,7 +293,7 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
     from interventions.report import SCHEMA
     from interventions.run import main
     from models.loading import load_model
-    from tasks import dataset_fingerprint, label_token_ids, make_dataset, tokenize_samples
+    from tasks import copies_across_groups, dataset_fingerprint, label_token_ids, make_dataset, tokenize_samples
 
     out = tmp_path / "o"
     argv = ["--model", str(TRACK), "--task", "parity", "--mode", "recurrent-full", "--n-pairs", "10",
@@ -335,7 +335,9 @@ def test_cli_end_to_end_fast_on_the_shipped_tracking_model(tmp_path):
             cfg["n_boot"]) == ("parity", "recurrent-full", 4, 10, 4, 2, 300)  # the values in force
     assert rep["dataset"] == {"fingerprint": dataset_fingerprint(samples), "n_samples": 20, "n_pairs": 10,
                               "n_groups": len({s.group_id for s in samples}),
-                              "tokens_min": min(map(len, ids)), "tokens_max": max(map(len, ids))}
+                              "tokens_min": min(map(len, ids)), "tokens_max": max(map(len, ids)),
+                              "copies_across_groups": copies_across_groups(samples)}
+    assert rep["dataset"]["copies_across_groups"] > 0  # parity at N = 4: 16 texts, recurring across groups
     assert rep["control"] == {"skipped": "disabled with --control-model none"}
 
     # --- the clean runs equal the engine's, per mode (this model: standard at chance, its recurrence solves it)
