@@ -330,3 +330,58 @@ def test_mediation_only_on_a_task_model(tmp_path):
     assert len(med["tuning"]) == 4
     best = max(med["tuning"], key=lambda t: t["train_mean_abs_ld_change"])
     assert med["config"] == best["config"] and abs(med["conditions"]["full"]["mean_ld_change"]) > 1e-4
+
+
+def test_mediation_se_is_clustered_by_group():
+    """Samples of one group are not independent (completion has 10 groups however many pairs): the s.e. of a mean
+    change is the group-clustered one, by hand: deviations summed per group, sqrt(G/(G-1) * sum S_g^2) / n."""
+    import numpy as np
+
+    from analysis.recirculation.mediation import clustered_se
+
+    d = np.array([1.0, 1.2, 3.0, 2.8, 0.0, 0.4])
+    g = np.array([0, 0, 1, 1, 2, 2])
+    mean = d.mean()  # 1.4
+    sums = [1.0 + 1.2 - 2 * mean, 3.0 + 2.8 - 2 * mean, 0.0 + 0.4 - 2 * mean]  # -0.6, 3.0, -2.4
+    want = np.sqrt(3 / 2 * sum(s * s for s in sums)) / 6
+    assert clustered_se(d, g) == pytest.approx(want, rel=1e-12)
+    naive = d.std(ddof=1) / np.sqrt(len(d))
+    assert clustered_se(d, g) > 1.4 * naive  # what the samples-as-independent s.e. hid
+    assert clustered_se(d, np.zeros(6, int)) is None  # one group: no s.e.
+    # singleton groups: the usual s.e. up to the (G - 1) vs (n - 1) factor, which is the same here
+    assert clustered_se(d, np.arange(6)) == pytest.approx(naive, rel=1e-12)
+
+
+def test_text_the_tokenizer_cannot_spell_is_refused():
+    """A perplexity over [UNK] tokens measures nothing (tiny-base on the pydoc text: 85% [UNK])."""
+    from analysis.recirculation.text import make_splits
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    docs = [("a", "x = 0\nx ^= 1\n" * 40), ("b", "state = 1\nscratch = 0\n" * 40)]
+    tune, test = make_splits(docs, tok, 8, 2, 2)  # the task words: fine
+    assert tune.shape == (2, 8)
+    with pytest.raises(UserError, match="tokens the tokenizer cannot spell"):
+        make_splits([("a", "the quick brown fox " * 40), ("b", "jumps over the lazy dog " * 40)], tok, 8, 2, 2)
+
+
+def test_ramp_applies_to_a_given_mediation_spec(tmp_path):
+    """--ramp applies to every recirculated run: with --mediation-spec it was dropped (the same numbers as --ramp
+    0, a config named without it)."""
+    import json
+
+    from models.configs import qwen3_config
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=3, d_model=32, n_heads=2, n_kv_heads=1),
+                                seed=0).save_pretrained(tmp_path / "m", tokenizer=tok)
+    common = ["--model", str(tmp_path / "m"), "--mediation-only", "--mediation-task", "completion",
+              "--mediation-pairs", "12", "--mediation-distractors", "0", "--mediation-spec", "3:1:0.5:convex"]
+    got = {}
+    for ramp in ("0", "5"):
+        r = _cli(*common, "--ramp", ramp, "--out", str(tmp_path / ramp))
+        assert r.returncode == 0, r.stderr[-2000:]
+        got[ramp] = json.loads((tmp_path / ramp / "results.json").read_text())["mediation"]
+    assert got["5"]["config"] == "recirc-3:1:0.5:convex:ramp5" and got["0"]["config"] == "recirc-3:1:0.5:convex"
+    assert got["5"]["conditions"]["full"]["mean_ld_change"] != got["0"]["conditions"]["full"]["mean_ld_change"]

@@ -15,11 +15,11 @@ Experiments (figures + one results.json under --out, default figures/<model>/rec
   e. cost.html      sequential vs blockwise prefill: wall time, peak RSS increase, tokens/s, perplexity gap
   f. mediation.html (opt-in, --mediation) on a synthetic task (tasks/): a linear probe (stats.linear.LinearProbe)
                     fitted on the base model's depth-s state at the last position of the TRAINING groups gives the
-                    task-state subspace (binary: its direction; K > 2 label words: the span of its class-centred
-                    class weights, rank K - 1); recirculation is then applied fully, only within that subspace,
+                    task-state subspace (binary, and the language tasks' pair-role probe: its direction; K > 2
+                    label words: the span of its class-centred class weights, rank K - 1); recirculation is then applied fully, only within that subspace,
                     only in its orthogonal complement, or only within a random subspace of equal rank; reported:
-                    label logit difference LD = logit(true) - logit(the paired sample's label) and accuracy on
-                    the HELD-OUT groups. --mediation-only runs (f) alone, e.g. on the 1-pass-trained tiny-base,
+                    label logit difference LD = logit(true) - logit(the paired sample's label) (mean change
+                    +- a group-clustered s.e.) and accuracy on the HELD-OUT groups. --mediation-only runs (f) alone, e.g. on the 1-pass-trained tiny-base,
                     which (unlike SmolLM2-135M) solves the tasks; results under figures/<model>/mediation-<task>/.
   g. targeted.html  (opt-in, --targeted) on a task with key tokens (induction, ioi, lookup, binding): at each
                     alpha, base vs uniform recirculation (every column) vs targeted recirculation (the key

@@ -2,6 +2,8 @@
 The experiments and their outputs are described in analysis/recirculation/__init__.py."""
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 import sys
@@ -251,6 +253,8 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
     for s, d in pairs:
         RecircSpec(s, d, a.alpha).validate(L)
     med_spec = parse_recirculate(a.mediation_spec, L) if a.mediation_spec else None
+    if med_spec is not None and a.ramp:  # --ramp applies to every recirculated run, the given spec's too
+        med_spec = dataclasses.replace(med_spec, ramp=a.ramp)
     run_f, run_g = a.mediation or a.mediation_only, a.targeted or a.targeted_only
     tg_sd = parse_sd(a.targeted_spec or default_sd(L), L)
     for flag, on in (("--mediation", run_f), ("--targeted", run_g)):

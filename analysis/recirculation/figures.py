@@ -20,7 +20,8 @@ def mediation_figure(med: dict, out: Path, plotly: str = "directory") -> None:
     c = med["conditions"]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("change in LD vs base (held-out)", "accuracy"))
     fig.add_trace(go.Bar(x=list(c), y=[v["mean_ld_change"] for v in c.values()], showlegend=False,
-                         error_y={"type": "data", "array": [1.96 * v["ld_change_se"] for v in c.values()]}),
+                         error_y={"type": "data",  # 95% bars from the group-clustered s.e. (none: one group)
+                                  "array": [1.96 * (v["ld_change_se"] or 0.0) for v in c.values()]}),
                   row=1, col=1)
     fig.add_trace(go.Bar(x=list(c), y=[v["accuracy"] for v in c.values()], showlegend=False), row=1, col=2)
     fig.update_layout(title=f"Mediation on {med['task']} ({med['config']}; rank-{med['rank']} probe subspace "

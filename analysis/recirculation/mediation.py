@@ -4,14 +4,17 @@ The subspace routine is the interventions' (interventions.subspace.orthonormal),
 
 Label logit difference LD_true = logit(true label word) - logit(the paired sample's label word) (the pair partner
 is the other sample with the same pair_id). Binary tasks: that is logit(true) - logit(other), and the subspace is
-the probe's unit direction (rank 1), exactly as before K > 2 tasks were supported. K > 2 label words (shell_game,
-the language tasks): the probe is multinomial and the task subspace is the orthonormalized span of its
+the probe's unit direction (rank 1), exactly as before K > 2 tasks were supported. The language tasks (one class
+per word: too many for grouped CV) fit the pair role instead (tasks.probe_labels), a binary probe: their task
+subspace is its one direction (rank 1), not the span of the label words. K > 2 label words (shell_game, s5, a5):
+the probe is multinomial and the task subspace is the orthonormalized span of its
 class-centred class weight vectors (W_k / scale in the raw input space, k = 1..K, minus their mean): a softmax
 reads only differences of class weights, so that span is the whole of what the probe reads, of rank
 min(K' - 1, D) with K' the classes present in the training groups (K' = K unless the pairs are too few to show
 every label; lower only if the weights are degenerate; `rank` reports the rank used). The complement has rank
 D - rank, the random subspace the task subspace's rank. Accuracy: binary LD_true > 0 (as before); K > 2 the
-argmax over the K label words at the last position, an m-way tie counting 1/m (interventions.metrics)."""
+argmax over the K label words at the last position, an m-way tie counting 1/m (interventions.metrics). The
+s.e. of a mean LD change is clustered by group (`clustered_se`): a group's samples are not independent."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +32,17 @@ from interventions.subspace import orthonormal
 from stats.linear import LinearProbe, ProbeConfig
 from tasks import label_token_ids, make_dataset, probe_labels, tokenize_samples
 from tasks.samples import ANSWER_PROBE_LABEL
+
+
+def clustered_se(d: np.ndarray, groups: np.ndarray) -> float | None:
+    """Standard error of the mean of `d`, clustered by group (the samples of a group are not independent: completion
+    has 10 groups however many pairs); None for fewer than 2 groups. sqrt(G / (G - 1) * sum_g S_g^2) / n, S_g the
+    group's sum of deviations from the mean (the sandwich estimator of a mean with the usual small-G factor)."""
+    ug, inv = np.unique(groups, return_inverse=True)
+    if len(ug) < 2:
+        return None
+    sums = np.bincount(inv, weights=d - d.mean())
+    return float(np.sqrt(len(ug) / (len(ug) - 1) * np.sum(sums ** 2)) / len(d))
 
 
 def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, batch: int, seed: int) -> dict:
@@ -133,7 +147,7 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
         acc = float((ld_true > 0).mean()) if K == 2 else float(decisions(z, y[te], y[te], range(K))[0].mean())
         out["conditions"][name] = {"mean_ld": float(ld_true.mean()), "accuracy": acc,
                                    "mean_ld_change": float(d.mean()),
-                                   "ld_change_se": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0}
+                                   "ld_change_se": clustered_se(d, groups[test_rows])}
         print(f"[f] {name:16s} LD {ld_true.mean():+.3f} (change {d.mean():+.4f}) acc {acc:.3f}", flush=True)
     return out
 

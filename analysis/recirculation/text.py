@@ -53,6 +53,14 @@ def make_splits(docs, tokenizer, seq_len: int, n_tune: int, n_test: int, seed: i
     for h in halves:
         rng.shuffle(h)
     tune, test = halves[0][:n_tune], halves[1][:n_test]
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None:  # a perplexity of text the model cannot read measures nothing (the task words' tokenizer
+        n_unk = sum(c.count(unk) for c in tune + test)  # on pydoc text: 85% [UNK], perplexity 1.8e7)
+        if n_unk:
+            total = sum(map(len, tune + test))
+            raise UserError(f"the text has {n_unk} of {total} tokens the tokenizer cannot spell ({tokenizer.unk_token}): "
+                            "pass --text in the model's own words (a model with the task tokenizer knows only the "
+                            "tasks' words)")
     if len(tune) < n_tune or len(test) < n_test:
         raise UserError(f"not enough text for {n_tune} + {n_test} chunks of {seq_len} tokens "
                         f"(got {len(tune)} + {len(test)}): pass more --text or lower --seq-len / --n-tune / --n-test")
