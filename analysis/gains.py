@@ -22,12 +22,14 @@ from common.plotlyjs import include_plotlyjs, stage_plotly_js
 from common.staged import Staged
 from analysis.evaluate import EVAL_SEED, MAX_PAIRS, evaluate, parse_tasks
 from models.loading import load_model
+from probes.depth_curves import PALETTE
 from tasks import ALL_TASKS, TASKS
 
 MAX_DISTRACTORS = 1024  # gains runs the full-width modes too: quadratic in the prompt
 
 ARMS = (("baseline", "std_model", "std"), ("fbt/std", "fbt_model", "std"), ("fbt/soft", "fbt_model", "soft"),
         ("fbt/fused", "fbt_model", "fused"))
+ARM_COLORS = {arm: PALETTE[i] for i, (arm, *_) in enumerate(ARMS)}  # one colour per arm, on every panel
 
 
 def figure(rows):
@@ -37,13 +39,13 @@ def figure(rows):
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     fig = make_subplots(rows=2, cols=len(tasks), subplot_titles=[f"{t}: accuracy" for t in tasks] +
                         [f"{t}: label loss" for t in tasks], shared_yaxes=False)
-    for arm, *_ in ARMS:
+    for arm, *_ in ARMS:  # an arm: one legend entry, one colour, one legend group on all 2 x len(tasks) panels
         for j, t in enumerate(tasks):
             rs = [r for r in rows if r["task"] == t and r["arm"] == arm]
             x = [f"N={r['n_distractors']}" for r in rs]
             for i, key in enumerate(("accuracy", "label_loss")):
                 fig.add_trace(go.Bar(x=x, y=[r[key] for r in rs], name=arm, legendgroup=arm,
-                                     showlegend=(i == 0 and j == 0),
+                                     marker=dict(color=ARM_COLORS[arm]), showlegend=(i == 0 and j == 0),
                                      hovertemplate=f"{arm}<br>%{{x}}<br>{key}=%{{y:.3f}}<br>n={rs[0]['n_samples'] if rs else 0}"),
                               row=i + 1, col=j + 1)
     fig.update_layout(barmode="group", title="Gain decomposition: training with feedback vs using it",

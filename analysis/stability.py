@@ -26,7 +26,8 @@ from common.plotlyjs import include_plotlyjs, stage_plotly_js
 from common.staged import Staged
 from analysis.evaluate import EVAL_SEED, parse_tasks
 from engine.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
-from models.loading import load_model
+from models.loading import load_model, model_dir
+from probes.depth_curves import PALETTE
 from tasks import ALL_TASKS, TASKS, make_dataset, tokenize_samples
 
 MAX_DISTRACTORS = 1024  # fused-k passes are full-width: quadratic in the prompt
@@ -54,24 +55,66 @@ def stability_curve(model, tok, task: str, n: int, passes: int, n_pairs: int, ke
     return rows
 
 
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star", "hexagon")
+
+
+def series_looks(n: int) -> list[tuple[str, str, str]]:
+    """n (colour, dash, marker symbol) looks, one per legend entry, no two with the same (colour, dash): the
+    palette's colours solid, then again with each further dash; past those, colours of their own (hues 137.508
+    degrees apart: distinct for 30,000 series) with the dashes in turn, and a marker of their own."""
+    looks, first = [], len(PALETTE) * len(DASHES)
+    for i in range(n):
+        symbol = SYMBOLS[(i // first) % len(SYMBOLS)]
+        if i < first:
+            looks.append((PALETTE[i % len(PALETTE)], DASHES[i // len(PALETTE)], symbol))
+        else:
+            looks.append((f"hsl({i * 137.508 % 360:.3f},65%,42%)", DASHES[i % len(DASHES)], symbol))
+    return looks
+
+
+def zero_change_note(results: dict) -> list[str]:
+    """One line per model / task whose state change is exactly 0 at some k > 0 (a fixed point reached in float):
+    the log-y panel cannot draw those points, so the page names them instead of dropping them silently."""
+    lines = []
+    for model_name, rows in results.items():
+        for task in dict.fromkeys(r["task"] for r in rows):
+            ks = [r["passes"] for r in rows if r["task"] == task and r["passes"] > 0 and r["state_change"] == 0]
+            if ks:
+                lines.append(f"{model_name} / {task}: k = {', '.join(map(str, ks))}")
+    return lines
+
+
 def figure(results: dict):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("mean state change ||h(k) - h(k-1)||",
                                                         "validation loss"))
-    for model_name, rows in results.items():
-        for task in dict.fromkeys(r["task"] for r in rows):
-            rs = [r for r in rows if r["task"] == task and r["passes"] > 0]
-            name = f"{model_name} / {task}"
-            fig.add_trace(go.Scatter(x=[r["passes"] for r in rs], y=[r["state_change"] for r in rs],
-                                     mode="lines+markers", name=name, legendgroup=name), row=1, col=1)
-            fig.add_trace(go.Scatter(x=[r["passes"] for r in rs], y=[r["val_loss"] for r in rs],
-                                     mode="lines+markers", name=name, legendgroup=name, showlegend=False),
-                          row=1, col=2)
+    series = [(model_name, task) for model_name, rows in results.items()
+              for task in dict.fromkeys(r["task"] for r in rows)]
+    # one look per legend entry, the same on both panels; the legend group toggles both traces together
+    for (model_name, task), (color, dash, symbol) in zip(series, series_looks(len(series))):
+        rs = [r for r in results[model_name] if r["task"] == task and r["passes"] > 0]
+        name = f"{model_name} / {task}"
+        look = dict(mode="lines+markers", name=name, legendgroup=name, line=dict(color=color, dash=dash),
+                    marker=dict(color=color, symbol=symbol))
+        fig.add_trace(go.Scatter(x=[r["passes"] for r in rs], y=[r["state_change"] for r in rs], **look),
+                      row=1, col=1)
+        fig.add_trace(go.Scatter(x=[r["passes"] for r in rs], y=[r["val_loss"] for r in rs], showlegend=False,
+                                 **look), row=1, col=2)
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_xaxes(title_text="fused passes k", type="log")
-    fig.update_layout(title="Iterated feedback: does the map contract?", height=480, width=1100)
+    height, bottom = 480, 80
+    zeros = zero_change_note(results)
+    if zeros:  # a log axis drops a 0: say which points are missing from the state-change panel, and why
+        text = "<br>".join(["state change exactly 0 (not drawn on the log axis):", *zeros])
+        fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=0, xanchor="left", yanchor="top",
+                           yshift=-45, align="left", showarrow=False, font=dict(size=12))
+        bottom += 18 * (len(zeros) + 1)
+        height += 18 * (len(zeros) + 1)
+    fig.update_layout(title="Iterated feedback: does the map contract?", height=height, width=1100,
+                      margin=dict(b=bottom))
     return fig
 
 
@@ -88,6 +131,25 @@ def gate_token_dependence(model, tok) -> dict:
     i0, i1 = (tok.convert_tokens_to_ids(t) for t in ("0", "1"))
     return {"mean": float(g.mean()), "token_std": float(g.std(0).mean()),
             "digits_01_abs_diff": float((g[i0] - g[i1]).abs().mean())}
+
+
+def summary_lines(results: dict, tasks: list[str]) -> list[str]:
+    """The printed summary: per model and task, the first four of k = 1, 2, 3, 5, 10, 30, 100, 1000 that ran, then
+    `... ` and the last k that ran when it is not among those four (each k printed once)."""
+    def cell(r):
+        return (f"k={r['passes']}: dh={r['state_change']:.2e} loss={r['val_loss']:.3f} "
+                f"acc={r['label_accuracy']:.2f}")
+
+    lines = []
+    for name, rows in results.items():
+        for t in tasks:
+            rs = {r["passes"]: r for r in rows if r["task"] == t}
+            ks = [k for k in (1, 2, 3, 5, 10, 30, 100, 1000) if k in rs]
+            cells = " ".join(cell(rs[k]) for k in ks[:4])
+            if len(ks) > 4:
+                cells += f" ... {cell(rs[ks[-1]])}"
+            lines.append(f"{name:14s} {t:15s} {cells}")
+    return lines
 
 
 MAX_PAIRS = 1000  # --n-pairs: every held-out sample of a task runs in one batch
@@ -126,15 +188,23 @@ def main(argv=None):
     keep = set(range(0, a.passes + 1)) | ({100, 1000} if a.long else set())
     with fresh_output(out, OUTPUTS, a.overwrite, "analysis.stability run",
                       f"{out} already holds stability results; pass --overwrite or another --out"):
-        results, gates, t0 = {}, {}, time.time()
-        for name in tqdm(models, desc="models"):
+        for name in models:  # an unknown name, a folder without config.json: refused before anything loads
+            model_dir(name)
+        t0 = time.time()
+        loaded = {}  # every model loaded and checked (tokenizer, fusion module) before any of them runs
+        for name in models:
             model, tok, _ = load_model(name)
             tok = resolve_tokenizer(model, tok, name, a.tokenizer)  # its own or --tokenizer's; none: refused
             if not model.has_fusion:
                 raise UserError(f"{name} has no fusion module; stability of feedback is undefined for it")
+            loaded[name] = (model, tok)
+        results, gates = {}, {}
+        for name in tqdm(models, desc="models"):
+            model, tok = loaded.pop(name)
             results[name] = [r for t in tasks
                              for r in stability_curve(model, tok, t, a.distractors, passes, a.n_pairs, keep)]
             gates[name] = gate_token_dependence(model, tok)
+            del model, tok
         doc = {"meta": {"models": models, "tasks": tasks, "n_distractors": a.distractors, "passes": sorted(keep),
                         "n_pairs": a.n_pairs, "seed": EVAL_SEED, "wall_s": round(time.time() - t0, 1)},
                "results": results, "gate": gates}
@@ -145,14 +215,8 @@ def main(argv=None):
             st.file("stability.html", fig.to_html(include_plotlyjs=include_plotlyjs(a.plotly), full_html=True))
             st.file("stability.json", text)
             st.commit()
-    for name, rows in results.items():
-        for t in tasks:
-            rs = {r["passes"]: r for r in rows if r["task"] == t}
-            ks = [k for k in (1, 2, 3, 5, 10, 30, 100, 1000) if k in rs]
-            print(f"{name:14s} {t:15s} " + " ".join(
-                f"k={k}: dh={rs[k]['state_change']:.2e} loss={rs[k]['val_loss']:.3f} acc={rs[k]['label_accuracy']:.2f}"
-                for k in ks[:4]) + (f" ... k={ks[-1]}: dh={rs[ks[-1]]['state_change']:.2e} "
-                                    f"loss={rs[ks[-1]]['val_loss']:.3f} acc={rs[ks[-1]]['label_accuracy']:.2f}"))
+    for line in summary_lines(results, tasks):
+        print(line)
     for name, g in gates.items():
         print(f"{name:14s} gate sigmoid(W_G e): mean {g['mean']:.3f}, std over tokens {g['token_std']:.4f}, "
               f"|gate('0') - gate('1')| {g['digits_01_abs_diff']:.4f}")
