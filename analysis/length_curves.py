@@ -1,14 +1,20 @@
 """Accuracy against the number of update lines N, per task, for several models and modes: the separation figure.
 
 Input: eval.json documents written by ``python -m analysis.evaluate`` (rows: task, n_distractors, mode, accuracy,
-n_samples, optional ci_low / ci_high). One panel per task, x = N (log2 axis), y = label accuracy, one line per
-(model, mode) with its 95% CI as a band where the rows carry one, and the chance line at 1/K (K: the built-in
-task's label words, or a custom task's from the file's meta.custom_tasks).
+n_samples, optional ci_low / ci_high, which must contain the accuracy). One panel per task, x = N (log2 axis),
+y = label accuracy, one line per (model, mode) with its 95% CI as a band where the rows carry one, and the chance
+line at 1/K (K: the built-in task's label words, or a custom task's from the file's meta.custom_tasks). A log axis
+has no 0: a panel with N = 0 rows draws them as separate markers (95% CI as error bars) at the left edge, apart
+from the lines, on a tick labelled 0 beyond a dotted break. Each (model, mode) has one legend entry and one colour
+(by mode; the line's dash tells the models apart) on every panel.
 
 Modes are read through the engine's one parser (engine.modes): ``--modes standard``, ``std`` and ``fused-0`` name
 the same rows, whatever spelling the eval.json used (a file with both ``fused`` and ``fused-1`` rows draws the
 spelling --modes names, else the first). Several files of one model are drawn as one; two files that give the
-same point (model, task, mode, N) are refused, as are files that are not eval.json documents.
+same point (model, task, mode, N) are refused, as are files that are not eval.json documents. A model is named by
+the last part of its meta.model: two files whose meta.model are different paths with one name (runs/x/m and
+runs/y/m) are refused, since eval.json records no weights hash to tell them apart (a bare name, m, is taken to be
+the same model as any path ending in it, as are two paths one of which ends with the other).
 
 The page uses a fixed div id, so the same inputs always give the same page. plotly.js (``--plotly``): by default
 ``plotly.min.js`` is written once beside the page (replaced only when it differs from the installed plotly's) and
@@ -39,6 +45,8 @@ from probes.depth_curves import PALETTE, rgba
 
 DIV_ID = "length-curves"
 DASH = ("solid", "dash", "dot", "dashdot")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up")  # the N = 0 markers, per model (a lone marker has no dash)
+CI_SLACK = 1e-9  # a CI must contain its point up to float rounding
 # Modes drawn by default: the decodings and the recurrences; every fused-k of a sweep would crowd the page.
 DEFAULT_MODES = ("std", "soft", "fused", "recurrent-1", "recurrent-full", "fused-4", "fused-30")
 ROW_KEYS = ("task", "n_distractors", "mode", "accuracy", "n_samples")  # every eval.json row has them
@@ -47,12 +55,13 @@ ROW_KEYS = ("task", "n_distractors", "mode", "accuracy", "n_samples")  # every e
 # ----- reading eval.json ------------------------------------------------------------------------------------------
 class EvalDoc(tuple):
     """One eval.json: unpacks as (model name, rows); `path` names the file in messages, `label_words` holds the
-    label words of its custom tasks (meta.custom_tasks)."""
+    label words of its custom tasks (meta.custom_tasks), `model` its meta.model as written (None: not known)."""
 
-    def __new__(cls, name, rows, path="", label_words=None):
+    def __new__(cls, name, rows, path="", label_words=None, model=None):
         self = super().__new__(cls, (name, rows))
         self.path = str(path) if path else name
         self.label_words = dict(label_words or {})
+        self.model = model
         return self
 
     @property
@@ -120,6 +129,9 @@ def _check_row(r, where: str) -> None:
         raise UserError(f"{where}: ci_low and ci_high come together")
     if "ci_low" in r and r["ci_low"] > r["ci_high"]:
         raise UserError(f"{where}: ci_low {r['ci_low']} > ci_high {r['ci_high']}")
+    if "ci_low" in r and not r["ci_low"] - CI_SLACK <= r["accuracy"] <= r["ci_high"] + CI_SLACK:
+        raise UserError(f"{where}: the CI [{r['ci_low']}, {r['ci_high']}] does not contain its accuracy "
+                        f"{r['accuracy']}")
 
 
 def _custom_label_words(meta: dict, where: str) -> dict[str, list]:
@@ -162,7 +174,32 @@ def load_eval(path) -> EvalDoc:
                             f"{r['n_distractors']} {r['mode']}")
         seen[key] = i
     name = Path(model.strip()).name or p.absolute().parent.name
-    return EvalDoc(name, rows, p, _custom_label_words(meta, where))
+    return EvalDoc(name, rows, p, _custom_label_words(meta, where), model.strip())
+
+
+def _model_parts(model: str) -> tuple[str, ...]:
+    return tuple(x for x in os.path.normpath(model.replace("\\", "/")).split("/") if x not in ("", "."))
+
+
+def _may_be_one_model(a: str, b: str) -> bool:
+    """Two meta.model values of one name that may name one model: equal as paths, or one ends with the other
+    (a bare name is found on the checkpoint search path; a relative path is relative to where evaluate ran)."""
+    pa, pb = _model_parts(a), _model_parts(b)
+    k = min(len(pa), len(pb))
+    return pa[len(pa) - k:] == pb[len(pb) - k:]
+
+
+def check_one_model_per_name(docs: list[EvalDoc]) -> None:
+    """Files drawn under one model name must be of one model: two meta.model paths that differ but share their
+    name (runs/x/tiny-fbt-track, runs/y/tiny-fbt-track) are refused in one line (eval.json records no weights
+    hash, so nothing else can tell them apart, and one curve would join two models)."""
+    for i, a in enumerate(docs):
+        for b in docs[i + 1:]:
+            if a.name == b.name and a.model is not None and b.model is not None \
+                    and not _may_be_one_model(a.model, b.model):
+                raise UserError(f"eval.json {a.path} is of model {a.model}, {b.path} of model {b.model}: two models "
+                                f"named {a.name} would be drawn as one curve (eval.json records no weights hash); "
+                                "draw them on separate pages, or give one a meta.model of another name")
 
 
 # ----- what is drawn: one plan for the page and the tables ------------------------------------------------------
@@ -215,6 +252,7 @@ def plan_traces(evals, modes=DEFAULT_MODES, model_modes=None, tasks=None):
     chance = {t: _chance(t, docs) for t in tasks}
     models = list(dict.fromkeys(d.name for d in docs))
     traces: dict[str, list[dict]] = {}
+    color_of: dict[tuple[str, str], str] = {}  # (model, mode as labelled) -> its colour, the same on every panel
     for task in tasks:
         traces[task] = []
         for mi, model in enumerate(models):
@@ -247,9 +285,11 @@ def plan_traces(evals, modes=DEFAULT_MODES, model_modes=None, tasks=None):
                                                 "once: give each (model, task, mode, N) in one file")
                             by_n[n] = (d, r)
                 color = typed.index(label_mode) if label_mode in typed else first_typed.get(c, ki)
+                color = color_of.setdefault((model, label_mode), PALETTE[color % len(PALETTE)])
                 traces[task].append(dict(model=model, mode=label_mode, canonical=c, dash=DASH[mi % len(DASH)],
-                                          color=PALETTE[color % len(PALETTE)],
+                                          symbol=SYMBOLS[mi % len(SYMBOLS)], color=color,
                                           rows=[by_n[n][1] for n in sorted(by_n)]))
+    check_one_model_per_name(docs)  # after the points: a point given twice is named as such first
     if not any(traces.values()):
         raise UserError(f"nothing to draw: no rows of the modes {', '.join(typed)} in the inputs")
     return tasks, chance, traces
@@ -268,25 +308,54 @@ def length_figure(evals: list[tuple[str, list[dict]]], modes=DEFAULT_MODES, task
     tasks, chance, traces = plan_traces(evals, modes, model_modes, tasks)
     fig = make_subplots(rows=1, cols=len(tasks), subplot_titles=[f"{t} (chance {chance[t]:.2f})" for t in tasks],
                         shared_yaxes=True)
+    shown: set[str] = set()  # one legend entry per (model, mode): on its first trace, whichever panel that is
     for ti, task in enumerate(tasks):
+        # N = 0 has no place on a log axis: its points are drawn apart, at x0 two octaves left of the panel's least
+        # N > 0, on a tick labelled 0, beyond a dotted break.
+        positive = sorted({r["n_distractors"] for t in traces[task] for r in t["rows"] if r["n_distractors"] > 0})
+        zero = any(r["n_distractors"] == 0 for t in traces[task] for r in t["rows"])
+        x0 = (positive[0] if positive else 1) / 4
         for t in traces[task]:
-            pts, color, label = t["rows"], t["color"], f"{t['model']} {t['mode']}"
+            color, label = t["color"], f"{t['model']} {t['mode']}"
+            pts = [r for r in t["rows"] if r["n_distractors"] > 0]
             x = [r["n_distractors"] for r in pts]
             y = [r["accuracy"] for r in pts]
-            if all("ci_low" in r and "ci_high" in r for r in pts):
+            if pts and all("ci_low" in r and "ci_high" in r for r in pts):
                 fig.add_trace(go.Scatter(x=x + x[::-1], y=[r["ci_high"] for r in pts] + [r["ci_low"] for r in pts][::-1],
                                          mode="lines", fill="toself", line=dict(width=0), fillcolor=rgba(color, 0.12),
                                          hoverinfo="skip", showlegend=False, legendgroup=label),
                               row=1, col=ti + 1)
-            fig.add_trace(go.Scatter(
-                x=x, y=y, mode="lines+markers", name=label, legendgroup=label, showlegend=ti == 0,
-                line=dict(color=color, dash=t["dash"]),
-                customdata=[[r.get("n_samples"), r.get("ci_low"), r.get("ci_high")] for r in pts],
-                hovertemplate=f"{label}<br>N=%{{x}}<br>accuracy %{{y:.3f}} [%{{customdata[1]:.3f}}, "
-                              "%{customdata[2]:.3f}]<br>n=%{customdata[0]}<extra></extra>"),
-                row=1, col=ti + 1)
+            if pts:
+                fig.add_trace(go.Scatter(
+                    x=x, y=y, mode="lines+markers", name=label, legendgroup=label, showlegend=label not in shown,
+                    line=dict(color=color, dash=t["dash"]),
+                    customdata=[[r.get("n_samples"), r.get("ci_low"), r.get("ci_high")] for r in pts],
+                    hovertemplate=f"{label}<br>N=%{{x}}<br>accuracy %{{y:.3f}} [%{{customdata[1]:.3f}}, "
+                                  "%{customdata[2]:.3f}]<br>n=%{customdata[0]}<extra></extra>"),
+                    row=1, col=ti + 1)
+                shown.add(label)
+            for r in (r for r in t["rows"] if r["n_distractors"] == 0):
+                ci = "ci_low" in r and "ci_high" in r
+                fig.add_trace(go.Scatter(
+                    x=[x0], y=[r["accuracy"]], mode="markers", name=label, legendgroup=label,
+                    showlegend=label not in shown, marker=dict(color=color, symbol=t["symbol"], size=8),
+                    error_y=dict(type="data", symmetric=False, array=[r["ci_high"] - r["accuracy"]],
+                                 arrayminus=[r["accuracy"] - r["ci_low"]], color=color) if ci else None,
+                    customdata=[[r.get("n_samples"), r.get("ci_low"), r.get("ci_high")]],
+                    hovertemplate=f"{label}<br>N=0<br>accuracy %{{y:.3f}} [%{{customdata[1]:.3f}}, "
+                                  "%{customdata[2]:.3f}]<br>n=%{customdata[0]}<extra></extra>"),
+                    row=1, col=ti + 1)
+                shown.add(label)
         fig.add_hline(y=chance[task], line=dict(color="gray", dash="dot", width=1), row=1, col=ti + 1)
-        fig.update_xaxes(type="log", title_text="N update lines", row=1, col=ti + 1, dtick=0.30103)
+        if not zero:
+            fig.update_xaxes(type="log", title_text="N update lines", row=1, col=ti + 1, dtick=0.30103)
+            continue
+        fig.add_trace(go.Scatter(x=[2 * x0, 2 * x0], y=[0, 1.02], mode="lines", hoverinfo="skip", showlegend=False,
+                                 line=dict(color="gray", dash="dot", width=1)), row=1, col=ti + 1)
+        ticks = [2 ** k for k in range(int(math.log2(positive[0])), int(math.ceil(math.log2(positive[-1]))) + 1)] \
+            if positive else []
+        fig.update_xaxes(type="log", title_text="N update lines (N = 0: left of the dotted break)", row=1,
+                         col=ti + 1, tickvals=[x0] + ticks, ticktext=["0"] + [str(v) for v in ticks])
     fig.update_yaxes(range=[0, 1.02], title_text="label accuracy", row=1, col=1)
     fig.update_layout(template="plotly_white", width=560 * len(tasks) + 240, height=460,
                       title=title, legend=dict(font=dict(size=10)))
@@ -371,8 +440,8 @@ def main(argv=None):
                    help=f"modes to draw, any spelling the engine reads (std = standard = fused-0); each must be in "
                         f"some input (default {','.join(DEFAULT_MODES)}: those the inputs hold)")
     p.add_argument("--model-modes", action="append", default=[], metavar="MODEL:MODES",
-                   help="modes drawn for one model instead of --modes, e.g. tiny-std-track:std (repeatable; MODEL "
-                        "is the model name in its eval.json)")
+                   help="modes drawn for one model instead of --modes, e.g. tiny-std-track:std (repeatable, once "
+                        "per model: a model's modes go in one list; MODEL is the model name in its eval.json)")
     add_output_flags(p, "./figures/length_curves.html", kind="file", out_extra=": the HTML page")
     p.add_argument("--png", help="also write a PNG here (needs headless Chromium)")
     p.add_argument("--title", default=TITLE, help="the figure's title (default: the headline's)")
@@ -387,12 +456,16 @@ def main(argv=None):
         modes = tuple(_typed(a.modes if a.modes is not None else DEFAULT_MODES))
     except UserError as e:
         raise UserError(f"--modes {a.modes!r}: {e}") from None
-    model_specs = []
+    model_specs, given = [], {}
     for spec in a.model_modes:
         name, sep, ms = spec.partition(":")
         wanted = tuple(m.strip() for m in ms.split(",") if m.strip())
         if not sep or not wanted:
             raise UserError(f"--model-modes {spec!r}: expected MODEL:MODE[,MODE...], e.g. tiny-std-track:std")
+        if name in given:  # the later one used to replace the earlier silently
+            raise UserError(f"--model-modes {spec!r}: {name} already has its modes (--model-modes {given[name][0]!r});"
+                            f" give a model's modes once, in one list: {name}:{','.join(given[name][1] + wanted)}")
+        given[name] = (spec, wanted)
         try:
             canonical_modes(wanted)
         except UserError as e:

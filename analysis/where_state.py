@@ -8,14 +8,18 @@ Inputs, all written by the suite's own commands on the same task:
 Each file is checked for what it must be (a probes.json: ``meta.schema`` fbprobe.probes/...; a causal report:
 ``schema.name`` causal-report, with the rows this page reads), and the files for one another: --probes and --causal
 come from the same model (weights and config hashes, else the names) and every file from the same task
-(probes.json ``meta.run.task``; a causal report's ``config.task_source.name``, else ``config.task``); anything
-else is refused in one line before anything is written.
+(probes.json ``meta.run.task``; a causal report's ``config.task_source.name``, else ``config.task``) and the same N
+(the probe grid's ``n_distractors``, a causal report's ``config.distractors``); the probe grid and --causal must
+run one loop (the same mode, else the same number of iterations). Within a file: a follows-donor CI must be
+[low, high] in [0, 1] around its rate, a probe cell (mode, N, block, iteration) is given once, and --causal's
+iterations are distinct and within 0..r. Anything else is refused in one line before anything is written.
 
-Left panel: held-out probe accuracy per (core block, iteration) of the loop (the first (mode, N) in the probes
-file). Right panel, per iteration i = 0..r: the share of answers that follow the donor when the loop state s_i is
-swapped with the paired sample's at T only and at every position, with their 95% CIs, and the logit lens on s_i;
+Left panel: held-out probe accuracy per (core block, iteration i = 1..r) of the loop (the probes file's (mode, N)
+of --causal's, else its first); the last core block's output at iteration i is the loop state s_i. Right panel, per
+iteration i = 0..r (s_0 = the prelude's output): the share of answers that follow the donor when the loop state s_i
+is swapped with the paired sample's at T only and at every position, with their 95% CIs, and the logit lens on s_i;
 one horizontal line per feedback model at its fed-state swap's rate at T (the feedback's verdict: 1 = the answer
-is read from the fed state alone).
+is read from the fed state alone). The right panel's title names the mode and N.
 
     python -m analysis.where_state --probes figures/tiny-loop-track/parity/probes.json \\
         --causal figures/tiny-loop-track/parity-causal/causal_report.json \\
@@ -32,6 +36,7 @@ from common.errors import UserError, cli_entry
 from common.jsonio import read_user_json
 from common.paths import figures_dir
 from common.plotlyjs import include_plotlyjs
+from engine.modes import parse_mode
 from probes.depth_curves import PALETTE, loop_core_rows, loop_grid, rgba
 
 DIV_ID = "where-state"
@@ -62,6 +67,7 @@ def check_probes(doc, where: str = "--probes") -> dict:
     run, model = _obj(meta, "run", f"{where}: meta"), _obj(meta, "model", f"{where}: meta")
     if not isinstance(run.get("task"), str) or not isinstance(model.get("name"), str):
         raise UserError(f"{where}: meta.run.task and meta.model.name must name the task and the model")
+    cells: dict[tuple, int] = {}
     for i, r in enumerate(doc["results"]):
         if not isinstance(r, dict):
             raise UserError(f"{where}: results[{i}] is not an object")
@@ -77,6 +83,13 @@ def check_probes(doc, where: str = "--probes") -> dict:
             raise UserError(f"{at}: accuracy must be a number in [0, 1], got {r.get('accuracy')!r}")
         if r.get("writes") is not None and not is_int(r.get("writes")):
             raise UserError(f"{at}: writes must be an integer or null, got {r.get('writes')!r}")
+        cell = (r["mode"], r["n_distractors"], r.get("writes"), lp["part"], lp["block"], lp["iteration"])
+        if cell in cells:  # was drawn last-wins
+            raise UserError(f"{at}: results[{cells[cell]}] is the same cell ({lp['part']} block {lp['block']}, "
+                            f"iteration {lp['iteration']}, {r['mode']}, N = {r['n_distractors']}"
+                            + (f", writes {r['writes']}" if r.get("writes") is not None else "")
+                            + "): a cell is given once")
+        cells[cell] = i
     return doc
 
 
@@ -98,17 +111,93 @@ def _rate_row(r, key: str, at: str) -> None:
     m = r.get(key)
     if not isinstance(m, dict) or "follows_donor_rate" not in m or not _rate_ok(m["follows_donor_rate"]):
         raise UserError(f"{at}: {key} must hold follows_donor_rate (a rate in [0, 1] or null)")
-    ci = m.get("follows_donor_rate_ci")
-    if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(is_number(c) for c in ci)):
+    ci, rate = m.get("follows_donor_rate_ci"), m["follows_donor_rate"]
+    if ci is None:
+        return
+    if not (isinstance(ci, list) and len(ci) == 2 and all(is_number(c) for c in ci)):
         raise UserError(f"{at}: {key}.follows_donor_rate_ci must be [low, high] or null")
+    if not 0 <= ci[0] <= ci[1] <= 1:
+        raise UserError(f"{at}: {key}.follows_donor_rate_ci {ci} must be [low, high] with 0 <= low <= high <= 1")
+    if rate is None:
+        raise UserError(f"{at}: {key}.follows_donor_rate_ci {ci} beside a null follows_donor_rate (an undefined rate "
+                        "has no interval)")
+    # (a rate outside its interval is not refused: a percentile interval over resampled groups of unequal sizes
+    # can miss its own point, so a genuine report may hold one)
 
 
-def loop_probe_grid(probes: dict) -> tuple[str, list[int], list[int], list[list[float | None]]]:
-    """(panel title, iterations, core blocks, accuracy[block][iteration]) of the first (mode, N) of the loop rows."""
+def _canonical(mode: str) -> str:
+    try:
+        return parse_mode(mode).name
+    except UserError:
+        return mode
+
+
+def report_n(causal: dict) -> int | None:
+    """A causal report's N (config.distractors; None where not recorded)."""
+    n = causal["config"].get("distractors")
+    return n if is_int(n) else None
+
+
+def loop_r(lp: dict) -> int | None:
+    """The r of --causal's loop (results.loop_iterations.iterations, else its loop-R mode's R; None: unknown)."""
+    if lp.get("iterations") is not None:
+        return lp["iterations"]
+    try:
+        m = parse_mode(lp["mode"])
+    except UserError:
+        return None
+    return m.n if m.kind == "loop" else None
+
+
+def probe_setting(probes: dict, causal: dict, names=("--probes", "--causal")) -> tuple[str, int]:
+    """The (mode, N) of the probe grid drawn: at --causal's N (other N refused), under --causal's mode, else one
+    with as many iterations as its loop (another loop refused); where --causal records no N, the first such."""
+    rows = loop_core_rows(probes)
+    if not rows:
+        raise UserError(f"{names[0]}: no loop rows (run probes.run on a looped checkpoint)")
+    settings = list(dict.fromkeys((r["mode"], r["n_distractors"]) for r in rows))
+    n = report_n(causal)
+    if n is not None:
+        at_n = [st for st in settings if st[1] == n]
+        if not at_n:
+            ns = ", ".join(map(str, sorted({st[1] for st in settings})))
+            raise UserError(f"{names[0]} holds its loop probes at N = {ns}, {names[1]} is at N = {n}: give files of "
+                            "one N")
+        settings = at_n
+    lp, causal_rows = loop_swap_rows(causal, names[1])
+    mode = _canonical(lp["mode"])
+    r = loop_r(lp)
+    r = r if r is not None else max(row["iteration"] for row in causal_rows)
+
+    def its(st):
+        return max(row["loop"]["iteration"] for row in rows if (row["mode"], row["n_distractors"]) == st)
+
+    pick = next((st for st in settings if _canonical(st[0]) == mode), None) \
+        or next((st for st in settings if its(st) == r), None)
+    if pick is None:
+        st = settings[0]
+        raise UserError(f"{names[1]} runs {lp['mode']} ({r} iterations), {names[0]} probes {st[0]} ({its(st)} "
+                        f"iterations) at N = {st[1]}: give files of one loop mode")
+    return pick
+
+
+def check_same_n(probes: dict, causal: dict, feedback: list[dict], names=("--probes", "--causal", ())) -> None:
+    """--probes' grid, --causal and every --feedback report at one N (where a report records its N)."""
+    mode, n = probe_setting(probes, causal, names[:2])
+    for flag, fb in zip(names[2], feedback):
+        if report_n(fb) is not None and report_n(fb) != n:
+            ref = names[1] if report_n(causal) is not None else f"{names[0]} (its {mode} grid)"
+            raise UserError(f"{flag} is at N = {report_n(fb)}, {ref} at N = {n}: give files of one N")
+
+
+def loop_probe_grid(probes: dict, setting: tuple[str, int] | None = None) \
+        -> tuple[str, list[int], list[int], list[list[float | None]]]:
+    """(panel title, iterations, core blocks, accuracy[block][iteration]) of the loop rows of `setting` (mode, N),
+    by default the first."""
     rows = loop_core_rows(probes)
     if not rows:
         raise UserError("--probes: no loop rows (run probes.run on a looped checkpoint)")
-    mode, n = rows[0]["mode"], rows[0]["n_distractors"]
+    mode, n = setting or (rows[0]["mode"], rows[0]["n_distractors"])
     its, blocks, z = loop_grid([r for r in rows if r["mode"] == mode and r["n_distractors"] == n])
     return f"probe accuracy per iteration ({mode}, N = {n})", its, blocks, z
 
@@ -121,10 +210,21 @@ def loop_swap_rows(causal: dict, where: str = "--causal") -> tuple[dict, list[di
         raise UserError(f"{where}: results.loop_iterations needs a rows list (one row per iteration)")
     if not isinstance(lp.get("mode"), str):
         raise UserError(f"{where}: results.loop_iterations.mode must name the mode")
+    if lp.get("iterations") is not None and not (is_int(lp["iterations"]) and lp["iterations"] >= 1):
+        raise UserError(f"{where}: results.loop_iterations.iterations must be the loop's r (an integer >= 1), got "
+                        f"{lp['iterations']!r}")
+    r_max, seen = loop_r(lp), {}
     for i, r in enumerate(lp["rows"]):
         at = f"{where}: results.loop_iterations.rows[{i}]"
         if not isinstance(r, dict) or not is_int(r.get("iteration")):
             raise UserError(f"{at}: a row needs its iteration (an integer)")
+        it = r["iteration"]
+        if it < 0 or (r_max is not None and it > r_max):
+            raise UserError(f"{at}: iteration {it} is outside 0.." + (f"{r_max} (the loop's r = {r_max})"
+                                                                        if r_max is not None else "r"))
+        if it in seen:
+            raise UserError(f"{at}: iteration {it} is given twice (rows[{seen[it]}] too)")
+        seen[it] = i
         for key in ("swap_T", "swap_all_positions"):
             _rate_row(r, key, at)
         if "lens_accuracy" not in r or not _rate_ok(r["lens_accuracy"]):
@@ -185,12 +285,14 @@ def where_figure(probes: dict, causal: dict, feedback: list[dict]):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    title, its, blocks, z = loop_probe_grid(probes)
+    title, its, blocks, z = loop_probe_grid(probes, probe_setting(probes, causal))
     lp, rows = loop_swap_rows(causal)
     name = (causal.get("model") or {}).get("name", "looped model")
+    n = report_n(causal)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.13,
                         subplot_titles=[f"{name}: {title}",
-                                        f"{name} ({lp['mode']}): swap the loop state s_i with the donor's"])
+                                        f"{name} ({lp['mode']}, " + (f"N = {n}" if n is not None else "N not recorded")
+                                        + "): swap the loop state s_i with the donor's"])
     fig.add_trace(go.Heatmap(z=z, x=its, y=[f"core block {b}" for b in blocks], zmin=0, zmax=1, colorscale="Viridis",
                              text=[[f"{v:.2f}" if v is not None else "" for v in row] for row in z],
                              texttemplate="%{text}", colorbar=dict(x=0.41, len=0.9, thickness=14),
@@ -216,8 +318,8 @@ def where_figure(probes: dict, causal: dict, feedback: list[dict]):
         fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[row["follows_donor_rate"]] * 2, mode="lines",
                                  name=f"{fb_name} ({row.get('mode')}): fed-state swap at T, follows donor",
                                  line=dict(color=PALETTE[(3 + k) % len(PALETTE)], dash="dash")), row=1, col=2)
-    fig.update_xaxes(title_text="iteration i (0 = the prelude's output)", row=1, col=1)
-    fig.update_xaxes(title_text="iteration i", row=1, col=2, dtick=1)
+    fig.update_xaxes(title_text="iteration i (the last core block's output is s_i)", row=1, col=1)
+    fig.update_xaxes(title_text="iteration i (s_0 = the prelude's output)", row=1, col=2, dtick=1)
     fig.update_yaxes(range=[0, 1.02], title_text="rate", row=1, col=2)
     fig.update_layout(template="plotly_white", width=1300, height=480, legend=dict(font=dict(size=10), y=-0.25,
                                                                                    orientation="h"),
@@ -247,6 +349,7 @@ def main(argv=None):
     for fb, w in zip(feedback, w_feedback):
         fed_state_swap(fb, w)
     check_same_run(probes, causal, feedback, (w_probes, w_causal, w_feedback))
+    check_same_n(probes, causal, feedback, (w_probes, w_causal, w_feedback))
     fig = where_figure(probes, causal, feedback)
     html = fig.to_html(include_plotlyjs=include_plotlyjs(a.plotly), full_html=True, div_id=DIV_ID,
                        config={"displayModeBar": False})
