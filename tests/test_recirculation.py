@@ -222,7 +222,8 @@ def _cli(*args):
 @pytest.mark.parametrize("args,msg", [
     (["--pairs", "2:2"], "deeper than the target"),
     (["--pairs", "9:1"], "out of range"),
-    (["--alpha", "1.5"], "[0, 1]"),
+    (["--alpha", "1.5"], "(0, 1]"),
+    (["--alpha", "0"], "(0, 1]"),  # every heatmap cell and tuned candidate the base model: a tie picked as "best"
     (["--alphas", "0,0.1,2"], "[0, 1]"),
 ])
 def test_cli_bad_input_one_line(tmp_path, args, msg):

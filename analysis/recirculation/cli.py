@@ -90,7 +90,9 @@ def parse_args(argv=None):
                         f"chunks of text, {TASK_BATCH} task prompts: the prompts are short)")
     p.add_argument("--pairs", help="source:target depth pairs for the heatmap, comma-separated "
                                    "(default: a coarse 3x3 grid over L/3, 2L/3, L and ~L/15, L/4, L/2)")
-    p.add_argument("--alpha", type=float_in(0, 1), default=0.1, help="alpha of the heatmap, in [0, 1]")
+    p.add_argument("--alpha", type=float_in(0, 1, lo_open=True), default=0.1,
+                   help="alpha of the heatmap and of the mediation's tuned candidates, in (0, 1] (at 0 every cell "
+                        "and candidate is the base model: a tie, nothing to pick)")
     p.add_argument("--alphas", default="0.05,0.1,0.2,0.4,1.0",
                    help="dose-response alphas, each in [0, 1] (0 is added); tuning picks the best on the tuning "
                         "split")
