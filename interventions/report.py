@@ -427,7 +427,9 @@ def markdown(report: dict) -> str:
              f"{report['dataset']['n_groups']} groups), N = {cfg['distractors']} distractors, seed "
              f"{cfg['seed']}, budget {cfg.get('budget', 'full')}, dataset fingerprint "
              f"{report['dataset']['fingerprint'][:12]}. "
-             "Metrics at the probed position T: LD = logit(true) - logit(other) label word; accuracy = LD > 0; "
+             "Metrics at the probed position T: LD = logit(true) - logit(other) label word; accuracy = "
+             + ("LD > 0 (a tie counts 1/2); " if cfg.get("n_classes", 2) <= 2 else
+                f"the true word is the argmax of the {cfg['n_classes']} label words (an m-way tie counts 1/m); ") +
              "follows donor = the prediction is the donor's (or, without a donor, the paired sample's) label, "
              "over rows whose donor label differs from their own (on a model that is often wrong, rows follow "
              "the donor with no intervention at all); changed = the prediction differs from the clean run's; "

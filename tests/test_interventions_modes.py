@@ -318,7 +318,10 @@ def test_first_line_after_does_not_depend_on_the_sweep_window(tiny_ckpt, tmp_pat
                      "--max-positions", cap, "--n-boot", "50"]) == 0
         got.append(json.loads((out / "causal_report.json").read_text())["results"]["position_sweep"]["first_line_after"])
     assert got[0] == got[1] and got[0]["n"] == 20
-    assert "line after its first differing token's line" in (tmp_path / "2" / "causal_report.md").read_text()
+    md = (tmp_path / "2" / "causal_report.md").read_text()
+    assert "line after its first differing token's line" in md
+    # K = 3: accuracy is the argmax over the label words, not the sign of one logit difference
+    assert "accuracy = the true word is the argmax of the 3 label words" in md and "accuracy = LD > 0" not in md
 
 
 def test_cli_standard_mode_has_no_state_interventions(tiny_ckpt, tmp_path):

@@ -460,3 +460,34 @@ def test_temporaries_of_a_killed_run_are_removed_on_resume(ckpt, tmp_path):
     tcli.main(FAST + ["--out", str(out), "--steps", "4", "--resume"])
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
     assert tckpt.read_trainer_state(out)[0]["step"] == 4
+
+
+@pytest.mark.parametrize("flags", [[], ["--overwrite"]])
+def test_a_run_written_between_the_checks_and_the_lock_is_not_replaced(tmp_path, monkeypatch, capsys, flags):
+    """Run B checks --out (empty), then spends a while loading (a --base, a big model); run A finishes into --out
+    meanwhile. B took the lock and wrote over A's checkpoint with exit 0: it checks --out again once it holds the
+    lock."""
+    out = tmp_path / "run"
+    out.mkdir()
+    real_build = tloop.build_model
+
+    def build_while_another_run_finishes(*a, **k):
+        (out / "model.safetensors").write_bytes(b"run A")
+        (out / "config.json").write_text("{}")
+        return real_build(*a, **k)
+
+    monkeypatch.setattr(tloop, "build_model", build_while_another_run_finishes)
+    _expect_error(FAST + ["--out", str(out), "--steps", "1", *flags], capsys,
+                  "was written by another run after this run's checks")
+    assert (out / "model.safetensors").read_bytes() == b"run A" and sorted(p.name for p in out.iterdir()) == [
+        "config.json", "model.safetensors"]
+
+
+def test_resume_with_nothing_to_train_is_refused(ckpt, tmp_path, capsys):
+    """--resume to a step the run already passed printed "done" and changed nothing."""
+    run = shutil.copytree(ckpt, tmp_path / "run")
+    before = _snapshot(run)
+    step = tckpt.read_trainer_state(run)[0]["step"]
+    _expect_error(FAST + ["--out", str(run), "--steps", str(step), "--resume"], capsys,
+                  rf"at step {step} already.*nothing to train")
+    assert _snapshot(run) == before

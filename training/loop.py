@@ -124,10 +124,13 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
     model = build_model(cfg, len(tok), cfg.base).to(procs.device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    with RunOutput(out, staged, active=rank == 0) as dest:
+    with RunOutput(out, staged, active=rank == 0, resume=resume) as dest:
         step, log = 0, {"config": cfg.to_dict(), "history": [], "evals": []}
         if resume:  # every process loads the whole state, whatever the number of processes that saved it
             step, log = load_resume(model, opt, cfg, out)
+            if step >= stop:  # nothing to train: one line, not a silent "done"
+                raise UserError(f"--resume: the run in {out} is at step {step} already, and --steps / --stop-at ask "
+                                f"for {stop}: nothing to train (raise --steps to continue it)")
             if log.get("config") != cfg.to_dict():
                 # Continuing under another recipe (e.g. a 1-pass phase shared by several presets, whose batches
                 # are identical by construction): keep a record of what ran when.

@@ -85,8 +85,10 @@ class RunOutput:
     folder is removed and the earlier run in `out` stays as it was. Otherwise checkpoints go into `out` directly.
     """
 
-    def __init__(self, out: Path, staged: bool, active: bool = True):
+    def __init__(self, out: Path, staged: bool, active: bool = True, resume: bool | None = None):
         self.out, self.staged, self.active = Path(out), staged, active
+        self.resume = resume  # not None: check_output again once `out` is locked (another run may have written it
+        #                       between this run's checks and its lock: a slow --base load is a wide window)
         self.target = self.out.resolve() if staged else self.out  # a symlinked --out: replace what it points to
         self.path = self.out
         self._locks: list[DirLock] = []
@@ -101,6 +103,14 @@ class RunOutput:
             return self
         self._lock(self.out)
         try:
+            if self.resume is not None:
+                try:
+                    changed = check_output(self.out, self.resume, self.staged) != self.staged
+                except UserError:
+                    changed = True
+                if changed:
+                    raise UserError(f"{self.out} was written by another run after this run's checks: nothing of "
+                                    "it was replaced; look at it, then run again")
             prefix = f".{self.target.name}.staging-"
             for old in self.target.parent.iterdir():  # a killed run's (any live one would hold the lock on out)
                 if old.name.startswith(prefix) and old.is_dir() and not old.is_symlink():
