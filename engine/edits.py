@@ -27,6 +27,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from common.errors import UserError
+
 
 class Edit(ABC):
     """Base class: `forward(base) -> replacement`; `__call__` keeps the base's dtype."""
@@ -36,7 +38,18 @@ class Edit(ABC):
         """The replacement of `base` [batch, width]."""
 
     def __call__(self, base: torch.Tensor) -> torch.Tensor:
-        return self.forward(base).to(base.dtype)
+        """The replacement in the base's dtype; an edit whose tensors (or whose function's result) do not fit the
+        site's [batch, width] is one UserError line naming both shapes, not a torch error deep in a hook."""
+        try:
+            out = self.forward(base)
+        except RuntimeError as e:  # a tensor of another batch or width: expand / matmul fail
+            raise UserError(f"{type(self).__name__} does not fit this site's value of shape {tuple(base.shape)}: "
+                            f"{str(e).splitlines()[0]}") from None
+        if not isinstance(out, torch.Tensor) or out.shape != base.shape:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise UserError(f"{type(self).__name__} returned {got} for this site's value of shape "
+                            f"{tuple(base.shape)}: an edit must return the base's shape")
+        return out.to(base.dtype)
 
     def to(self, device=None, dtype=None) -> "Edit":
         """A copy whose tensors sit on `device` (float tensors in `dtype`)."""
@@ -71,6 +84,8 @@ class Mean(Edit):
     mean: torch.Tensor  # [width]
 
     def forward(self, base):
+        if self.mean.ndim > 2 or (self.mean.ndim == 2 and self.mean.shape[0] != 1):
+            raise UserError(f"Mean needs one vector [width] (or [1, width]), got {tuple(self.mean.shape)}")
         return _rows(self.mean.reshape(1, -1), base)
 
 
@@ -79,7 +94,9 @@ class Add(Edit):
     vector: torch.Tensor  # [width] or [batch, width]
 
     def forward(self, base):
-        return base + _rows(self.vector.reshape(-1, base.shape[-1]), base)
+        if self.vector.ndim not in (1, 2):  # a flat [batch * width] is not one vector per row
+            raise UserError(f"Add needs a vector [width] or one per row [batch, width], got {tuple(self.vector.shape)}")
+        return base + _rows(self.vector.reshape(1, -1) if self.vector.ndim == 1 else self.vector, base)
 
 
 @dataclass(frozen=True)

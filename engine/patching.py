@@ -534,6 +534,11 @@ class RecircPatcher(Patcher):
             v = apply(v, old)
             return v if p.rows is None else torch.where(p.rows.to(v.device)[:, None], v, old)
 
+        def _in_order(ps, x):
+            for p in ps:
+                x = rowwise(p, p.value, x)
+            return x
+
         def edit(depth, h):
             items = []
             for p, c in resid_at.get(depth, ()):
@@ -545,13 +550,14 @@ class RecircPatcher(Patcher):
 
         def step_edit(t, inj, c_r, c_n):
             now.update(t=t, c_r=c_r, c_n=c_n)
-            for p, c in zip(patches, cols):
-                if c != t:
-                    continue
-                if p.site == "state":
-                    inj.zs_edit = lambda zs, p=p: rowwise(p, p.value, zs[:, 0])[:, None]
-                elif p.site == "fused":
-                    inj.mixed_edit = lambda m, p=p: rowwise(p, p.value, m[:, 0])[:, None]
+            # every state (fused) patch at t, applied in order, each to what the previous one left (as the
+            # recurrent patcher's): a single assignment per patch kept only the last
+            zs_at = [p for p, c in zip(patches, cols) if c == t and p.site == "state"]
+            mixed_at = [p for p, c in zip(patches, cols) if c == t and p.site == "fused"]
+            if zs_at:
+                inj.zs_edit = lambda zs, ps=zs_at: _in_order(ps, zs[:, 0])[:, None]
+            if mixed_at:
+                inj.mixed_edit = lambda m, ps=mixed_at: _in_order(ps, m[:, 0])[:, None]
             here = [(p, c_n) for p, c in zip(patches, cols) if p.site in BLOCK_SITES and c == t]
             here += [(p, c_r) for p, c in zip(patches, cols)
                      if p.site in BLOCK_SITES and c == t - 1 and c_r is not None and p.layer + 1 <= d]

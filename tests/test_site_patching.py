@@ -303,3 +303,43 @@ def test_recirculation_branch_residual_site(alpha):
         ctx.run(mode, [Patch("rresid", torch.zeros(B, D), depth=1, pos=-3)])  # at d: that is `resid`
     with pytest.raises(Exception, match="rresid"):
         ctx.run("standard", [Patch("rresid", torch.zeros(B, D), depth=2, pos=-3)])
+
+
+@pytest.mark.parametrize("mode", ["recurrent-full", "recirc-3:1:0.4:convex"])
+@pytest.mark.parametrize("site", ["state", "fused"])
+def test_two_patches_at_one_fed_site_compose(fbt, mode, site):
+    """Edits at one site apply in order, each to what the previous left: Add(v) then Add(w) = Add(v + w).
+    Under recirculation the second state / fused patch at a position replaced the first (off by up to 3 logits)."""
+    from engine.edits import Add
+
+    model = fbt if mode == "recurrent-full" else FullBandwidthLM(fbt.lm, fusion=False).eval()
+    ctx = CausalContext(model, _batch(6), modes=[mode])
+    g = torch.Generator().manual_seed(3)
+    v, w = 5 * torch.randn(D, generator=g), torch.randn(D, generator=g)
+    two = ctx.run(mode, [Patch(site, Add(v), pos=-2), Patch(site, Add(w), pos=-2)]).logits
+    one = ctx.run(mode, [Patch(site, Add(v + w), pos=-2)]).logits
+    torch.testing.assert_close(two, one, atol=1e-5, rtol=1e-5)
+    w_only = ctx.run(mode, [Patch(site, Add(w), pos=-2)]).logits
+    assert not torch.allclose(two, w_only, atol=1e-6, rtol=0)  # the first patch is not dropped
+
+
+def test_an_edit_that_does_not_fit_its_site_is_one_line(fbt):
+    """A basis of another width, a source of another batch, a function returning None or another shape, a flat
+    [batch * width] steering vector: one UserError naming the shapes (they were torch errors deep in a hook, or,
+    for the flat vector, one steering vector per row without a word)."""
+    from common.errors import UserError
+    from engine.edits import Add, KeepSubspace, Lambda, Mean, Replace
+
+    mode = "recurrent-full"
+    batch = _batch(6)
+    ctx = CausalContext(fbt, batch, modes=[mode])
+    B = batch.size
+    bad = [KeepSubspace(torch.linalg.qr(torch.randn(D + 1, 2)).Q), Replace(torch.zeros(B + 1, D)),
+           Lambda(lambda x: None), Lambda(lambda x: x[:, : D // 2]), Add(torch.zeros(B * D)), Mean(torch.zeros(2, D))]
+    for edit in bad:
+        for site_kw in (dict(site="resid", depth=2), dict(site="state")):
+            with pytest.raises(UserError) as e:
+                ctx.run(mode, [Patch(value=edit, pos=-2, **site_kw)])
+            assert "\n" not in str(e.value) and type(edit).__name__ in str(e.value), (edit, str(e.value))
+    ok = ctx.run(mode, [Patch("resid", Add(torch.zeros(B, D)), depth=2, pos=-2)]).logits  # one vector per row
+    torch.testing.assert_close(ok, ctx.clean[mode].logits, atol=1e-5, rtol=1e-5)
