@@ -81,7 +81,10 @@ def fold_subspaces(H: torch.Tensor, labels, groups, rank: int = 1, config: Probe
             dirs.append(u)
             Xtr = Xtr - np.outer(Xtr @ u, u)
         if not dirs:
-            raise UserError("the probe on h_{T-1} found no direction (constant states?)")
+            raise UserError("the probe on the fed state found no direction on a training fold: the state does not "
+                            "separate the labels there (constant within each class pair, or constant), so the subspace "
+                            "swaps are undefined; a state without label information is itself the answer (the probes: "
+                            "python -m probes.run)")
         U = torch.from_numpy(np.stack(dirs, 1)).to(H.dtype)
         out.append(FoldSubspace(te, U, float(acc)))
     return out

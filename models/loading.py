@@ -93,7 +93,7 @@ def _load_hf_lm(p: Path, **from_pretrained_kw):
 
     hf_logging.disable_progress_bar()  # a per-shard bar is noise for the small models loaded here
     raw = read_user_json(p / "config.json", "corrupt model config")  # huge ints, deep nesting, NaN: one line
-    if isinstance(raw, dict) and "model_type" in raw:  # a family we cannot run: refused before HF reads anything
+    if isinstance(raw, dict):  # a family we cannot run (or none named): refused before HF reads anything
         from models.families import family_of
 
         family_of(raw)

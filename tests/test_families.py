@@ -143,6 +143,13 @@ def test_an_unsupported_family_is_one_line_from_the_cli(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.count("\n") == 0 and "unsupported model family" in err and "gpt_neox" in err
     assert not (tmp_path / "o").exists()
+    # a config that names no family at all (a custom architecture): the same line, not HF's "Unrecognized model"
+    (tmp_path / "opt" / "config.json").write_text('{"architectures": ["MyLM"], "hidden_size": 32}')
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(tmp_path / "opt"), "--mode", "standard", "--task", "parity", "--n-pairs", "10",
+              "--control-model", "none", "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.count("\n") == 0 and "model_type None" in err and "supported are" in err
 
 
 # ----- loading, recording, recirculation, the fusion wrapper (in process) -------------------------------------
