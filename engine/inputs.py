@@ -61,8 +61,9 @@ def check_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if not bool(attention_mask[:, -1].all()):
         raise UserError("prompts must be left-padded (the last column must be a real token in every row)")
     real = attention_mask.bool()
-    if bool((real[:, :-1] & ~real[:, 1:]).any()):  # a real column before a padding one: a hole in the prompt
-        row = int((real[:, :-1] & ~real[:, 1:]).any(-1).nonzero()[0, 0])
+    holes = (real[:, :-1] & ~real[:, 1:]).any(-1)  # [batch] a real column before a padding one: a hole
+    if bool(holes.any()):
+        row = int(holes.nonzero()[0, 0])
         raise UserError(f"prompts must be left-padded: row {row} has a padding column between real tokens "
                         "(the fed state's chain would break there)")
     emb = model.lm.get_input_embeddings() if hasattr(model, "lm") else None
