@@ -168,8 +168,6 @@ def verdict(report: dict) -> tuple[str, str]:
         label = "partly used"
     else:
         label = "not detectably used"
-    r = sub["rank"]
-    parts = {n: _row(res, n) for n in ("subspace_swap", "complement_swap", "random_subspace_swap")}
     w = _words(res)
     s = (f"{_task_name(cfg)} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): {w['noun']} is "
          f"{label} (judged by the normalized effect's CI, unrounded: causally used where its lower end exceeds 0.5, "
@@ -179,16 +177,24 @@ def verdict(report: dict) -> tuple[str, str]:
          f"{_ci(swap, 'follows_donor_rate', pct=True)} of predictions follow the donor's label and changes "
          f"{_f(swap['changed_rate'], pct=True)} {_ci(swap, 'changed_rate', pct=True)}, normalized effect {_f(ne)} "
          f"{_ci(swap, 'normalized_effect')} (n={swap['n']}, {swap['n_groups']} groups; clean accuracy "
-         f"{_f(clean['accuracy'])} {_ci(clean, 'accuracy')}); the rank-{r} probe subspace alone gives "
-         f"{_f(parts['subspace_swap']['normalized_effect'])} {_ci(parts['subspace_swap'], 'normalized_effect')}, "
-         f"its complement {_f(parts['complement_swap']['normalized_effect'])} "
-         f"{_ci(parts['complement_swap'], 'normalized_effect')}, a random rank-{r} subspace "
-         f"{_f(parts['random_subspace_swap']['normalized_effect'])} "
-         f"{_ci(parts['random_subspace_swap'], 'normalized_effect')} "
-         f"(probe held-out accuracy on {w['state'].split(' ')[0]} {_f(sub['probe_heldout_accuracy'])})"
-         + (f", the class-mean difference {_f(means['normalized_effect'])} {_ci(means, 'normalized_effect')}"
-            if (means := _row(res, "class_means_swap")) is not None else "") + ".")
+         f"{_f(clean['accuracy'])} {_ci(clean, 'accuracy')}); " + _subspace_clause(res, sub, w) + ".")
     return label, s + _path_clause(label, clean, _row(res, "gate_bypass_all"))
+
+
+def _subspace_clause(res: dict, sub: dict, w: dict) -> str:
+    r, state = sub["rank"], w["state"].split(" ")[0]
+    if sub.get("skipped"):
+        return f"the rank-{r} probe subspace swaps were not run: {sub['skipped']}"
+    parts = {n: _row(res, n) for n in ("subspace_swap", "complement_swap", "random_subspace_swap")}
+    return (f"the rank-{r} probe subspace alone gives "
+            f"{_f(parts['subspace_swap']['normalized_effect'])} {_ci(parts['subspace_swap'], 'normalized_effect')}, "
+            f"its complement {_f(parts['complement_swap']['normalized_effect'])} "
+            f"{_ci(parts['complement_swap'], 'normalized_effect')}, a random rank-{r} subspace "
+            f"{_f(parts['random_subspace_swap']['normalized_effect'])} "
+            f"{_ci(parts['random_subspace_swap'], 'normalized_effect')} "
+            f"(probe held-out accuracy on {state} {_f(sub['probe_heldout_accuracy'])})"
+            + (f", the class-mean difference {_f(means['normalized_effect'])} {_ci(means, 'normalized_effect')}"
+               if (means := _row(res, "class_means_swap")) is not None else ""))
 
 
 def _loop_clause(res: dict) -> str:
@@ -444,15 +450,19 @@ def markdown(report: dict) -> str:
         lines += ["", f"## Interventions on {_words(res)['noun']} at T", ""]
         lines.append(_table(res["interventions"] + sub["rows"] + _leace_rows(res, "state")))
     if sub is not None:
-        lines += ["", f"Probe subspace: rank {sub['rank']}, fitted on {_words(res)['state'].split(' ')[0]} of the training folds only "
-              f"({sub['n_folds']} grouped folds); held-out probe accuracy {_f(sub['probe_heldout_accuracy'])}; "
-              f"share of ||h_donor - h_own||^2 inside it {_f(sub['energy_fraction'], 3)}"
-              + (f"; inside the class-mean differences (rank {sub['class_means_rank']}) "
-                 f"{_f(sub['class_means_energy_fraction'], 3)}" if "class_means_energy_fraction" in sub else "")
-              + ". The probe fits standardized features: its direction (coefficient over each coordinate's spread) "
-              "can sit on coordinates that barely vary, so read its swap beside the class means' "
-              "(docs/results.md).", "",
-              "## Dose-response: h = (1 - a) own + a donor", ""]
+        if sub.get("skipped"):
+            lines += ["", f"Probe subspace (rank {sub['rank']}): not run: {sub['skipped']}.", ""]
+        else:
+            lines += ["", f"Probe subspace: rank {sub['rank']}, fitted on {_words(res)['state'].split(' ')[0]} of the "
+                      f"training folds only ({sub['n_folds']} grouped folds); held-out probe accuracy "
+                      f"{_f(sub['probe_heldout_accuracy'])}; share of ||h_donor - h_own||^2 inside it "
+                      f"{_f(sub['energy_fraction'], 3)}"
+                      + (f"; inside the class-mean differences (rank {sub['class_means_rank']}) "
+                         f"{_f(sub['class_means_energy_fraction'], 3)}" if "class_means_energy_fraction" in sub else "")
+                      + ". The probe fits standardized features: its direction (coefficient over each coordinate's "
+                      "spread) can sit on coordinates that barely vary, so read its swap beside the class means' "
+                      "(docs/results.md).", ""]
+        lines += ["## Dose-response: h = (1 - a) own + a donor", ""]
         lines.append(_table([{**r, "label": f"a = {r['alpha']:.1f}"} for r in res["dose"]["rows"]], "alpha"))
     lines += _leace_markdown(res)
     ab = res.get("resid_mean_ablation")

@@ -223,8 +223,11 @@ class Suite:
             return None
         h, donor = ctx.h_prev, ctx.h_prev[b.pair]
         t = time.perf_counter()
-        folds = fold_subspaces(h, b.probe_labels.numpy(), b.groups, rank, probe_config)
-        means = class_mean_subspaces(h, b.probe_labels.numpy(), folds)  # the same folds, the plainest direction
+        try:
+            folds = fold_subspaces(h, b.probe_labels.numpy(), b.groups, rank, probe_config)
+            means = class_mean_subspaces(h, b.probe_labels.numpy(), folds)  # the same folds, the plainest direction
+        except UserError as e:  # no direction to swap along (a state without the label); the rest of the battery
+            return {"rank": rank, "skipped": str(e), "rows": []}  # stands, and the report says why these are missing
         self.timings["probe_fit"] = time.perf_counter() - t
         rows = []
         for name, part, rseed, fs in (("subspace_swap", "subspace", None, folds),

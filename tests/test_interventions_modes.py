@@ -373,3 +373,29 @@ def test_probes_fit_probe_labels_and_metrics_keep_the_answer(tiny_model):
     assert sub["rank"] == 1 and len(sub["rows"]) == 4
     with pytest.raises(Exception, match="probe_labels"):
         dataclasses.replace(b, probe_labels=torch.zeros(24, dtype=torch.long))  # one class: nothing to probe
+
+
+def test_a_fed_state_without_the_label_skips_the_subspace_swaps_and_keeps_the_battery(tiny_ckpt, tmp_path):
+    # A final norm of weight 0 makes every top state (what is fed back) the zero vector: no probe direction exists.
+    # The subspace swaps are recorded as not run, with the reason; the rest of the run, its verdict and page stand.
+    from interventions.run import main
+    from models.full_bandwidth import FullBandwidthLM
+    from tasks import build_tokenizer
+
+    model = FullBandwidthLM.from_pretrained(tiny_ckpt)
+    model.family.final_norm(model.lm).weight.data.zero_()
+    flat = tmp_path / "flat"
+    model.save_pretrained(flat, build_tokenizer())
+    out = tmp_path / "fig"
+    assert main(["--model", str(flat), "--task", "completion", "--distractors", "0", "--n-pairs", "10",
+                 "--mode", "recurrent-1", "--out", str(out), "--control-model", "none", "--no-progress",
+                 "--n-boot", "20"]) == 0
+    rep = json.loads((out / "causal_report.json").read_text())
+    sub = rep["results"]["subspace"]
+    assert sub["rows"] == [] and "found no direction" in sub["skipped"] and sub["rank"] == 1
+    names = [r["name"] for r in rep["results"]["interventions"]]
+    assert names[:2] == ["gate_bypass", "state_swap"] and len(rep["results"]["dose"]["rows"]) == 11
+    assert "probe subspace swaps were not run: the probe on the fed state found no direction" in rep["verdict"]["sentence"]
+    md = (out / "causal_report.md").read_text()
+    assert "Probe subspace (rank 1): not run: the probe on the fed state found no direction" in md
+    assert "## Dose-response" in md and "not run" in (out / "causal_report.html").read_text()
