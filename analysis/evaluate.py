@@ -345,7 +345,11 @@ def main(argv=None):
         print(table(rows, sweep))
         # the pairs asked of each generated task; a task file without --n-pairs is used whole (its datasets' n_pairs)
         asked = a.n_pairs if a.n_pairs is not None else (DEFAULT_N_PAIRS if any(not t.fixed for t in tasks) else None)
-        meta = {"model": a.model, "n_pairs": asked,
+        from models.fingerprint import config_hash, weights_hash
+
+        # which tensors under which config answered: one definition with probes.json and causal_report.json
+        meta = {"model": a.model, "weights_sha256": weights_hash(model), "config_sha256": config_hash(model),
+                "n_pairs": asked,
                 "seed": a.seed, "modes": a.modes, "wall_s": round(wall, 1), "device": str(placement.torch_device),
                 "dtype": placement.dtype,
                 "ci": "ci_low/ci_high: 95% Wilson score interval of accuracy over the cell's n_samples"}

@@ -341,9 +341,15 @@ def test_evaluate_by_path(saved, tmp_path):
     out = tmp_path / "eval.json"
     main(["--model", str(path), "--tasks", "completion", "--distractors", "0", "--modes", "standard,recirc-2:1:0.5",
           "--n-pairs", "5", "--out", str(out), "--no-progress"])
-    rows = json.loads(out.read_text())["results"]
+    doc = json.loads(out.read_text())
+    rows = doc["results"]
     assert [r["mode"] for r in rows] == ["standard", "recirc-2:1:0.5:convex"], model_type
     assert all(r["n_samples"] == 10 and 0 <= r["accuracy"] <= 1 for r in rows)
+    from models.fingerprint import config_hash, weights_hash
+    from models.loading import load_model
+
+    model = load_model(str(path))[0]  # the file names the tensors and config that answered
+    assert (doc["meta"]["weights_sha256"], doc["meta"]["config_sha256"]) == (weights_hash(model), config_hash(model))
 
 
 def test_probes_run_by_path(saved, tmp_path):
