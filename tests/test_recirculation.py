@@ -364,6 +364,12 @@ def test_text_the_tokenizer_cannot_spell_is_refused():
     assert tune.shape == (2, 8)
     with pytest.raises(UserError, match="tokens the tokenizer cannot spell"):
         make_splits([("a", "the quick brown fox " * 40), ("b", "jumps over the lazy dog " * 40)], tok, 8, 2, 2)
+    # the unknown token written out is text the tokenizer spelled (SmolLM2's unk token is <|endoftext|>, a common
+    # document separator): not refused
+    tune, _ = make_splits([("a", "x = 0\n[UNK]\n" * 40), ("b", "state = 1\n[UNK]\n" * 40)], tok, 8, 2, 2)
+    assert (tune == tok.unk_token_id).any()
+    with pytest.raises(UserError, match="1 of .* tokens the tokenizer cannot spell"):  # the written ones not counted
+        make_splits([("a", "x = 0\n[UNK]\n" * 40 + "fox"), ("b", "state = 1\n" * 40)], tok, 8, 2, 2)
 
 
 def test_ramp_applies_to_a_given_mediation_spec(tmp_path):
