@@ -34,11 +34,17 @@ MAX_DISTRACTORS = 1024  # fused-k passes are full-width: quadratic in the prompt
 
 
 @torch.no_grad()
-def stability_curve(model, tok, task: str, n: int, passes: int, n_pairs: int, keep: set[int]) -> list[dict]:
+def task_ids(tok, task: str, n: int, n_pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The task's held-out prompts with their answers, left-padded: (ids, mask) [batch, pos]. Refuses (UserError) a
+    tokenizer that cannot spell the task, before any model runs."""
     samples = make_dataset(task, n_pairs=n_pairs, n_distractors=n, seed=EVAL_SEED)
-    _, samples = tokenize_samples(samples, tok)  # validates the shared final token
+    _, samples = tokenize_samples(samples, tok)  # validates the words and the shared final token
     seqs = [tok(s.full_text, add_special_tokens=False)["input_ids"] for s in samples]
-    ids, mask = pad_left(seqs, tok.pad_token_id)
+    return pad_left(seqs, tok.pad_token_id)
+
+
+def stability_curve(model, ids: torch.Tensor, mask: torch.Tensor, task: str, n: int, passes: int,
+                    keep: set[int]) -> list[dict]:
     real = mask.bool()
     valid = (mask[:, 1:] * mask[:, :-1]).bool()
     rows, prev = [], None
@@ -191,18 +197,18 @@ def main(argv=None):
         for name in models:  # an unknown name, a folder without config.json: refused before anything loads
             model_dir(name)
         t0 = time.time()
-        loaded = {}  # every model loaded and checked (tokenizer, fusion module) before any of them runs
+        loaded = {}  # every model loaded and checked (tokenizer, its tasks' words, fusion) before any of them runs
         for name in models:
             model, tok, _ = load_model(name)
             tok = resolve_tokenizer(model, tok, name, a.tokenizer)  # its own or --tokenizer's; none: refused
             if not model.has_fusion:
                 raise UserError(f"{name} has no fusion module; stability of feedback is undefined for it")
-            loaded[name] = (model, tok)
+            loaded[name] = (model, tok, {t: task_ids(tok, t, a.distractors, a.n_pairs) for t in tasks})
         results, gates = {}, {}
         for name in tqdm(models, desc="models"):
-            model, tok = loaded.pop(name)
+            model, tok, prompts = loaded.pop(name)
             results[name] = [r for t in tasks
-                             for r in stability_curve(model, tok, t, a.distractors, passes, a.n_pairs, keep)]
+                             for r in stability_curve(model, *prompts[t], t, a.distractors, passes, keep)]
             gates[name] = gate_token_dependence(model, tok)
             del model, tok
         doc = {"meta": {"models": models, "tasks": tasks, "n_distractors": a.distractors, "passes": sorted(keep),

@@ -123,6 +123,19 @@ def test_stability_refuses_a_model_without_fusion_before_computing(tiny_ckpt, tm
     assert not (tmp_path / "s" / "stability.json").exists() and not (tmp_path / "s" / "stability.html").exists()
 
 
+def test_stability_refuses_a_tokenizer_without_the_task_before_computing(tiny_ckpt, tmp_path, capsys, monkeypatch):
+    # the shipped tiny-fbt's tokenizer knows completion / memory / multi_register, not parity: the first model's
+    # curve was computed before the second was refused
+    stability = _no_compute(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        stability.main(["--models", f"{tiny_ckpt},tiny-fbt", "--tasks", "parity", "--passes", "2", "--n-pairs", "2",
+                        "--distractors", "2", "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "does not know every word of the parity task" in lines[0], err
+
+
 # ----- 3. the summary prints each k once -----------------------------------------------------------------------
 @pytest.mark.parametrize("ks,printed", [
     ((0, 1), [1]), ((0, 1, 2, 3), [1, 2, 3]), (tuple(range(6)), [1, 2, 3, 5]),
