@@ -22,12 +22,17 @@ returns the base's dtype.
 """
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields, replace
 
 import torch
 
 from common.errors import UserError
+
+
+# torch's words for operands of incompatible shapes (broadcast, expand, matmul, view)
+_SHAPE_ERROR = re.compile(r"size|shape", re.IGNORECASE)
 
 
 class Edit(ABC):
@@ -42,9 +47,13 @@ class Edit(ABC):
         site's [batch, width] is one UserError line naming both shapes, not a torch error deep in a hook."""
         try:
             out = self.forward(base)
-        except RuntimeError as e:  # a tensor of another batch or width: expand / matmul fail
+        except RuntimeError as e:  # a tensor of another batch or width: expand / matmul fail. Only those: out of
+            # memory, a dtype or a device error is not a misfit of shapes, and stays what it is
+            first = (str(e).splitlines() or [""])[0]
+            if isinstance(e, torch.OutOfMemoryError) or not _SHAPE_ERROR.search(first):
+                raise
             raise UserError(f"{type(self).__name__} does not fit this site's value of shape {tuple(base.shape)}: "
-                            f"{str(e).splitlines()[0]}") from None
+                            f"{first}") from None
         if not isinstance(out, torch.Tensor) or out.shape != base.shape:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise UserError(f"{type(self).__name__} returned {got} for this site's value of shape "

@@ -341,5 +341,14 @@ def test_an_edit_that_does_not_fit_its_site_is_one_line(fbt):
             with pytest.raises(UserError) as e:
                 ctx.run(mode, [Patch(value=edit, pos=-2, **site_kw)])
             assert "\n" not in str(e.value) and type(edit).__name__ in str(e.value), (edit, str(e.value))
+    def oom(x):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    # out of memory, or a dtype error in an edit's own maths, is not a misfit of shapes: it stays what it is
+    with pytest.raises(torch.OutOfMemoryError):
+        ctx.run(mode, [Patch("resid", Lambda(oom), depth=2, pos=-2)])
+    with pytest.raises(RuntimeError, match="dtype") as e:
+        ctx.run(mode, [Patch("resid", Lambda(lambda x: x @ torch.eye(D, dtype=torch.float64)), depth=2, pos=-2)])
+    assert not isinstance(e.value, UserError)
     ok = ctx.run(mode, [Patch("resid", Add(torch.zeros(B, D)), depth=2, pos=-2)]).logits  # one vector per row
     torch.testing.assert_close(ok, ctx.clean[mode].logits, atol=1e-5, rtol=1e-5)
