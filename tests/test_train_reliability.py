@@ -483,6 +483,24 @@ def test_a_run_written_between_the_checks_and_the_lock_is_not_replaced(tmp_path,
         "config.json", "model.safetensors"]
 
 
+def test_resume_completes_a_final_move_a_kill_cut_short(ckpt, tmp_path, capsys):
+    """A kill while the last save's files moved in leaves a complete pending checkpoint (the trainer state moves
+    last): --resume completes the move, and that was all there was to do (it was refused as "nothing to train")."""
+    run = shutil.copytree(ckpt, tmp_path / "run")
+    before = _snapshot(run)
+    pending = run / tckpt.PENDING
+    pending.mkdir()
+    os.replace(run / tckpt.STATE_FILE, pending / tckpt.STATE_FILE)
+    step = tckpt.read_trainer_state(pending)[0]["step"]
+    capsys.readouterr()
+    assert tcli.main(FAST + ["--out", str(run), "--steps", "4", "--stop-at", str(step), "--resume"]) in (0, None)
+    out = capsys.readouterr().out
+    assert f"completed the move of step {step}'s checkpoint" in out, out
+    assert not pending.exists() and _snapshot(run) == before
+    _expect_error(FAST + ["--out", str(run), "--steps", "4", "--stop-at", str(step), "--resume"], capsys,
+                  rf"at step {step} already.*nothing to train")  # done: a second resume has nothing left
+
+
 def test_resume_with_nothing_to_train_is_refused(ckpt, tmp_path, capsys):
     """--resume to a step the run already passed printed "done" and changed nothing."""
     run = shutil.copytree(ckpt, tmp_path / "run")

@@ -73,6 +73,11 @@ def _complete(pending: Path) -> bool:
     return (pending / STATE_FILE).is_file()
 
 
+def pending_move(out: Path) -> bool:
+    """A complete checkpoint waits in PENDING: a kill cut its move into `out` short (finish_pending completes it)."""
+    return _complete(Path(out) / PENDING)
+
+
 def finish_pending(out: Path) -> None:
     """Move a complete pending checkpoint's files into `out`, the trainer state last; each file gets the umask's
     mode. Idempotent, and safe when several processes (torchrun ranks resuming) run it at once."""

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from common.distributed import Processes
 from common.errors import UserError
 from tasks import build_tokenizer
-from training.checkpoint import load_resume, save_checkpoint
+from training.checkpoint import load_resume, pending_move, save_checkpoint
 from training.config import TrainConfig
 from training.data import ROW_FIELDS, make_batches, shard
 from training.loss import StepLoss, share_of
@@ -127,8 +127,14 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
     with RunOutput(out, staged, active=rank == 0, resume=resume) as dest:
         step, log = 0, {"config": cfg.to_dict(), "history": [], "evals": []}
         if resume:  # every process loads the whole state, whatever the number of processes that saved it
+            # rank 0 looks before any process gets past the broadcast to move it: every process agrees
+            finishing = procs.broadcast(pending_move(out))
             step, log = load_resume(model, opt, cfg, out)
-            if step >= stop:  # nothing to train: one line, not a silent "done"
+            if step >= stop and finishing:  # the last save's move, cut short by a kill, was all that was left
+                if rank == 0:
+                    print(f"--resume: completed the move of step {step}'s checkpoint into {out}, which a kill had "
+                          "cut short")
+            elif step >= stop:  # nothing to train: one line, not a silent "done"
                 raise UserError(f"--resume: the run in {out} is at step {step} already, and --steps / --stop-at ask "
                                 f"for {stop}: nothing to train (raise --steps to continue it)")
             if log.get("config") != cfg.to_dict():
