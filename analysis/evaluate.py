@@ -30,6 +30,7 @@ from common.io import DirLock, atomic_write, json_text
 from common.paths import figures_dir
 from engine.modes import DECODINGS, EVAL_MODES, MAX_FUSED_PASSES, MAX_LOOP_ITERATIONS, parse_mode
 from engine.prefill import fused_trajectory, pad_left, prefill_many
+from engine.result import require_finite
 from common.placement import Placement
 from models.loading import load_model, model_dir
 from tasks import ALL_TASKS, DISTRACTOR_COUNTS, TASKS, TRACKING_TASKS
@@ -232,12 +233,14 @@ def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progre
             res = prefill_many(model, ids, mask, list(plan), collect=False, chunked=True)  # keyed by canonical mode
             for key, m in plan.items():
                 logits = res[key].logits[:, 0].float().cpu()  # [batch, vocab]
+                require_finite(logits, f"{task} N={n} {m}")
                 correct[m] += int((logits.argmax(-1) == y).sum())
                 nll[m] += float(-logits.log_softmax(-1).gather(1, y[:, None]).sum())
                 if res[key].iterations is not None:
                     iters.setdefault(m, []).extend(res[key].iterations.tolist())
             if sweep:
                 lg = fused_trajectory(model, ids, mask, sweep).logits[:, :, 0].float().cpu()  # [passes+1, batch, vocab]
+                require_finite(lg.transpose(0, 1), f"{task} N={n} fused-1..{sweep}")
                 sweep_correct += (lg.argmax(-1) == y[None]).sum(-1).float()
                 sweep_nll += -lg.log_softmax(-1).gather(2, y[None, :, None].expand(lg.shape[0], -1, 1)).sum((1, 2))
         total = len(samples)

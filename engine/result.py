@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from common.errors import UserError
+
 
 @dataclass
 class PrefillResult:
@@ -14,3 +16,13 @@ class PrefillResult:
     top: torch.Tensor  # [batch, n_pos, d_model] post-final-norm state (fed back at the next position)
     resid: torch.Tensor | None = None  # [batch, n_pos, L+1, d_model] residual stream at every depth
     iterations: torch.Tensor | None = None  # [batch] loop-R:TOL only: the iterations each prompt ran (its exit)
+
+
+def require_finite(logits: torch.Tensor, where: str) -> None:
+    """UserError where any row of `logits` [batch, ..., vocab] holds a NaN or inf: a model whose forward overflows
+    (or diverges) has no accuracy or logit difference there, and a number computed from it would be wrong."""
+    bad = ~torch.isfinite(logits).reshape(logits.shape[0], -1).all(-1)  # [batch]
+    if bool(bad.any()):
+        raise UserError(f"{where}: the model's logits are NaN or inf in {int(bad.sum())} of {len(bad)} rows (its "
+                        f"forward overflows or diverges in {logits.dtype}): no accuracy or logit difference is "
+                        "defined there")

@@ -15,6 +15,7 @@ import torch
 from common.errors import UserError
 from engine.modes import Mode, parse_mode
 from engine.patching import Patch, RunOut, patcher
+from engine.result import require_finite
 from models.full_bandwidth import FullBandwidthLM
 
 from interventions.batch import MODES, Batch  # Batch and Patch: the routine's arguments
@@ -59,6 +60,8 @@ class CausalContext:
             self.runners = {p.name: patcher(p, model, ids, mask) for p in parsed}
         self.clean = {m: RunOut(_host(r.clean.logits), _host(r.clean.top), _host(r.clean.resid))
                       for m, r in self.runners.items()}
+        for m, r in self.clean.items():  # an overflowing model: no metric is defined (and no engine check)
+            require_finite(r.logits, f"clean {m} run")
         # the depth of the mode under study's stack (a loop-R mode unrolls a looped model's core R times)
         self.n_layers = self.runners[self.mode].L
         if check_engine:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from common.errors import UserError
+from engine.result import require_finite
 from models.families import family_of
 
 LENS_FIELDS = ("logit_lens_ld", "logit_lens_ld_ci", "logit_lens_accuracy", "logit_lens_rank")
@@ -65,6 +66,7 @@ def label_margin_and_rank(logits: torch.Tensor, labels, label_ids) -> tuple[np.n
     K = len(ids)
     if K < 2 or logits.ndim != 2 or logits.shape[0] != len(labels):
         raise UserError("the logit lens needs [rows, vocab] logits, one label per row and >= 2 label words")
+    require_finite(logits, "the logit lens")
     z = logits.double()
     zl = z[:, ids]  # [n, K]
     own = zl.gather(1, labels[:, None])[:, 0]

@@ -12,8 +12,9 @@ class-centred class weight vectors (W_k / scale in the raw input space, k = 1..K
 reads only differences of class weights, so that span is the whole of what the probe reads, of rank
 min(K' - 1, D) with K' the classes present in the training groups (K' = K unless the pairs are too few to show
 every label; lower only if the weights are degenerate; `rank` reports the rank used). The complement has rank
-D - rank, the random subspace the task subspace's rank. Accuracy: binary LD_true > 0 (as before); K > 2 the
-argmax over the K label words at the last position, an m-way tie counting 1/m (interventions.metrics). The
+D - rank, the random subspace the task subspace's rank. Accuracy: binary LD_true > 0, a tie counting 1/2; K > 2 the
+argmax over the K label words at the last position, an m-way tie counting 1/m (interventions.metrics, the rule
+of every causal report). The
 s.e. of a mean LD change is clustered by group (`clustered_se`): a group's samples are not independent."""
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from common.cli import derived_seed
 from common.errors import UserError
 from engine.prefill import pad_left, prefill
 from engine.recirculation import RecirculatedLM
-from interventions.metrics import decisions
+from interventions.metrics import correctness, decisions
 from interventions.subspace import orthonormal
 from stats.linear import LinearProbe, ProbeConfig
 from tasks import label_token_ids, make_dataset, probe_labels, tokenize_samples
@@ -144,7 +145,7 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
             base_ld = ld_true
             out["probe_test_accuracy"] = probe.score(resid_te[:, spec.source].double().numpy(), py[te])
         d = ld_true - base_ld
-        acc = float((ld_true > 0).mean()) if K == 2 else float(decisions(z, y[te], y[te], range(K))[0].mean())
+        acc = float(correctness(ld_true).mean()) if K == 2 else float(decisions(z, y[te], y[te], range(K))[0].mean())
         out["conditions"][name] = {"mean_ld": float(ld_true.mean()), "accuracy": acc,
                                    "mean_ld_change": float(d.mean()),
                                    "ld_change_se": clustered_se(d, groups[test_rows])}

@@ -11,6 +11,7 @@ import torch
 
 from analysis.recirculation.text import ByteTokenizer
 from common.errors import UserError
+from engine.inputs import check_inputs
 
 
 TINY = ("tiny-random-qwen3", "tiny-random-gpt2")
@@ -60,6 +61,11 @@ class Evaluator:
     """Runs configurations over fixed chunks; caches the base model's log-probs for KL."""
 
     def __init__(self, model, data: torch.Tensor, batch: int, temps: list[float]):
+        # chunks past the context (GPT-2's position table: an IndexError) are refused before the baseline runs
+        try:
+            check_inputs(model, data, torch.ones_like(data))
+        except UserError as e:
+            raise UserError(f"text chunks of {data.shape[-1]} tokens (--seq-len): {e}") from None
         self.model, self.data, self.batch, self.temps = model, data, batch, temps
         self._base_lp: list[torch.Tensor] | None = None
         self.base = self.run(None)
