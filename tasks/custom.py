@@ -264,6 +264,9 @@ def validate_samples(samples, label_words, where: str) -> list[Sample]:
         if a.group_id != b.group_id:
             raise UserError(f"{where}: the two members of pair {pid} (N={n}) are in different groups "
                             f"({a.group_id}, {b.group_id}); a pair must lie in one CV group")
+        if a.text == b.text:  # one prompt cannot have two answers; its swap would be an identity patch
+            raise UserError(f"{where}: the two members of pair {pid} (N={n}) have the same text but different "
+                            "labels; a pair's prompts must differ where its labels do")
     words = tuple(label_words)  # carried by each sample, so Sample.answer / full_text work for any task
     # running as a tuple: a list would make the (frozen) Sample unhashable
     return [s if s.label_words == words and not isinstance(s.running, list) else

@@ -50,7 +50,9 @@ def test_jsonl_fixture():
 HEADER = {"label_words": ["0", "1"]}
 
 
-def _sample(label, pair, group=None, text="state = 1\n# final state:", **kw):
+def _sample(label, pair, group=None, text=None, **kw):
+    # a pair's two prompts differ (the state line names the label): one text cannot have two answers
+    text = f"state = {label}\n# final state:" if text is None else text
     return {"text": text, "label": label, "pair": pair, "group": pair if group is None else group, **kw}
 
 
@@ -71,6 +73,7 @@ def _sample(label, pair, group=None, text="state = 1\n# final state:", **kw):
     ([HEADER, _sample(0, 0), _sample(1, 0), _sample(0, 1)], "pair 1 (N=0) has 1 member(s)"),
     ([HEADER, _sample(0, 0), _sample(0, 0)], "have the same label 0"),
     ([HEADER, _sample(0, 0, 1), _sample(1, 0, 2)], "are in different groups"),
+    ([HEADER, _sample(0, 0, text="x"), _sample(1, 0, text="x")], "pair 0 (N=0) have the same text but different"),
     ([HEADER, _sample(0, 0, n_distractors=-1), _sample(1, 0)], "line 2: n_distractors must be an integer >= 0"),
     ([HEADER, _sample(0, 0, running=[0, 5]), _sample(1, 0)], "line 2: sample has running [0, 5]"),
     ([{"label_words": ["0", "1", "2"]}, _sample(0, 0), _sample(1, 0)], "label word(s) ['2'] never occur"),
