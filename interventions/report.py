@@ -162,6 +162,9 @@ def verdict(report: dict) -> tuple[str, str]:
     lo = ci[0] if ci else None
     if clean["accuracy"] is None or clean["accuracy"] < 0.6:
         label = "inconclusive (the model does not solve the task)"
+    elif ci and ne is not None and not ci[0] <= ne <= ci[1]:  # a percentile bootstrap of a ratio whose denominator
+        # is near 0 in some resamples: its interval judges nothing (seen: 0.51 [0.69, 2.65] at --n-boot 20)
+        label = "inconclusive (the effect's bootstrap CI does not contain its estimate)"
     elif lo is not None and lo > 0.5:
         label = "causally used"
     elif lo is not None and lo > 0.05:
@@ -171,7 +174,8 @@ def verdict(report: dict) -> tuple[str, str]:
     w = _words(res)
     s = (f"{_task_name(cfg)} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): {w['noun']} is "
          f"{label} (judged by the normalized effect's CI, unrounded: causally used where its lower end exceeds 0.5, "
-         f"partly used above 0.05, not detectably used below; inconclusive at a clean accuracy under 0.6): swapping "
+         f"partly used above 0.05, not detectably used below; inconclusive at a clean accuracy under 0.6 or a CI that "
+         f"misses its estimate): swapping "
          f"{w['site']} with the "
          f"paired sample's makes {_f(swap['follows_donor_rate'], pct=True)} "
          f"{_ci(swap, 'follows_donor_rate', pct=True)} of predictions follow the donor's label and changes "

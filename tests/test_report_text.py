@@ -24,6 +24,16 @@ def test_the_report_page_draws_no_bar_for_a_null_ci_and_prints_its_rule(tiny_ckp
                  "--control-model", "none", "--n-boot", "50", "--no-progress", "--out", str(out)]) == 0
     rep = json.loads((out / "causal_report.json").read_text())
     assert "causally used where its lower end exceeds 0.5, partly used above 0.05" in rep["verdict"]["sentence"]
+    from interventions.report import verdict
+
+    swap = next(r for r in rep["results"]["interventions"] if r["name"] == "state_swap")
+    rep["results"]["clean"][rep["config"]["mode"]]["accuracy"] = 1.0
+    swap["normalized_effect"], swap["normalized_effect_ci"] = 0.51, [0.69, 2.65]  # a CI that misses its estimate
+    label, sentence = verdict(rep)
+    assert label == "inconclusive (the effect's bootstrap CI does not contain its estimate)", label
+    assert "or a CI that misses its estimate" in sentence
+    swap["normalized_effect"] = 0.9  # inside it: the rule judges by the lower end
+    assert verdict(rep)[0] == "causally used"
     # one row's CI made null: its error bar is none, the others keep theirs
     rep["results"]["interventions"][0]["normalized_effect_ci"] = None
     from interventions.report import html_report
