@@ -6,10 +6,12 @@ import torch
 from common.errors import UserError
 
 
-def pad_left(seqs: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token id lists -> (input_ids [batch, T], attention_mask [batch, T])."""
+def pad_left(seqs: list[list[int]], pad_id: int | None = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token id lists -> (input_ids [batch, T], attention_mask [batch, T]). `pad_id` None (a tokenizer
+    without a pad token, as most GPT-2 and Llama ones): 0, an id every vocabulary has; masked, it is never read."""
     if not seqs:
         raise UserError("empty dataset: nothing to run")
+    pad_id = 0 if pad_id is None else pad_id
     T = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), T), dtype=torch.long)

@@ -150,3 +150,28 @@ def test_fixed_point_diagnostic_refuses_a_model_without_fusion(tiny_ckpt, tmp_pa
         fixed_point.main([str(tmp_path / "b")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and "no fusion module" in err, err
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_a_masked_zero(ckpt, tmp_path):
+    """Most GPT-2 and Llama tokenizers have no pad token: evaluate raised a TypeError from pad_left (probes.run and
+    interventions.run padded with 0). A masked column's id is never read: the same accuracies as with [PAD]."""
+    import shutil
+
+    from analysis.evaluate import main
+    from transformers import AutoTokenizer
+
+    ids, mask = pad_left([[5, 6, 7], [8]], None)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    nopad = tmp_path / "nopad"
+    shutil.copytree(ckpt, nopad)
+    tok = AutoTokenizer.from_pretrained(nopad)
+    tok.pad_token = None
+    tok.save_pretrained(nopad)
+    assert AutoTokenizer.from_pretrained(nopad).pad_token_id is None
+    rows = {}
+    for name, path in (("pad", ckpt), ("nopad", nopad)):
+        out = tmp_path / f"{name}.json"
+        main(["--model", str(path), "--tasks", "multi_register", "--distractors", "4", "--modes", "std,recurrent-1",
+              "--n-pairs", "6", "--out", str(out), "--no-progress"])
+        rows[name] = [(r["mode"], r["accuracy"], round(r["label_loss"], 5)) for r in json.loads(out.read_text())["results"]]
+    assert rows["pad"] == rows["nopad"]
