@@ -47,7 +47,7 @@ __all__ = ["TaskSource", "resolve_task", "validate_samples", "is_custom_spec"]
 
 SAMPLE_KEYS = {"text", "label", "pair", "group"}
 OPTIONAL_KEYS = {"n_distractors", "diff_line", "running"}
-HEADER_KEYS = {"label_words", "name"}
+HEADER_KEYS = {"label_words", "name", "answer_sep"}
 _FUNC_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -69,6 +69,7 @@ class _Loaded:
     label_words: tuple  # index = label
     default_distractors: tuple | None = None  # jsonl: the N values in the file; function: f.distractors
     make: Callable | None = None  # (n_pairs, n_distractors, seed) -> validated samples; None for built-ins
+    answer_sep: str = " "  # the text between prompt and answer: a header's / function's "answer_sep"
 
 
 class TaskSource:
@@ -112,6 +113,15 @@ class TaskSource:
         return self.load()._loaded.label_words
 
     @property
+    def answer_sep(self) -> str:
+        """The text between a prompt and its answer (" " unless a custom task sets its answer_sep)."""
+        if self.builtin:
+            from .words import ANSWER_SEP
+
+            return ANSWER_SEP.get(self.task, " ")
+        return self.load()._loaded.answer_sep
+
+    @property
     def default_distractors(self) -> tuple | None:
         return self.load()._loaded.default_distractors
 
@@ -137,6 +147,8 @@ class TaskSource:
         d = {"kind": self.form, "spec": self.spec, "name": self.name, "label_words": list(self.label_words)}
         if self.sha256 is not None:
             d["sha256"] = self.sha256
+        if not self.builtin and self.answer_sep != " ":
+            d["answer_sep"] = self.answer_sep
         return d
 
     def make(self, n_pairs: int | None, n_distractors: int, seed: int = 0) -> list[Sample]:
@@ -179,12 +191,14 @@ class TaskSource:
         base = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         unk = getattr(tokenizer, "unk_token_id", None)
         out = []
+        sep = self.answer_sep
         for w in self.label_words:
-            full = tokenizer(prompt + " " + w, add_special_tokens=False)["input_ids"]
+            full = tokenizer(prompt + sep + w, add_special_tokens=False)["input_ids"]
             extra = len(full) - len(base)
             if full[:len(base)] != base or extra != 1:
-                raise UserError(f"task {self.spec}: label word {w!r} is not one token after the prompt under "
-                                f"tokenizer {tname!r} ({extra} tokens); choose single-token label words")
+                raise UserError(f"task {self.spec}: label word {w!r} is not one token after the prompt joined by "
+                                f"answer_sep {sep!r} (prompt + {sep!r} + {w!r}) under tokenizer {tname!r} ({extra} "
+                                "tokens); choose label words that are one token there, or another answer_sep")
             if unk is not None and full[-1] == unk:
                 raise UserError(f"task {self.spec}: label word {w!r} is unknown to tokenizer {tname!r}")
             if full[-1] == dedicated_pad_id(tokenizer):
@@ -197,6 +211,14 @@ class TaskSource:
 
 
 # ----------------------------------------------------------------------------------------------------------
+def _check_answer_sep(sep, where: str) -> str:
+    """The text joining prompt and answer: "" or whitespace (a digit after a byte-level BPE prompt ending in a space
+    is one token, its spaced form two)."""
+    if not isinstance(sep, str) or len(sep) > 4 or sep.strip():
+        raise UserError(f"{where}: answer_sep must be \"\" or up to 4 whitespace characters, got {sep!r}")
+    return sep
+
+
 def _check_label_words(words, where: str) -> tuple:
     if not isinstance(words, (list, tuple)) or len(words) < 2:
         raise UserError(f"{where}: label_words must be a list of at least 2 strings, got {words!r}")
@@ -208,7 +230,7 @@ def _check_label_words(words, where: str) -> tuple:
     return tuple(words)
 
 
-def validate_samples(samples, label_words, where: str) -> list[Sample]:
+def validate_samples(samples, label_words, where: str, answer_sep: str = " ") -> list[Sample]:
     """Check generated or loaded samples; return them as a list (UserError, one line, on the first problem).
 
     Every item is a ``Sample`` with a non-empty text, an integer label in ``0..K-1`` (K label words), integer
@@ -269,8 +291,9 @@ def validate_samples(samples, label_words, where: str) -> list[Sample]:
                             "labels; a pair's prompts must differ where its labels do")
     words = tuple(label_words)  # carried by each sample, so Sample.answer / full_text work for any task
     # running as a tuple: a list would make the (frozen) Sample unhashable
-    return [s if s.label_words == words and not isinstance(s.running, list) else
-            dataclasses.replace(s, label_words=words, running=None if s.running is None else tuple(s.running))
+    return [s if s.label_words == words and s.answer_sep == answer_sep and not isinstance(s.running, list) else
+            dataclasses.replace(s, label_words=words, answer_sep=answer_sep,
+                                running=None if s.running is None else tuple(s.running))
             for s in samples]
 
 
@@ -304,8 +327,9 @@ def _load_jsonl(spec: str) -> TaskSource:
     i0, header = objs[0]
     if "label_words" not in header or set(header) - HEADER_KEYS:
         raise UserError(f"{spec} line {i0}: the first line must be the header "
-                        '{"label_words": [...], "name": ... (optional)}, got keys ' + ", ".join(sorted(header)))
+                        '{"label_words": [...], "name": ..., "answer_sep": ... (both optional)}, got keys ' + ", ".join(sorted(header)))
     words = _check_label_words(header["label_words"], f"{spec} line {i0}")
+    sep = _check_answer_sep(header.get("answer_sep", " "), f"{spec} line {i0}")
     name = header.get("name", path.stem)
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise UserError(f"{spec} line {i0}: name {name!r} must be 1-64 letters, digits, '_', '-' or '.'")
@@ -341,11 +365,11 @@ def _load_jsonl(spec: str) -> TaskSource:
             running = tuple(running)
         s = Sample(task=name, text=obj["text"], label=obj["label"], pair_id=pair_ids((n, obj["pair"])),
                    group_id=group_ids(obj["group"]), n_distractors=n, diff_line=obj.get("diff_line"),
-                   running=running, label_words=words)
+                   running=running, label_words=words, answer_sep=sep)
         where[len(samples)] = i
         samples.append(s)
     try:
-        validate_samples(samples, words, spec)
+        validate_samples(samples, words, spec, sep)
     except UserError as e:  # name the line of the offending sample
         m = re.search(r": sample (\d+) ", str(e))
         if m:
@@ -372,7 +396,8 @@ def _load_jsonl(spec: str) -> TaskSource:
         keep = set(keep)
         return [s for s in sel if s.pair_id in keep]
 
-    return TaskSource("jsonl", spec, loaded=_Loaded(name, words, counts, make), sha256=hashlib.sha256(raw).hexdigest())
+    return TaskSource("jsonl", spec, loaded=_Loaded(name, words, counts, make, sep),
+                      sha256=hashlib.sha256(raw).hexdigest())
 
 
 # ----- module:function --------------------------------------------------------------------------------------
@@ -455,6 +480,7 @@ def _function_loader(spec: str) -> Callable[[], _Loaded]:
             raise UserError(f"task {spec}: the function needs a label_words attribute (e.g. "
                             f"{func_name}.label_words = (\"0\", \"1\"))")
         words = _check_label_words(tuple(words) if isinstance(words, (list, tuple)) else words, f"task {spec}")
+        sep = _check_answer_sep(getattr(f, "answer_sep", " "), f"task {spec}")
         name = getattr(f, "task_name", func_name)
         if not isinstance(name, str) or not _NAME_RE.match(name) or name in ALL_TASKS:
             raise UserError(f"task {spec}: task_name {name!r} must be 1-64 letters, digits, '_', '-' or '.' and "
@@ -477,7 +503,7 @@ def _function_loader(spec: str) -> Callable[[], _Loaded]:
             out = _run_user_code(f"task {spec} ({call})", lambda: generate(n_pairs, n_distractors, seed),
                                  lambda e: f"task {spec} failed for {call}: {type(e).__name__}: {e}")
 
-            out = validate_samples(out, words, f"task {spec} (N={n_distractors})")
+            out = validate_samples(out, words, f"task {spec} (N={n_distractors})", sep)
             # what was asked: rows are reported under the requested N, sized by the requested pairs
             wrong = next((s for s in out if s.n_distractors != n_distractors), None)
             if wrong is not None:
@@ -488,7 +514,7 @@ def _function_loader(spec: str) -> Callable[[], _Loaded]:
                 raise UserError(f"task {spec} was asked for {n_pairs} pairs (N={n_distractors}) and returned {got}")
             return [s if s.task == name else dataclasses.replace(s, task=name) for s in out]
 
-        return _Loaded(name, words, dis, make)
+        return _Loaded(name, words, dis, make, sep)
 
     return load
 

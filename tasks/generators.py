@@ -277,6 +277,8 @@ def dataset_fingerprint(samples) -> str:
         d = dataclasses.asdict(s)
         d.pop("n_tokens", None)
         d.pop("label_words", None)  # the task's, not the sample's (and custom tasks' fingerprints predate it)
+        if d.get("answer_sep") in (None, " "):  # only a custom task's other join enters (earlier ones keep theirs)
+            d.pop("answer_sep", None)
         for key in ("diff_line", "running", "key_char"):
             if d[key] is None:
                 del d[key]

@@ -76,6 +76,8 @@ class Sample:
     # custom tasks (tasks.custom): their label words; built-in tasks look theirs up in LABEL_WORDS. Not part of
     # the sample's identity (left out of equality and of dataset_fingerprint).
     label_words: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
+    # custom tasks: the text between prompt and answer (tasks.custom: a file's "answer_sep"); None: ANSWER_SEP's
+    answer_sep: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def answer(self) -> str:
@@ -84,7 +86,8 @@ class Sample:
     @property
     def full_text(self) -> str:
         """Prompt plus answer: the text a model is trained on."""
-        return self.text + ANSWER_SEP.get(self.task, " ") + self.answer
+        sep = self.answer_sep if self.answer_sep is not None else ANSWER_SEP.get(self.task, " ")
+        return self.text + sep + self.answer
 
 
 def pair_roles(samples) -> list[int]:

@@ -356,3 +356,30 @@ def test_erase_on_samples_that_skip_a_label_word(tiny_ckpt, tmp_path):
                  "--n-pairs", "12", "--erase", "1", "--n-boot", "20", "--no-cache", "--no-progress", "--no-mdl"]) == 0
     doc = json.loads((out / "probes.json").read_text())
     assert doc["erased"] and {r["depth"] for r in doc["erased"]} == {1, 2}
+
+
+def test_answer_sep_joins_prompt_and_answer(tmp_path, smollm2):
+    """A custom task's answer follows its prompt after one space unless its header (or function) sets answer_sep:
+    a digit after SmolLM2's prompt ending in a space is one token, ' 7' two (the built-in lookup's rule)."""
+    _, tok = smollm2
+    rows = [{"label_words": [str(d) for d in range(10)], "answer_sep": ""}]
+    for p in range(10):
+        rows += [{"text": f"x = {d}\nprint(x)\n# ", "label": d, "pair": p, "group": p}
+                 for d in (p, (p + 3) % 10)]
+    path = tmp_path / "digits.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    src = resolve_task(str(path))
+    assert src.answer_sep == "" and src.describe()["answer_sep"] == ""
+    ids = src.label_token_ids(tok)
+    assert [tok.decode([i]) for i in ids] == [str(d) for d in range(10)]
+    s = src.make(None, 0)[0]
+    assert s.full_text == s.text + s.answer  # the text a model is scored (and trained) on
+    rows[0]["answer_sep"] = " "  # the default: ' 7' is two tokens under SmolLM2's tokenizer
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(UserError, match=r"not one token after the prompt joined by answer_sep ' '"):
+        resolve_task(str(path)).label_token_ids(tok)
+    for bad in ("x", " a", "     ", 1):
+        rows[0]["answer_sep"] = bad
+        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        with pytest.raises(UserError, match="answer_sep must be"):
+            resolve_task(str(path))
