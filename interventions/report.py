@@ -668,7 +668,7 @@ def check_no_results(out: Path, overwrite: bool) -> None:
 
     found = existing_results(out) if out.is_dir() else []
     if found and not overwrite:
-        raise UserError(f"{out} already holds results of another run ({', '.join(found)}); "
+        raise UserError(f"{out} already holds results of an earlier run ({', '.join(found)}); "
                         "pass --overwrite or choose another --out")
 
 

@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="position sweep and layer-patching heatmap over the last P positions (0 = all; default "
                         "from --budget)")
     p.add_argument("--max-depths", type=int_in(0, MAX_ERASE_DEPTH), default=None,
-                   help="layer-patching heatmap at most this many depths, evenly spaced, 0 and L kept (0 = all; "
-                        "default from --budget)")
+                   help="layer-patching heatmap at most this many depths, evenly spaced, 0 and L kept (0 = all, "
+                        "else 2 and up; default from --budget)")
     p.add_argument("--sweep-depth", type=int_in(0, MAX_ERASE_DEPTH), default=None,
                    help="standard prefill (no fed state): the residual depth the position sweep swaps at "
                         "(default the middle of the stack, L // 2)")
@@ -291,6 +291,8 @@ def main(argv=None) -> int:
     mode = parse_mode("recurrent-1" if args.mode is None else args.mode).name  # checked now; a looped checkpoint's default after loading
     max_positions = pick(args.max_positions, "max_positions") or None
     max_depths = pick(args.max_depths, "max_depths") or None
+    if max_depths == 1:  # evenly spaced with 0 and L kept needs two
+        raise UserError("--max-depths 1 cannot keep both depth 0 and L: give 0 (every depth) or 2 and up")
     n_boot, seed, rank = pick(args.n_boot, "n_boot"), args.seed, args.subspace_rank
     # A task file is a fixed set: by default every pair of its N, else its first --n-pairs pairs (as probes.run).
     n_pairs = args.n_pairs if args.n_pairs is not None or source.fixed else budget["n_pairs"]

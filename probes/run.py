@@ -211,8 +211,8 @@ def main(argv=None):
     if not model.has_fusion:
         bad = [m for m in modes if parse_mode(m).has_feedback]
         if bad:
-            raise UserError(f"model {model_name!r} has no fusion module: only the standard mode is available "
-                            f"(got {', '.join(bad)})")
+            raise UserError(f"model {model_name!r} has no fusion module: its modes are standard and "
+                            f"recirculation (--recirculate S:D:A), not {', '.join(bad)}")
     modes = canonical_modes(modes + recirc, model.n_layers)  # the canonical names every row is keyed by
     if args.fed_lens and not any(parse_mode(m).fed_top_source for m in modes):
         raise UserError(f"--fed-lens reads the state fed into T, and none of {', '.join(modes)} feeds one: add a "
@@ -294,6 +294,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
             lengths = [len(r) for r in ids]
             copies = copies_across_groups(samples)
             ds_meta[str(n)] = {"fingerprint": dataset_fingerprint(samples), "n_samples": len(samples),
+                               "n_pairs": len({s.pair_id for s in samples}),  # used (meta.run.n_pairs: asked)
                                "n_groups": int(len(np.unique(groups))), "min_tokens": min(lengths),
                                "max_tokens": max(lengths), "copies_across_groups": copies}
             acts, status = collect_with_cache(collector, ids, samples, modes, tok, cache, weights=w_hash,

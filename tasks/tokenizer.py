@@ -110,8 +110,11 @@ def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]
         for s, row in zip(samples, ids):
             if unk in row:  # a word the model never saw: its answers would be scored on [UNK] inputs
                 j = row.index(unk)
+                word = next((w for w in s.text.split() if unk in tokenizer(w, add_special_tokens=False)["input_ids"]),
+                            None)
                 raise UserError(f"tokenizer {name!r} does not know every word of the {s.task} task (unknown "
-                                f"token at position {j} of pair {s.pair_id}'s prompt): this model was not built "
+                                + (f"word {word!r}, " if word is not None else "")
+                                + f"token at position {j} of pair {s.pair_id}'s prompt): this model was not built "
                                 "for this task")
     pad = dedicated_pad_id(tokenizer)
     if pad is not None:

@@ -172,7 +172,7 @@ def test_probes_run_on_a_jsonl_file(tiny_ckpt, tmp_path):
     assert run["task_source"]["kind"] == "jsonl" and run["task_source"]["label_words"] == ["0", "1", "2"]
     assert doc["meta"]["labels"]["chance"] == pytest.approx(1 / 3)
     assert [w for w in doc["meta"]["warnings"] if w["kind"] == "leakage"] == []
-    assert doc["meta"]["datasets"]["1"]["n_samples"] == 30
+    assert doc["meta"]["datasets"]["1"]["n_samples"] == 30 and doc["meta"]["datasets"]["1"]["n_pairs"] == 15
     assert doc["meta"]["datasets"]["1"]["copies_across_groups"] == 30  # this file's 4-line prompts recur across groups
     assert {r["task"] for r in doc["results"]} == {"last_write"}
     std0 = [r for r in doc["results"] if r["mode"] == "standard" and r["depth"] == 0]

@@ -243,6 +243,7 @@ def _cli(argv, capsys):
     (["--n-pairs", "many"], "--n-pairs: must be an integer"),
     (["--seed", "4294967296"], "--seed: must be an integer in 0..4294967295"),  # common.cli.MAX_SEED
     (["--subspace-rank", "0"], "--subspace-rank: must be an integer in 1..64"),
+    (["--max-depths", "1"], "--max-depths 1 cannot keep both depth 0 and L"),
     (["--distractors", "-1"], "--distractors: must be an integer in 0..1024"),
     (["--out", ""], "--out is empty"),
     (["--out", "/proc/x/y"], "--out /proc/x/y"),

@@ -176,3 +176,14 @@ def test_the_fixed_point_diagnostic_refuses_words_its_tokenizer_does_not_know():
     _batch(full, "completion", 4, 2, 0)  # every word known: accepted
     with pytest.raises(UserError, match="does not know every word"):
         _batch(tok, "completion", 4, 2, 0)
+
+
+def test_an_unknown_word_is_named():
+    """The [UNK] refusal names the word, not only its token position."""
+    from common.errors import UserError
+    from tasks import build_tokenizer, make_dataset, tokenize_samples
+
+    ds = make_dataset("completion", 4, 2, seed=0)
+    bad = dataclasses.replace(ds[2], text="quagga " + ds[2].text)
+    with pytest.raises(UserError, match=r"unknown word 'quagga', token at position 0 of pair 1's prompt"):
+        tokenize_samples(ds[:2] + [bad] + ds[3:], build_tokenizer())
