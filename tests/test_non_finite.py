@@ -112,3 +112,4 @@ def test_mediation_counts_a_binary_tie_as_one_half(tmp_path):
     accs = {k: v["accuracy"] for k, v in res["conditions"].items()}
     assert accs and all(a == 0.5 for a in accs.values()), accs
     assert np.isclose(res["conditions"]["base"]["mean_ld"], 0.0)
+    assert res["note"].startswith("inconclusive: the model does not solve parity (base accuracy 0.50 < 0.6)")

@@ -150,7 +150,15 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
                                    "mean_ld_change": float(d.mean()),
                                    "ld_change_se": clustered_se(d, groups[test_rows])}
         print(f"[f] {name:16s} LD {ld_true.mean():+.3f} (change {d.mean():+.4f}) acc {acc:.3f}", flush=True)
+    base_acc = out["conditions"]["base"]["accuracy"]
+    if base_acc < SOLVES:  # interventions.report's rule: with no answer to move, no change measures use
+        out["note"] = (f"inconclusive: the model does not solve {task} (base accuracy {base_acc:.2f} < {SOLVES}), so "
+                       "its LD changes say nothing about whether the recirculated state is used")
+        print(f"[f] note: {out['note']}", flush=True)
     return out
+
+
+SOLVES = 0.6  # the clean accuracy below which a causal verdict is "inconclusive" (interventions.report)
 
 
 def pair_partner_labels(samples) -> np.ndarray:
