@@ -240,7 +240,7 @@ def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progre
                     iters.setdefault(m, []).extend(res[key].iterations.tolist())
             if sweep:
                 lg = fused_trajectory(model, ids, mask, sweep).logits[:, :, 0].float().cpu()  # [passes+1, batch, vocab]
-                require_finite(lg.transpose(0, 1), f"{task} N={n} fused-1..{sweep}")
+                require_finite(lg.transpose(0, 1), f"{task} N={n} fused passes 0..{sweep}")
                 sweep_correct += (lg.argmax(-1) == y[None]).sum(-1).float()
                 sweep_nll += -lg.log_softmax(-1).gather(2, y[None, :, None].expand(lg.shape[0], -1, 1)).sum((1, 2))
         total = len(samples)

@@ -33,7 +33,6 @@ from tasks import ALL_TASKS, TASKS, make_dataset, tokenize_samples
 MAX_DISTRACTORS = 1024  # fused-k passes are full-width: quadratic in the prompt
 
 
-@torch.no_grad()
 def task_ids(tok, task: str, n: int, n_pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The task's held-out prompts with their answers, left-padded: (ids, mask) [batch, pos]. Refuses (UserError) a
     tokenizer that cannot spell the task, before any model runs."""
@@ -43,6 +42,7 @@ def task_ids(tok, task: str, n: int, n_pairs: int) -> tuple[torch.Tensor, torch.
     return pad_left(seqs, tok.pad_token_id)
 
 
+@torch.no_grad()  # each pass's top state feeds the next: with autograd on, every pass's graph stays in memory
 def stability_curve(model, ids: torch.Tensor, mask: torch.Tensor, task: str, n: int, passes: int,
                     keep: set[int]) -> list[dict]:
     real = mask.bool()

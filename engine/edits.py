@@ -31,8 +31,9 @@ import torch
 from common.errors import UserError
 
 
-# torch's words for operands of incompatible shapes (broadcast, expand, matmul, view)
-_SHAPE_ERROR = re.compile(r"size|shape", re.IGNORECASE)
+# torch's words for operands of incompatible shapes (broadcast, expand, matmul, view, cat / gather ranks)
+_SHAPE_ERROR = re.compile(r"size|shape|dimension", re.IGNORECASE)
+_OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5: only the CUDA one
 
 
 class Edit(ABC):
@@ -50,7 +51,7 @@ class Edit(ABC):
         except RuntimeError as e:  # a tensor of another batch or width: expand / matmul fail. Only those: out of
             # memory, a dtype or a device error is not a misfit of shapes, and stays what it is
             first = (str(e).splitlines() or [""])[0]
-            if isinstance(e, torch.OutOfMemoryError) or not _SHAPE_ERROR.search(first):
+            if isinstance(e, _OUT_OF_MEMORY) or not _SHAPE_ERROR.search(first):
                 raise
             raise UserError(f"{type(self).__name__} does not fit this site's value of shape {tuple(base.shape)}: "
                             f"{first}") from None

@@ -28,6 +28,10 @@ from common.errors import UserError
 from stats.linear import LinearProbe, ProbeConfig
 
 
+class NoDirection(UserError):
+    """The state separates no label on a training fold: there is no subspace to swap along."""
+
+
 @dataclass
 class FoldSubspace:
     test: np.ndarray  # held-out row indices
@@ -81,7 +85,7 @@ def fold_subspaces(H: torch.Tensor, labels, groups, rank: int = 1, config: Probe
             dirs.append(u)
             Xtr = Xtr - np.outer(Xtr @ u, u)
         if not dirs:
-            raise UserError("the probe on the fed state found no direction on a training fold: the state does not "
+            raise NoDirection("the probe on the fed state found no direction on a training fold: the state does not "
                             "separate the labels there (constant within each class pair, or constant), so the subspace "
                             "swaps are undefined; a state without label information is itself the answer (the probes: "
                             "python -m probes.run)")
@@ -106,7 +110,7 @@ def class_mean_subspaces(H: torch.Tensor, labels, folds: list[FoldSubspace]) -> 
         q, r = np.linalg.qr((means[1:] - means[0]).T)
         keep = np.abs(np.diag(r)) > 1e-12 * max(1.0, float(np.abs(r).max()))  # drop a degenerate difference
         if not keep.any():
-            raise UserError("the class means of h_{T-1} coincide on a training fold: no direction to swap")
+            raise NoDirection("the class means of h_{T-1} coincide on a training fold: no direction to swap")
         out.append(FoldSubspace(f.test, torch.from_numpy(q[:, keep]).to(H.dtype), f.probe_accuracy))
     return out
 

@@ -41,7 +41,7 @@ from stats.linear import ProbeConfig
 from .batch import Batch, pos_name
 from .core import CausalContext
 from .metrics import changed, decisions, label_ld, summarize
-from .subspace import class_mean_subspaces, energy_fraction, fold_subspaces, per_fold_states
+from .subspace import NoDirection, class_mean_subspaces, energy_fraction, fold_subspaces, per_fold_states
 
 DOSE_GRID = tuple(round(a / 10, 1) for a in range(11))
 LOOP_DOSE = (0.25, 0.5, 0.75)  # the per-iteration dose of a looped model's loop state at T (a = 0 and 1: clean, swap)
@@ -226,7 +226,7 @@ class Suite:
         try:
             folds = fold_subspaces(h, b.probe_labels.numpy(), b.groups, rank, probe_config)
             means = class_mean_subspaces(h, b.probe_labels.numpy(), folds)  # the same folds, the plainest direction
-        except UserError as e:  # no direction to swap along (a state without the label); the rest of the battery
+        except NoDirection as e:  # no direction to swap along (a state without the label); the rest of the battery
             return {"rank": rank, "skipped": str(e), "rows": []}  # stands, and the report says why these are missing
         self.timings["probe_fit"] = time.perf_counter() - t
         rows = []

@@ -211,8 +211,8 @@ def main(argv=None):
     if not model.has_fusion:
         bad = [m for m in modes if parse_mode(m).has_feedback]
         if bad:
-            raise UserError(f"model {model_name!r} has no fusion module: its modes are standard and "
-                            f"recirculation (--recirculate S:D:A), not {', '.join(bad)}")
+            raise UserError(f"model {model_name!r} has no fusion module, which {', '.join(bad)} need(s): its modes "
+                            "are standard, recirculation (--recirculate S:D:A) and, for a looped model, loop-R")
     modes = canonical_modes(modes + recirc, model.n_layers)  # the canonical names every row is keyed by
     if args.fed_lens and not any(parse_mode(m).fed_top_source for m in modes):
         raise UserError(f"--fed-lens reads the state fed into T, and none of {', '.join(modes)} feeds one: add a "

@@ -368,8 +368,11 @@ def test_text_the_tokenizer_cannot_spell_is_refused():
     # document separator): not refused
     tune, _ = make_splits([("a", "x = 0\n[UNK]\n" * 40), ("b", "state = 1\n[UNK]\n" * 40)], tok, 8, 2, 2)
     assert (tune == tok.unk_token_id).any()
-    with pytest.raises(UserError, match="1 of .* tokens the tokenizer cannot spell"):  # the written ones not counted
-        make_splits([("a", "x = 0\n[UNK]\n" * 40 + "fox"), ("b", "state = 1\n" * 40)], tok, 8, 2, 2)
+    with pytest.raises(UserError, match=r"[1-9]\d* of 32 tokens the tokenizer cannot spell"):  # the chunks measured
+        make_splits([("a", "x = 0\nfox\n" * 40), ("b", "state = 1\n[UNK]\n" * 40)], tok, 8, 2, 2)
+    # one unknown word in a tail no chunk measures: the measured text is all spelled
+    tune, test = make_splits([("a", "x = 0\n" * 40 + "fox"), ("b", "state = 1\n" * 40)], tok, 8, 2, 2)
+    assert not (torch.cat([tune, test]) == tok.unk_token_id).any()
 
 
 def test_ramp_applies_to_a_given_mediation_spec(tmp_path):
@@ -392,3 +395,35 @@ def test_ramp_applies_to_a_given_mediation_spec(tmp_path):
         got[ramp] = json.loads((tmp_path / ramp / "results.json").read_text())["mediation"]
     assert got["5"]["config"] == "recirc-3:1:0.5:convex:ramp5" and got["0"]["config"] == "recirc-3:1:0.5:convex"
     assert got["5"]["conditions"]["full"]["mean_ld_change"] != got["0"]["conditions"]["full"]["mean_ld_change"]
+
+
+def test_mediation_takes_a_task_file_and_a_generator(tmp_path):
+    """--mediation-task takes what every --task takes (a JSONL file, package.module:function), not only built-ins;
+    a built-in gives the numbers of before (the same data and label ids through its TaskSource)."""
+    import json
+
+    from analysis.recirculation.mediation import mediation
+    from engine.recirculation import RecircSpec
+    from models.configs import qwen3_config
+    from tasks import build_tokenizer, resolve_task
+
+    tok = build_tokenizer()
+    model = FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=3, d_model=32, n_heads=2, n_kv_heads=1),
+                                        fusion=False, seed=0)
+    model.save_pretrained(tmp_path / "m", tokenizer=tok)
+    spec = [RecircSpec(3, 1, 0.5, "convex")]
+    by_name = mediation(model.eval(), tok, spec, "memory", 12, 2, 8, 0)
+    by_source = mediation(model, tok, spec, resolve_task("memory"), 12, 2, 8, 0)
+    assert by_name == by_source and by_name["task"] == "memory"
+    data = Path(__file__).resolve().parent / "data"
+    for task, n, name in ((str(data / "last_write.jsonl"), "2", "last_write"),
+                          ("tests.data.custom_tasks:first_bit", "2", "first_bit")):
+        out = tmp_path / name
+        r = _cli("--model", str(tmp_path / "m"), "--mediation-only", "--mediation-task", task, "--mediation-pairs",
+                 "12", "--mediation-distractors", n, "--mediation-spec", "3:1:0.5:convex", "--out", str(out))
+        assert r.returncode == 0, r.stderr[-2000:]
+        res = json.loads((out / "results.json").read_text())["mediation"]
+        assert res["task"] == name and res["n_test"] + res["n_train"] > 0
+    r = _cli("--model", str(tmp_path / "m"), "--mediation-only", "--mediation-task", "nope.jsonl", "--out",
+             str(tmp_path / "x"))
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: --mediation-task: task file")

@@ -335,7 +335,8 @@ def test_an_edit_that_does_not_fit_its_site_is_one_line(fbt):
     ctx = CausalContext(fbt, batch, modes=[mode])
     B = batch.size
     bad = [KeepSubspace(torch.linalg.qr(torch.randn(D + 1, 2)).Q), Replace(torch.zeros(B + 1, D)),
-           Lambda(lambda x: None), Lambda(lambda x: x[:, : D // 2]), Add(torch.zeros(B * D)), Mean(torch.zeros(2, D))]
+           Lambda(lambda x: None), Lambda(lambda x: x[:, : D // 2]), Add(torch.zeros(B * D)), Mean(torch.zeros(2, D)),
+           Lambda(lambda x: x.gather(1, torch.zeros(x.shape[0], dtype=torch.long)))]  # another number of dimensions
     for edit in bad:
         for site_kw in (dict(site="resid", depth=2), dict(site="state")):
             with pytest.raises(UserError) as e:

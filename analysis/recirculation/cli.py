@@ -19,7 +19,7 @@ from analysis.recirculation.dose import dose_response, heatmap, temperature
 from analysis.recirculation.figures import mediation_figure, targeted_figure, write_figures
 from analysis.recirculation.mediation import mediation
 from analysis.recirculation.targeted import DEFAULT_ALPHAS as TARGETED_ALPHAS, default_sd, parse_sd, targeted
-from analysis.recirculation.perplexity import Evaluator, load
+from analysis.recirculation.perplexity import TINY, Evaluator, load
 from analysis.recirculation.study import Study
 from analysis.recirculation.text import ByteTokenizer, builtin_documents, file_documents, make_splits
 from common.cli import (DefaultsFormatter, Parser, add_device_flags, add_model_flag, add_output_flags,
@@ -32,6 +32,7 @@ from common.placement import Placement
 from common.plotlyjs import PLOTLY_JS, plotly_js_missing
 from common.staged import Staged
 from engine.recirculation import RecircSpec, parse_recirculate
+from models.loading import model_dir
 
 _PACKAGE_DOC = sys.modules["analysis.recirculation"].__doc__
 
@@ -117,8 +118,9 @@ def parse_args(argv=None):
                         "mode (--pairs x convex/residual, at --alpha) whose full recirculation moves the label logit "
                         "difference most on the TRAINING groups")
     p.add_argument("--mediation-task", default="memory",
-                   help="task of (f) (tasks.ALL_TASKS; K > 2 label words, e.g. shell_game, use the span of the "
-                        "multiclass probe's class weights, rank K - 1)")
+                   help="task of (f): a built-in task, a JSONL file or package.module:function (docs/tasks.md; K > 2 "
+                        "label words, e.g. shell_game, use the span of the multiclass probe's class weights, rank "
+                        "K - 1)")
     p.add_argument("--mediation-pairs", type=int_in(1, MAX_PAIRS), default=16,
                    help=f"sample pairs of (f) (half the groups held out), 1..{MAX_PAIRS}")
     p.add_argument("--mediation-distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
@@ -212,9 +214,11 @@ def main(argv=None):
         raise UserError("--temps must be positive")
     passes_list = int_list(a.passes, "--passes", 1, MAX_PASSES)
     pairs = _pairs(a.pairs) if a.pairs else None
-    from tasks import ALL_TASKS
-    if a.mediation_task not in ALL_TASKS:
-        raise UserError(f"--mediation-task: unknown task {a.mediation_task!r} (known: {', '.join(ALL_TASKS)})")
+    from tasks import ALL_TASKS, resolve_task
+    try:  # a built-in task, a JSONL file or module:function (its code runs only once every other check passed)
+        a.mediation_source = resolve_task(a.mediation_task)
+    except UserError as e:
+        raise UserError(f"--mediation-task: {e}") from None
     if a.mediation_spec:
         parse_recirculate(a.mediation_spec)  # syntax and alpha now; the depths once the model is known
     if a.mediation_only and a.targeted_only:
@@ -228,8 +232,10 @@ def main(argv=None):
         raise UserError(f"--targeted-task: unknown task {a.targeted_task!r} (known: {', '.join(ALL_TASKS)})")
     placement = _placement(a.dtype)
     docs = file_documents(a.text) if a.text else None
-    sub = (f"mediation-{a.mediation_task}" if a.mediation_only else f"targeted-{a.targeted_task}" if a.targeted_only
-           else "recirculation")
+    if a.mediation_only and not a.mediation_source.builtin and a.model not in TINY:
+        model_dir(a.model)  # an unknown model is refused before a module:function task's code runs (its name)
+    sub = (f"mediation-{safe_name(a.mediation_source.name)}" if a.mediation_only else
+           f"targeted-{a.targeted_task}" if a.targeted_only else "recirculation")
     out = output_dir(a.out if a.out is not None else default_output(safe_name(a.model), sub))
 
     with fresh_output(out, OUTPUTS, a.overwrite, "analysis.recirculation run",
@@ -276,7 +282,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
             # destructive dose (alpha = 1 convex replaces z_d outright).
             cands = [med_spec] if med_spec else [RecircSpec(s, d, a.alpha, mode, ramp=a.ramp) for s, d in pairs
                                                  for mode in ("convex", "residual")]
-            res["mediation"] = mediation(model, tok, cands, a.mediation_task, a.mediation_pairs,
+            res["mediation"] = mediation(model, tok, cands, a.mediation_source, a.mediation_pairs,
                                          a.mediation_distractors, a.batch or TASK_BATCH, a.seed)
         if run_g:  # (g)
             res["targeted"] = run_targeted()
@@ -308,7 +314,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
     cost(st, best_spec)  # (e)
     res = st.res
     if a.mediation:  # (f)
-        res["mediation"] = mediation(model, tok, [med_spec or best_spec], a.mediation_task, a.mediation_pairs,
+        res["mediation"] = mediation(model, tok, [med_spec or best_spec], a.mediation_source, a.mediation_pairs,
                                      a.mediation_distractors, a.batch or TASK_BATCH, a.seed)
     if a.targeted:  # (g)
         res["targeted"] = run_targeted()

@@ -31,7 +31,7 @@ from engine.recirculation import RecirculatedLM
 from interventions.metrics import correctness, decisions
 from interventions.subspace import orthonormal
 from stats.linear import LinearProbe, ProbeConfig
-from tasks import label_token_ids, make_dataset, probe_labels, tokenize_samples
+from tasks import TaskSource, probe_labels, resolve_task
 from tasks.samples import ANSWER_PROBE_LABEL
 
 
@@ -46,7 +46,7 @@ def clustered_se(d: np.ndarray, groups: np.ndarray) -> float | None:
     return float(np.sqrt(len(ug) / (len(ug) - 1) * np.sum(sums ** 2)) / len(d))
 
 
-def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, batch: int, seed: int) -> dict:
+def mediation(model, tok, specs, task, n_pairs: int, n_distractors: int, batch: int, seed: int) -> dict:
     """(f): recirculate the task-state subspace vs its complement vs a random subspace of equal rank.
 
     With several candidate `specs`, the one whose full recirculation changes the label logit difference most
@@ -55,9 +55,11 @@ def mediation(model, tok, specs, task: str, n_pairs: int, n_distractors: int, ba
 
     if isinstance(tok, ByteTokenizer):
         raise UserError("--mediation needs a real tokenizer (not the byte stand-in of the tiny random models)")
-    samples = make_dataset(task, n_pairs=n_pairs, n_distractors=n_distractors, seed=seed)
-    ids, samples = tokenize_samples(samples, tok)
-    lab = label_token_ids(tok, task)
+    src = task if isinstance(task, TaskSource) else resolve_task(task)  # a built-in name, a file, module:function
+    task = src.name
+    samples = src.make(n_pairs, n_distractors, seed)
+    ids, samples = src.tokenize(samples, tok)
+    lab = src.label_token_ids(tok, prompt=None if src.builtin else samples[0].text)
     K = len(lab)
     y = np.array([smp.label for smp in samples])
     other = pair_partner_labels(samples)  # the paired sample's label (binary: 1 - y)

@@ -40,16 +40,15 @@ def make_splits(docs, tokenizer, seq_len: int, n_tune: int, n_test: int, seed: i
     rng = random.Random(seed)
     order = list(range(len(docs)))
     rng.shuffle(order)
-    halves: list[list[list[int]]] = [[], []]
+    halves: list[list[tuple[list[int], bool]]] = [[], []]  # (chunk, its document holds ids it could not spell)
     unk, unk_text = getattr(tokenizer, "unk_token_id", None), getattr(tokenizer, "unk_token", None)
-    n_unk = n_ids = 0
     for i, di in enumerate(order):
-        ids = tokenizer(docs[di][1], add_special_tokens=False)["input_ids"]
-        if unk is not None:  # ids the tokenizer could not spell; a literal unk token (SmolLM2's is <|endoftext|>,
-            # a document separator) is text it spelled
-            n_unk += max(0, ids.count(unk) - (docs[di][1].count(unk_text) if unk_text else 0))
-            n_ids += len(ids)
-        chunks = [ids[j:j + seq_len] for j in range(0, len(ids) - seq_len + 1, seq_len)]
+        text = docs[di][1]
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        # an unk id the text does not write out is a word the tokenizer could not spell; a written-out unk token
+        # (SmolLM2's is <|endoftext|>, a document separator) is text it spelled
+        unspelled = unk is not None and ids.count(unk) > (text.count(unk_text) if unk_text else 0)
+        chunks = [(ids[j:j + seq_len], unspelled) for j in range(0, len(ids) - seq_len + 1, seq_len)]
         if len(docs) == 1:  # one file: first half of its chunks tunes, the second half is held out
             h = len(chunks) // 2
             halves[0] += chunks[:h]
@@ -59,10 +58,13 @@ def make_splits(docs, tokenizer, seq_len: int, n_tune: int, n_test: int, seed: i
     for h in halves:
         rng.shuffle(h)
     tune, test = halves[0][:n_tune], halves[1][:n_test]
+    n_unk = sum(c.count(unk) for c, unspelled in tune + test if unspelled)
     if n_unk:  # a perplexity of text the model cannot read measures nothing (the task words' tokenizer on pydoc
-        # text: 85% [UNK], perplexity 1.8e7)
-        raise UserError(f"the text has {n_unk} of {n_ids} tokens the tokenizer cannot spell ({unk_text}): pass "
+        # text: 85% [UNK], perplexity 1.8e7); only the chunks measured count
+        total = sum(len(c) for c, _ in tune + test)
+        raise UserError(f"the text has {n_unk} of {total} tokens the tokenizer cannot spell ({unk_text}): pass "
                         "--text in the model's own words (a model with the task tokenizer knows only the tasks' words)")
+    tune, test = [c for c, _ in tune], [c for c, _ in test]
     if len(tune) < n_tune or len(test) < n_test:
         raise UserError(f"not enough text for {n_tune} + {n_test} chunks of {seq_len} tokens "
                         f"(got {len(tune)} + {len(test)}): pass more --text or lower --seq-len / --n-tune / --n-test")
