@@ -162,7 +162,7 @@ def verdict(report: dict) -> tuple[str, str]:
     lo = ci[0] if ci else None
     if clean["accuracy"] is None or clean["accuracy"] < 0.6:
         label = "inconclusive (the model does not solve the task)"
-    elif ci and ne is not None and not ci[0] - 1e-9 * max(1.0, abs(ne)) <= ne <= ci[1] + 1e-9 * max(1.0, abs(ne)):  # a percentile bootstrap of a ratio whose denominator
+    elif ci and ne is not None and not ci[0] - (tol := 1e-9 * max(1.0, abs(ne))) <= ne <= ci[1] + tol:  # a percentile bootstrap of a ratio whose denominator
         # is near 0 in some resamples: its interval judges nothing (seen: 0.51 [0.69, 2.65] at --n-boot 20)
         label = "inconclusive (the effect's bootstrap CI does not contain its estimate)"
     elif lo is not None and lo > 0.5:

@@ -327,7 +327,8 @@ def _load_jsonl(spec: str) -> TaskSource:
     i0, header = objs[0]
     if "label_words" not in header or set(header) - HEADER_KEYS:
         raise UserError(f"{spec} line {i0}: the first line must be the header "
-                        '{"label_words": [...], "name": ..., "answer_sep": ... (both optional)}, got keys ' + ", ".join(sorted(header)))
+                        '{"label_words": [...], "name": ..., "answer_sep": ... (both optional)}, got keys '
+                        + ", ".join(sorted(header)))
     words = _check_label_words(header["label_words"], f"{spec} line {i0}")
     sep = _check_answer_sep(header.get("answer_sep", " "), f"{spec} line {i0}")
     name = header.get("name", path.stem)
