@@ -5,8 +5,8 @@ residual recorder, the interventions' patches, recirculation's mixing and the mo
 (probes.collect) reads the same addresses from outside, one trace per batch; inside the engine's cached
 one-token steps a trace per step would cost more than the step, so the engine hooks directly.
 
-Depths: 0 = the vector entering block 0 (embedding or fused input), l = the output of block l (its raw output,
-before the final norm for l = L). A hook function gets the tensor [batch, cols, d_model] of the current call
+Depths: 0 = the vector entering block 0 (embedding or fused input), l = the output of 0-based block l - 1, the
+input of block l (its raw output, before the final norm for l = L). A hook function gets the tensor [batch, cols, d_model] of the current call
 and returns a replacement or None (read only).
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ columns are aligned from the end)
     state   the state entering the fusion at position t (h_{t-1} of the mode's own run)
     fused   the fusion's output at t (the fused input u_t of block 0)
     resid   the residual stream at (depth, t): depth 0 = the vector entering block 0 (embedding or fused
-            input), depth l = output of block l (raw, before the final norm)
+            input), depth l = output of 0-based block l - 1, the input of block l (raw, before the final norm)
     attn_out, mlp_out (layer), head (layer, head)
             inside block `layer` (0-based): the attention output, the MLP output, one head's output before
             the output projection (value [B, head_dim]); TransformerLens' hook_attn_out / hook_mlp_out / hook_z
