@@ -122,8 +122,12 @@ def summarize(ld_patched, ld_clean, ld_ref, labels, ref_labels, groups, n_boot: 
     out = {"n": int(n), "n_groups": boot.n_groups, "n_donor_rows": int(fmask.sum()), "follows_donor": float(flip.sum()),
            "changed": float(chg.sum()),
            "ld_clean_mean": float(ld_c.mean()), "ld_ref_mean": float(ld_r.mean())}
+    # the groups holding a rate's own rows (the follows-donor rate's: the rows whose donor has another label): one
+    # group has no interval (stats.bootstrap), whatever the number of groups overall
+    n_groups = {k: boot.n_groups for k in point}
+    n_groups["follows_donor_rate"] = len(np.unique(groups[fmask > 0]))
     for k, v in point.items():
         out[k] = _finite(float(v))
-        ci = percentile_ci(reps[k]) if math.isfinite(float(v)) and boot.n_groups >= 2 else None  # stats.bootstrap
+        ci = percentile_ci(reps[k]) if math.isfinite(float(v)) and n_groups[k] >= 2 else None  # stats.bootstrap
         out[k + "_ci"] = None if ci is None else list(ci)
     return out

@@ -125,3 +125,9 @@ def test_rows_of_one_group_have_no_interval():
     one = summarize(ld, ld + 1, ld - 1, np.array([0, 1, 0, 1]), np.array([1, 0, 1, 0]), groups=[3, 3, 3, 3],
                     n_boot=100, seed=0)
     assert one["n_groups"] == 1 and one["ld_mean_ci"] is None and one["accuracy_ci"] is None
+    # a rate whose own rows lie in one group (the follows-donor rate: only rows whose donor has another label), in
+    # a batch of several groups: no interval for it, the others keep theirs
+    ref = np.array([0, 1, 1, 0, 0, 1])  # rows 1 and 2 (group 1) alone have another label than their own
+    two = summarize(np.array([1.0, -2.0, 0.5, 3.0, 2.0, -1.0]), np.ones(6), -np.ones(6), np.array([0, 0, 0, 0, 0, 1]),
+                    ref, groups=[0, 1, 1, 2, 2, 3], n_boot=100, seed=0)
+    assert two["n_donor_rows"] == 2 and two["follows_donor_rate_ci"] is None and two["accuracy_ci"] is not None
