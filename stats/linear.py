@@ -256,9 +256,8 @@ def permute_labels_by_group(y, groups, rng) -> np.ndarray:
 
     Groups of equal size swap their label vectors under a random permutation; then exactly half (rounded
     at random) of the groups whose labels are internally balanced (e.g. a pair with opposite labels) are
-    flipped (a flip keeps the global balance), and half of the unbalanced groups the swaps could not move (no
-    partner of their size, or every unbalanced group of their size holds the same vector): the class counts are
-    kept exactly unless such groups exist. Samples of one group therefore
+    flipped (a flip keeps the global balance), and half of the other groups, the half whose flips keep the class
+    counts closest. Samples of one group therefore
     still share one "control identity", but what a held-out group's label is cannot be predicted from the
     inputs. K > 2 classes: instead of the flip, every
     group's labels are shifted cyclically (class index c -> c + s mod K) by its own s, the shifts 0..K-1 dealt
@@ -287,32 +286,27 @@ def permute_labels_by_group(y, groups, rng) -> np.ndarray:
         flip = {classes[0]: classes[1], classes[1]: classes[0]}
         balanced = [g for g in uniq
                     if np.sum(out[members[g]] == classes[0]) == np.sum(out[members[g]] == classes[1])]
-        # Then half of the unbalanced groups the swaps could not move: those with no partner of their size, or whose
-        # size's unbalanced groups all hold one label vector (they would keep their true labels, and the control
-        # would read them). A flip there moves the class counts, so only there: where a size's unbalanced groups
-        # differ (single-label groups of both labels; 80/20 singletons), the swaps already randomize which group
-        # gets which vector and keep the counts exactly (flipping half of them pulled an 80/20 control to 50/50:
-        # selectivity +0.34 on features without information). Drawn after the balanced groups', so tasks whose
-        # groups are all balanced (every built-in task's pairs) get the same control labels as before.
+        # Then half of the other groups: a group with no partner of its size and unequal counts (or partners whose
+        # label vectors are all alike, or a swap that drew its own vector, likely with few groups a size) would keep
+        # its true labels, and the control would read them. A flip there moves the class counts, so which half is
+        # chosen to keep them closest (trades only: a [0, 0, 0] group flipped beside a [1, 1, 1] one keeps them;
+        # flipping a random half pulled an 80/20 control to ~50/50 and read selectivity +0.34 on noise). Drawn after
+        # the balanced groups', so tasks whose groups are all balanced (every built-in task's pairs) get the same
+        # control labels as before.
         in_balanced = set(balanced)
         unbalanced = [g for g in uniq if g not in in_balanced]
-        vectors: dict[int, set] = {}
-        for g in unbalanced:
-            vectors.setdefault(len(members[g]), set()).add(tuple(out[members[g]].tolist()))
-        stuck = [g for g in unbalanced if len(vectors[len(members[g])]) == 1]
-        for pool in (balanced, stuck):
+        for pool in (balanced, unbalanced):
             if not pool:
                 continue
             n_flip = len(pool) // 2 + (int(rng.random() < 0.5) if len(pool) % 2 else 0)
             flipped = np.zeros(len(pool), dtype=int)
             flipped[rng.permutation(len(pool))[:n_flip]] = 1
-            if pool is stuck:  # which half: the one whose flips keep the class counts closest (a [0, 0, 0] group
-                # flipped beside a [1, 1, 1] one keeps them), as the K > 2 shifts do
+            if pool is unbalanced:
                 index = np.searchsorted(classes, out)
                 counts = [np.bincount(index[members[g]], minlength=2) for g in pool]  # [2] each, before a flip
                 fixed = np.bincount(index, minlength=2) - sum(counts)  # every other group's, which stay
                 flipped = _count_keeping(flipped, counts, np.bincount(np.searchsorted(classes, y), minlength=2)
-                                         - fixed, rng)
+                                         - fixed, rng, trades_only=True)
             for g, f in zip(pool, flipped):
                 if f:
                     idx = members[g]
@@ -329,13 +323,14 @@ def permute_labels_by_group(y, groups, rng) -> np.ndarray:
     return out
 
 
-def _count_keeping(shifts, counts, target, rng, tries_per_group: int = 50):
+def _count_keeping(shifts, counts, target, rng, tries_per_group: int = 50, trades_only: bool = False):
     """Move the groups' shifts (trade two groups' shifts, or give one group another shift while every shift is
     still dealt within one of n / K times) while that brings the control labels' class counts closer to the true
     labels' (`target`): a probe that learns nothing scores the share of the class its tie goes to, so unequal
     counts bias selectivity (-0.07 .. +0.02 on shell_game / s5 at 96 pairs, whose true labels are balanced).
     Random moves, accepted when the L1 distance falls; stops at 0 or after `tries_per_group` moves per group.
-    `counts[g]` [k]: group g's label counts before its shift."""
+    `counts[g]` [k]: group g's label counts before its shift. `trades_only`: the deal stays exactly as given (the
+    binary flips of groups the swaps cannot move: half of them flipped, only which half chosen)."""
     k, n = len(target), len(shifts)
     shifts = np.array(shifts)
     rolled = [np.stack([np.roll(c, s) for s in range(k)]) for c in counts]  # [k shifts, k classes] per group
@@ -350,7 +345,7 @@ def _count_keeping(shifts, counts, target, rng, tries_per_group: int = 50):
         if a != b and sa != sb:  # a trade: the deal as it was
             new = total - rolled[a][sa] - rolled[b][sb] + rolled[a][sb] + rolled[b][sa]
             moved = {a: sb, b: sa}
-        elif s != sa and dealt[sa] > lo and dealt[s] < hi:  # one group's shift, the deal kept near even
+        elif not trades_only and s != sa and dealt[sa] > lo and dealt[s] < hi:  # one group's shift, near even
             new = total - rolled[a][sa] + rolled[a][s]
             moved = {a: s}
         else:
