@@ -427,3 +427,12 @@ def test_mediation_takes_a_task_file_and_a_generator(tmp_path):
     r = _cli("--model", str(tmp_path / "m"), "--mediation-only", "--mediation-task", "nope.jsonl", "--out",
              str(tmp_path / "x"))
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: --mediation-task: task file")
+    # a task file's N by default (the built-in default 8 was refused after the model loaded); another N, at once
+    out = tmp_path / "file_default_n"
+    r = _cli("--model", str(tmp_path / "m"), "--mediation-only", "--mediation-task", str(data / "last_write.jsonl"),
+             "--mediation-spec", "3:1:0.5:convex", "--mediation-pairs", "12", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((out / "results.json").read_text())["mediation"]["n_distractors"] == 1
+    r = _cli("--model", str(tmp_path / "m"), "--mediation-only", "--mediation-task", str(data / "last_write.jsonl"),
+             "--mediation-distractors", "7", "--out", str(tmp_path / "y"))
+    assert r.returncode == 2 and "task file" in r.stderr and "has N = 1, 2" in r.stderr, r.stderr

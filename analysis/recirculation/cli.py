@@ -123,8 +123,9 @@ def parse_args(argv=None):
                         "K - 1)")
     p.add_argument("--mediation-pairs", type=int_in(1, MAX_PAIRS), default=16,
                    help=f"sample pairs of (f) (half the groups held out), 1..{MAX_PAIRS}")
-    p.add_argument("--mediation-distractors", type=int_in(0, MAX_DISTRACTORS), default=8,
-                   help=f"distractor lines per prompt in (f), 0..{MAX_DISTRACTORS}")
+    p.add_argument("--mediation-distractors", type=int_in(0, MAX_DISTRACTORS), default=None,
+                   help=f"distractor lines per prompt in (f), 0..{MAX_DISTRACTORS} (default 8; a task file: its "
+                        "first N)")
     p.add_argument("--targeted", action="store_true",
                    help="run the targeted-vs-uniform experiment (g) as well: at each --targeted-alphas, "
                         "recirculation at every real column (uniform) vs at the key token's column only (targeted: "
@@ -219,6 +220,15 @@ def main(argv=None):
         a.mediation_source = resolve_task(a.mediation_task)
     except UserError as e:
         raise UserError(f"--mediation-task: {e}") from None
+    src = a.mediation_source
+    if src.fixed:  # a task file: its own N values (known without running anything), checked before a model loads
+        if a.mediation_distractors is None:
+            a.mediation_distractors = src.default_distractors[0]
+        elif a.mediation_distractors not in src.default_distractors:
+            raise UserError(f"--mediation-distractors {a.mediation_distractors}: task file {src.spec} has N = "
+                            f"{', '.join(map(str, src.default_distractors))}")
+    elif a.mediation_distractors is None:
+        a.mediation_distractors = 8
     if a.mediation_spec:
         parse_recirculate(a.mediation_spec)  # syntax and alpha now; the depths once the model is known
     if a.mediation_only and a.targeted_only:
