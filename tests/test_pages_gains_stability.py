@@ -112,28 +112,28 @@ def test_stability_refuses_a_model_without_fusion_before_computing(tiny_ckpt, tm
     plain = tmp_path / "plain"
     FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=1, d_model=16, n_heads=2, n_kv_heads=1),
                                 fusion=False, seed=0).save_pretrained(plain, tokenizer=tok)
-    stability = _no_compute(monkeypatch)
-    with pytest.raises(SystemExit) as e:
-        stability.main(["--models", f"{tiny_ckpt},{plain}", "--tasks", "memory", "--passes", "2", "--n-pairs", "2",
-                        "--distractors", "2", "--out", str(tmp_path / "s")])
-    err = capsys.readouterr().err
-    assert e.value.code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "no fusion module" in lines[0] and str(plain) in lines[0], err
+    line = _refused_before_computing(monkeypatch, capsys, f"{tiny_ckpt},{plain}", "memory", tmp_path / "s")
+    assert "no fusion module" in line and str(plain) in line
     assert not (tmp_path / "s" / "stability.json").exists() and not (tmp_path / "s" / "stability.html").exists()
 
 
 def test_stability_refuses_a_tokenizer_without_the_task_before_computing(tiny_ckpt, tmp_path, capsys, monkeypatch):
     # the shipped tiny-fbt's tokenizer knows completion / memory / multi_register, not parity: the first model's
     # curve was computed before the second was refused
+    line = _refused_before_computing(monkeypatch, capsys, f"{tiny_ckpt},tiny-fbt", "parity", tmp_path / "s")
+    assert "does not know every word of the parity task" in line
+
+
+def _refused_before_computing(monkeypatch, capsys, models: str, task: str, out) -> str:
+    """analysis.stability on `models` with every computation refused: its one error line (exit 2)."""
     stability = _no_compute(monkeypatch)
     with pytest.raises(SystemExit) as e:
-        stability.main(["--models", f"{tiny_ckpt},tiny-fbt", "--tasks", "parity", "--passes", "2", "--n-pairs", "2",
-                        "--distractors", "2", "--out", str(tmp_path / "s")])
+        stability.main(["--models", models, "--tasks", task, "--passes", "2", "--n-pairs", "2", "--distractors", "2",
+                        "--out", str(out)])
     err = capsys.readouterr().err
-    assert e.value.code == 2, err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and "does not know every word of the parity task" in lines[0], err
+    assert e.value.code == 2 and len(lines) == 1, err
+    return lines[0]
 
 
 # ----- 3. the summary prints each k once -----------------------------------------------------------------------
