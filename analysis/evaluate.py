@@ -327,7 +327,7 @@ def main(argv=None):
         model_dir(a.model)  # an unknown model is refused before a task's own code runs
         load_tasks(tasks)  # every other argument checked: a module:function task's code may run now
         ns = distractors_for(tasks, a.distractors)
-        from tasks import dataset_fingerprint
+        from tasks import dataset_fingerprint, prompt_prefix_tokens
 
         # every dataset can be made (the tokenizer checks need the model's); their fingerprints go into meta.datasets
         datasets = [{"task": src.name, "n_distractors": n, "n_samples": len(samples),
@@ -354,7 +354,7 @@ def main(argv=None):
         meta = {"model": a.model, "weights_sha256": weights_hash(model), "config_sha256": config_hash(model),
                 "n_pairs": asked,
                 "seed": a.seed, "modes": a.modes, "wall_s": round(wall, 1), "device": str(placement.torch_device),
-                "dtype": placement.dtype,
+                "dtype": placement.dtype, "prompt_prefix": prompt_prefix_tokens(tok),
                 "ci": "ci_low/ci_high: 95% Wilson score interval of accuracy over the cell's n_samples"}
         meta["datasets"] = datasets
         if a.tokenizer is not None:

@@ -28,7 +28,7 @@ from analysis.evaluate import EVAL_SEED, parse_tasks
 from engine.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
 from models.loading import load_model, model_dir
 from probes.depth_curves import PALETTE
-from tasks import ALL_TASKS, TASKS, make_dataset, tokenize_samples
+from tasks import ALL_TASKS, TASKS, make_dataset, prompt_ids, prompt_prefix, tokenize_samples
 
 MAX_DISTRACTORS = 1024  # fused-k passes are full-width: quadratic in the prompt
 
@@ -38,7 +38,8 @@ def task_ids(tok, task: str, n: int, n_pairs: int) -> tuple[torch.Tensor, torch.
     tokenizer that cannot spell the task, before any model runs."""
     samples = make_dataset(task, n_pairs=n_pairs, n_distractors=n, seed=EVAL_SEED)
     _, samples = tokenize_samples(samples, tok)  # validates the words and the shared final token
-    seqs = [tok(s.full_text, add_special_tokens=False)["input_ids"] for s in samples]
+    prefix = prompt_prefix(tok)  # a BOS, where the tokenizer puts one before a text
+    seqs = [prompt_ids(tok, s.full_text, prefix) for s in samples]
     return pad_left(seqs, tok.pad_token_id)
 
 

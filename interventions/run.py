@@ -278,7 +278,7 @@ def main(argv=None) -> int:
     from engine.modes import parse_mode
     from models.fingerprint import config_hash, weights_hash
     from stats.linear import ProbeConfig
-    from tasks import copies_across_groups, dataset_fingerprint, probe_labels, resolve_task
+    from tasks import copies_across_groups, dataset_fingerprint, probe_labels, prompt_prefix_tokens, resolve_task
     from tasks.samples import ANSWER_PROBE_LABEL
 
     from .progress import Progress
@@ -489,6 +489,7 @@ def main(argv=None) -> int:
                        "das": None if das_cfg is None else {**das_cfg.to_dict(), "site": list(das_site)},
                        "attribution": bool(args.attribution), "attribution_ig": args.attribution_ig,
                        "device": str(ctx.device), "dtype": placement.dtype,
+                       "prompt_prefix": prompt_prefix_tokens(tok),
                        "command": command_text("python -m interventions.run", argv)},
             "dataset": {"fingerprint": dataset_fingerprint(samples), "n_samples": batch.size,
                         "n_pairs": n_pairs_used, "n_groups": int(len(set(batch.groups.tolist()))),

@@ -200,6 +200,16 @@ def collect_activations(model: FullBandwidthLM, token_ids: list[list[int]], mode
 # ----------------------------------------------------------------------------------------------------------
 # cache keys and the on-disk cache
 # ----------------------------------------------------------------------------------------------------------
+def tokenization_hash(tokenizer) -> str:
+    """``tokenizer_hash``, and the prompts' special prefix (``tasks.prompt_prefix``, a BOS) where there is one:
+    prompts were tokenized without it before, so a tokenizer that adds one shares no cache entry and no run with
+    those; every other tokenizer keeps its keys."""
+    from tasks import prompt_prefix
+
+    prefix = prompt_prefix(tokenizer)
+    return tokenizer_hash(tokenizer) + (f"+prefix{prefix}" if prefix else "")
+
+
 def cache_key(weights: str, config: str, dataset: str, tokenizer: str, mode: str) -> str:
     blob = json.dumps({"collect_version": COLLECT_VERSION, "weights": weights, "config": config, "dataset": dataset,
                        "tokenizer": tokenizer, "mode": parse_mode(mode).name, "position": POSITION},
@@ -256,7 +266,7 @@ def collect_with_cache(collector: Collector, token_ids, samples, modes, tokenize
     keys = {}
     if cache is not None:
         weights = weights or weights_hash(collector.model)
-        ds, tk, cfg = dataset_fingerprint(samples), tokenizer_hash(tokenizer), config_hash(collector.model)
+        ds, tk, cfg = dataset_fingerprint(samples), tokenization_hash(tokenizer), config_hash(collector.model)
         for m in modes:
             keys[m] = cache_key(weights, cfg, ds, tk, m)
             hit = cache.get(keys[m], shape)

@@ -202,7 +202,8 @@ def main(argv=None):
             raise UserError(f"{task} N={n} with {size}: {e}") from None
         datasets[n] = samples
 
-    from models.fingerprint import config_hash, tokenizer_hash, weights_hash
+    from models.fingerprint import config_hash, weights_hash
+    from probes.collect import tokenization_hash
 
     model, tok, loaded_name = load_model(args.model, placement)
     # A path ending in '..' (or '.') names no folder: derive the name from the resolved path instead.
@@ -235,7 +236,7 @@ def main(argv=None):
     out = out_arg if out_arg is not None else output_dir(default_output(model_name, task), "--out")
     run_sig = {"task": task, "model": model_name, "weights": w_hash, "config": config_hash(model), "modes": modes,
                "distractors": distractors, "n_pairs": n_pairs, "seed": args.seed, "probe": config.to_dict(),
-               "tokenizer": tokenizer_hash(tok)}
+               "tokenizer": tokenization_hash(tok)}
     if not source.builtin:
         run_sig["task_source"] = source.describe()
     if args.erase is not None:  # only when used: a plain run keeps the signature of earlier plain runs
@@ -267,7 +268,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
 
     from common.io import DirLock
     from probes.collect import ActivationCache, Collector, collect_with_cache, save_activations
-    from tasks import TASKS, probe_labels
+    from tasks import TASKS, probe_labels, prompt_prefix_tokens
     from tasks.samples import ANSWER_PROBE_LABEL
 
     main_rank = procs.is_main
@@ -350,6 +351,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
                       "d_model": model.d_model, "fusion": model.has_fusion, "weights_sha256": w_hash},
             "datasets": ds_meta,
             "tokenizer_sha256": run_sig["tokenizer"],
+            "prompt_prefix": prompt_prefix_tokens(tok),
             "versions": _versions(),
             "seed": args.seed,
             "probe": config.to_dict(),

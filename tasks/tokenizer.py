@@ -86,8 +86,47 @@ def dedicated_pad_id(tokenizer) -> int | None:
     return pad
 
 
+def prompt_prefix(tokenizer) -> list[int]:
+    """The special ids the tokenizer puts before a text by default (as ``tokenizer(text)`` does): a Llama's or
+    Gemma's BOS; none for SmolLM2, GPT-2, Qwen3 and the task tokenizer. Every prompt starts with them, so that a
+    model reads its prompts as it read its training text (Gemma without its BOS is known to degrade). What a
+    tokenizer puts after a text (an EOS) is not taken: a prompt is continued."""
+    prefix = None
+    for probe in ("0", "a b"):  # two texts: a prefix is whatever both get before their own tokens
+        try:
+            full = list(tokenizer(probe)["input_ids"])
+            bare = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
+        except (TypeError, ValueError, NotImplementedError):  # a stand-in without special tokens
+            return []
+        at = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), None)
+        if not bare or at is None:
+            return []
+        prefix = full[:at] if prefix is None or prefix == full[:at] else []
+    special = set(getattr(tokenizer, "all_special_ids", None) or ())
+    return prefix if prefix and all(i in special for i in prefix) else []
+
+
+def prompt_prefix_tokens(tokenizer) -> list[str]:
+    """``prompt_prefix`` as token strings (what the results record: ``["<s>"]``, or ``[]``)."""
+    prefix = prompt_prefix(tokenizer)
+    return list(tokenizer.convert_ids_to_tokens(prefix)) if prefix else []
+
+
+def prompt_ids(tokenizer, text: str, prefix: list[int] | None = None) -> list[int]:
+    """The ids a text is run on: ``prompt_prefix`` (given, or asked of the tokenizer), then the text's tokens."""
+    prefix = prompt_prefix(tokenizer) if prefix is None else prefix
+    return _with_prefix(prefix, list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+
+
+def _with_prefix(prefix: list[int], row: list[int]) -> list[int]:
+    """The prefix, then the text's tokens; once: a text that writes it out itself (a task file's "<s> ...") starts
+    with it already."""
+    return row if row[:len(prefix)] == prefix else prefix + row
+
+
 def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]:
-    """Token ids of each prompt (no special tokens) and the samples with ``n_tokens`` filled.
+    """Token ids of each prompt (``prompt_prefix``, then the text's tokens) and the samples with ``n_tokens``
+    filled (the prefix included).
 
     Raises ``UserError`` unless every prompt ends with the same final token id: the layer-0 chance
     guarantee of docs/design.md (Tasks) rests on it, and some tokenizers merge ":" with the preceding word.
@@ -100,7 +139,7 @@ def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]
     if not samples:
         raise UserError("empty dataset: no samples to tokenize")
     enc = tokenizer([s.text for s in samples], add_special_tokens=False)
-    ids = [list(x) for x in enc["input_ids"]]
+    ids = [list(x) for x in enc["input_ids"]]  # the texts' own tokens: the checks below read these
     name = _tokenizer_name(tokenizer)
     for s, row in zip(samples, ids):
         if not row:
@@ -144,6 +183,8 @@ def tokenize_samples(samples, tokenizer) -> tuple[list[list[int]], list[Sample]]
             )
     if any(s.task in LANGUAGE_TASKS for s in samples):
         _check_one_token_pairs(samples, ids, name)
+    prefix = prompt_prefix(tokenizer)
+    ids = [_with_prefix(prefix, row) for row in ids]
     out = [dataclasses.replace(s, n_tokens=len(row)) for s, row in zip(samples, ids)]
     return ids, out
 
@@ -166,9 +207,10 @@ def _check_one_token_pairs(samples, ids, name: str) -> None:
 
 
 def key_token_positions(samples, tokenizer) -> list[int]:
-    """The token index (0-based, within the unpadded prompt) of each sample's key word (``Sample.key_char``,
-    tasks.language): the token whose characters hold the key word's first character. UserError for samples
-    without a key (the synthetic tasks) or a tokenizer without character offsets."""
+    """The token index (0-based, within the unpadded prompt as ``tokenize_samples`` gives it, its
+    ``prompt_prefix`` included) of each sample's key word (``Sample.key_char``, tasks.language): the token whose
+    characters hold the key word's first character. UserError for samples without a key (the synthetic tasks) or
+    a tokenizer without character offsets."""
     samples = list(samples)
     missing = [s for s in samples if s.key_char is None]
     if missing:
@@ -179,15 +221,16 @@ def key_token_positions(samples, tokenizer) -> list[int]:
     except (NotImplementedError, TypeError, ValueError):
         raise UserError(f"tokenizer {_tokenizer_name(tokenizer)!r} gives no character offsets: key tokens need a "
                         "fast tokenizer") from None
-    out = []
-    for s, offsets in zip(samples, enc["offset_mapping"]):
+    out, prefix = [], prompt_prefix(tokenizer)
+    for s, offsets, row in zip(samples, enc["offset_mapping"], enc["input_ids"]):
+        skip = len(_with_prefix(prefix, list(row))) - len(row)  # the prefix tokenize_samples puts before the text
         # The first token that ends past the key's first character (a leading-space token starts before it).
         j = next((k for k, (a, b) in enumerate(offsets) if b > s.key_char and a <= s.key_char), None)
         if j is None:
             j = next((k for k, (a, b) in enumerate(offsets) if b > s.key_char), None)
         if j is None:
             raise UserError(f"the key word of {s.task} pair {s.pair_id} lies past the end of its tokens")
-        out.append(j)
+        out.append(skip + j)
     return out
 
 
