@@ -363,14 +363,17 @@ def _count_keeping(shifts, counts, target, rng, tries_per_group: int = 50, trade
 class _Plan:
     """Outer and inner splits for one (labels, groups), computed once and shared by every depth."""
 
-    def __init__(self, y, groups, config, outer=None):
+    def __init__(self, y, groups, config, outer=None, single_class_ok: bool = False):
         if outer is None:
             cv = StratifiedGroupKFold(n_splits=config.n_splits, shuffle=True, random_state=config.random_state)
             outer = list(cv.split(np.zeros(len(y)), y, groups))
         self.outer = []
         for tr, te in outer:
             if len(np.unique(y[tr])) < 2:
-                raise UserError("a training fold has a single class: too few groups per label for grouped CV")
+                if not single_class_ok:
+                    raise UserError("a training fold has a single class: too few groups per label for grouped CV")
+                self.outer.append((tr, te, None))
+                continue
             self.outer.append((tr, te, _inner_splits(y[tr], groups[tr], config)))
 
 
@@ -378,8 +381,10 @@ def _outer_predictions(X, y, groups, config, plan):
     pred = np.empty_like(y)
     folds = []
     for tr, te, inner in plan.outer:
-        probe = LinearProbe(config).fit(X[tr], y[tr], groups[tr], _inner=inner)
-        pred[te] = probe.predict(X[te])
+        if len(np.unique(y[tr])) == 1:  # the control's only (see grouped_cv_scores): it predicts the one class seen
+            pred[te] = y[tr][0]
+        else:
+            pred[te] = LinearProbe(config).fit(X[tr], y[tr], groups[tr], _inner=inner).predict(X[te])
         folds.append(float(np.mean(pred[te] == y[te])))
     return pred, folds
 
@@ -427,7 +432,10 @@ def grouped_cv_scores(Xs, y, groups, config: ProbeConfig = ProbeConfig()) -> lis
     y_ctrl = y.copy()
     for _, te, _ in plan.outer:
         y_ctrl[te] = permute_labels_by_group(y[te], groups[te], rng)
-    plan_c = _Plan(y_ctrl, groups, config, outer=[(tr, te) for tr, te, _ in plan.outer])
+    # A control training fold may hold one class (few groups per fold, each of one label: a test fold of two such
+    # groups flips one of them): its probe predicts that class, as a probe trained on labels that say nothing
+    # would; refusing there refused valid input.
+    plan_c = _Plan(y_ctrl, groups, config, outer=[(tr, te) for tr, te, _ in plan.outer], single_class_ok=True)
     boot = ClusterBootstrap(groups, config.n_boot, config.random_state)  # the same resamples for every X
     n_rep = boot.sums(np.ones(len(y)))[1]
     out = []
