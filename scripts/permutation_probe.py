@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     from engine.prefill import pad_left, prefill_many
     from models.loading import load_model
     from stats.linear import ProbeConfig
-    from tasks import make_dataset
+    from tasks import make_dataset, prompt_ids, prompt_prefix
     from tasks.groups import N_CUPS, permutation_index, running_permutations
 
     mode = parse_mode(args.mode).name
@@ -93,10 +93,11 @@ def main(argv=None) -> int:
     L = model.n_layers
     depths = sorted({0, L // 2, L})
     fed, resid = [], []
+    lead = prompt_prefix(tok)  # a BOS first, where the tokenizer puts one before a text (as every command)
     with torch.no_grad():
         for i in range(0, len(samples), args.batch_size):
             part = samples[i:i + args.batch_size]
-            ids, mask = pad_left([tok(s.text, add_special_tokens=False)["input_ids"] for s in part], tok.pad_token_id)
+            ids, mask = pad_left([prompt_ids(tok, s.text, lead) for s in part], tok.pad_token_id)
             r = prefill_many(model, ids, mask, [mode], positions=(-2, -1), collect=True)[mode]
             fed.append(r.top[:, 0].double().numpy())  # the top state of T-1: what the fusion at T reads
             resid.append(r.resid[:, 1][:, depths].double().numpy())  # [b, |depths|, D] at T

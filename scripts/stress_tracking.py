@@ -96,14 +96,15 @@ def accuracy(model, tok, task: str, texts, labels, mode: str, batch_size: int) -
     import torch
 
     from engine.prefill import prefill_many
-    from tasks.tokenizer import label_token_ids
+    from engine.inputs import pad_left
+    from tasks.tokenizer import label_token_ids, prompt_ids, prompt_prefix
 
     ids = torch.tensor(label_token_ids(tok, task))
-    tok.padding_side = "left"
+    lead = prompt_prefix(tok)  # a BOS first, where the tokenizer puts one before a text (as every command)
     right = 0
     for i in range(0, len(texts), batch_size):
-        enc = tok(texts[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-        out = prefill_many(model, enc["input_ids"], enc["attention_mask"], (mode,), positions=(-1,))[mode]
+        batch, mask = pad_left([prompt_ids(tok, t, lead) for t in texts[i:i + batch_size]], tok.pad_token_id)
+        out = prefill_many(model, batch, mask, (mode,), positions=(-1,))[mode]
         pred = out.logits[:, -1, ids].argmax(-1).tolist()
         right += sum(p == y for p, y in zip(pred, labels[i:i + batch_size]))
     return right / len(texts)

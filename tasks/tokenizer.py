@@ -90,20 +90,41 @@ def prompt_prefix(tokenizer) -> list[int]:
     """The special ids the tokenizer puts before a text by default (as ``tokenizer(text)`` does): a Llama's or
     Gemma's BOS; none for SmolLM2, GPT-2, Qwen3 and the task tokenizer. Every prompt starts with them, so that a
     model reads its prompts as it read its training text (Gemma without its BOS is known to degrade). What a
-    tokenizer puts after a text (an EOS) is not taken: a prompt is continued."""
-    prefix = None
-    for probe in ("0", "a b"):  # two texts: a prefix is whatever both get before their own tokens
+    tokenizer puts after a text (an EOS) is not taken: a prompt is continued.
+
+    Read off texts the tokenizer can spell (two short texts, then a few of its own words; one it cannot spell is
+    skipped): the ids before the text's own tokens, each marked special by the tokenizer (its
+    ``special_tokens_mask``: a BOS its config does not name counts). Texts that disagree give none."""
+    found = None
+    for probe in _probe_texts(tokenizer):
         try:
-            full = list(tokenizer(probe)["input_ids"])
-            bare = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
-        except (TypeError, ValueError, NotImplementedError):  # a stand-in without special tokens
-            return []
+            enc = tokenizer(probe, return_special_tokens_mask=True)
+            full, bare = list(enc["input_ids"]), list(tokenizer(probe, add_special_tokens=False)["input_ids"])
+        except Exception:  # noqa: BLE001 - a text it cannot spell (tokenizers raise a bare Exception), a stand-in
+            continue
         at = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), None)
         if not bare or at is None:
+            continue
+        mask = enc.get("special_tokens_mask")
+        special = set(getattr(tokenizer, "all_special_ids", None) or ())
+        if not all((mask[i] == 1) if mask is not None else (full[i] in special) for i in range(at)):
+            return []  # ids before the text that are words of it: not a prefix this function knows
+        if found is not None and found != full[:at]:
             return []
-        prefix = full[:at] if prefix is None or prefix == full[:at] else []
-    special = set(getattr(tokenizer, "all_special_ids", None) or ())
-    return prefix if prefix and all(i in special for i in prefix) else []
+        found = full[:at]
+    return found or []
+
+
+def _probe_texts(tokenizer) -> list[str]:
+    """Texts to read the prefix off: two short ones, then up to 8 of the tokenizer's own plain words."""
+    texts = ["0", "a b"]
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001 - a stand-in without a vocabulary
+        vocab = {}
+    special = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    words = sorted((w for w in vocab if w.isalnum() and w not in special), key=lambda w: (vocab[w], w))
+    return texts + words[:8]
 
 
 def prompt_prefix_tokens(tokenizer) -> list[str]:

@@ -127,3 +127,58 @@ def test_a_text_that_writes_the_prefix_out_gets_it_once():
     written = [dataclasses.replace(s, text="<s> " + s.text) for s in samples]
     assert tokenize_samples(written, tok)[0] == ids
     assert prompt_ids(tok, written[0].text) == ids[0] == prompt_ids(tok, samples[0].text)
+
+
+@pytest.mark.parametrize("preset", ["tiny-fbt", "tiny-fbt-track"])
+def test_training_rows_read_samples_as_analysis_does(preset):
+    """training.train --base on a BOS tokenizer: every sample of a training row starts with the BOS, as every analysis
+    command reads its prompts, once, and the targets stay on the answer (the row's last real token, predicted at the
+    column before it); the task tokenizer's rows hold no BOS."""
+    from training.data import make_batches
+    from training.presets import get_preset
+
+    cfg = get_preset(preset)
+    tok, plain = bos_tokenizer(), build_tokenizer()
+    bos, newline = tok.bos_token_id, plain("\n", add_special_tokens=False)["input_ids"][0]
+    for b in make_batches(cfg, tok, 3):
+        for r in range(b.ids.shape[0]):
+            row = b.ids[r].tolist()
+            if cfg.packing:  # a stream of samples, each "<s> text answer\n"
+                at = [j for j, t in enumerate(row) if t == bos]
+                assert at[0] == 0 and all(row[j - 1] == newline for j in at[1:])  # after every sample's newline
+                assert len(at) - int(b.label_pos[r].sum()) in (0, 1)  # one per sample (the last may lose its answer)
+            else:  # one sample per row, right-padded
+                n = int((b.ids[r] != tok.pad_token_id).sum())
+                assert row[0] == bos and row.count(bos) == 1 and bool(b.label_pos[r, n - 1])
+                if b.dense is not None:
+                    assert b.dense[r, n - 2] == row[n - 1]  # the prompt's last token predicts the answer
+    assert all(bos not in b.ids.tolist() for b in make_batches(cfg, plain, 3))
+
+
+def test_prefix_of_a_tokenizer_that_cannot_spell_the_probe_texts_or_does_not_name_its_bos(tmp_path):
+    """A word-level tokenizer without an unk token raises on words it does not know ("a b"): the prefix is read off
+    texts it can spell. A tokenizer.json alone whose template puts <s> first loads with no named BOS
+    (all_special_ids empty): its special-tokens mask still marks it."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from models.tokenizers import load_tokenizer_dir
+    from tasks.tokenizer import _SPLIT_PATTERN, _vocab
+
+    vocab = {w: i for i, w in enumerate(w for w in _vocab() if w != "[UNK]")}
+    vocab["<s>"] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab))  # no unk token
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="removed", invert=True)
+    backend.add_special_tokens(["<s>"])
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", pad_token="[PAD]")
+    with pytest.raises(Exception):
+        tok("a b")
+    samples = make_dataset("memory", 2, 2, seed=0)
+    assert prompt_prefix(tok) == [vocab["<s>"]]
+    assert tokenize_samples(samples, tok)[0] == [tok(s.text)["input_ids"] for s in samples]
+
+    backend.save(str(tmp_path / "tokenizer.json"))  # no tokenizer_config.json: <s> is named nowhere
+    unnamed = load_tokenizer_dir(tmp_path)
+    assert unnamed.bos_token is None and vocab["<s>"] not in unnamed.all_special_ids
+    assert prompt_prefix(unnamed) == [vocab["<s>"]] == unnamed(samples[0].text)["input_ids"][:1]

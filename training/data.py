@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from common.errors import UserError
-from tasks import label_token_ids, make_dataset
+from tasks import label_token_ids, make_dataset, prompt_ids, prompt_prefix
 from tasks.samples import GROUP_TASKS, REGISTERS, TRACKING_TASKS, WRITES_CHOICES
 from tasks.tracking import tracker, tracking_pairs
 from training.config import REGISTER_LEVELS, TrainConfig
@@ -138,6 +138,7 @@ def make_batch(cfg: TrainConfig, tok, step: int) -> Batch:
     ns, p_n = _n_mixture(cfg, step)
     seq_len = min(cfg.seq_len, cfg.curriculum_seq_len) if step < cfg.curriculum_steps else cfg.seq_len
     newline = tok("\n", add_special_tokens=False)["input_ids"]
+    lead = prompt_prefix(tok)  # a BOS before each sample, where the tokenizer puts one before a text
     rows = max(1, cfg.batch_tokens // seq_len)
     ids = torch.empty(rows, seq_len, dtype=torch.long)
     label_pos = torch.zeros(rows, seq_len, dtype=torch.bool)
@@ -148,7 +149,7 @@ def make_batch(cfg: TrainConfig, tok, step: int) -> Batch:
             n = int(rng.choice(ns, p=p_n))
             registers, writes = _register_level(cfg, step, rng) if task == "multi_register" else (len(REGISTERS), None)
             sample = _training_pair(cfg, task, n, rng, writes=writes, registers=registers)[int(rng.integers(2))]
-            toks = tok(sample.full_text, add_special_tokens=False)["input_ids"]
+            toks = prompt_ids(tok, sample.full_text, lead)  # each sample as analysis reads it
             labels.append(len(stream) + len(toks) - 1)
             stream += toks + newline
         ids[r] = torch.as_tensor(stream[:seq_len])
@@ -177,6 +178,7 @@ def make_batches(cfg: TrainConfig, tok, step: int) -> list[Batch]:
     ns, p_n = _n_mixture(cfg, step)
     k, warm = _passes(cfg, step, rng)
     pad = tok.pad_token_id or 0
+    lead = prompt_prefix(tok)  # a BOS before each sample, where the tokenizer puts one before a text
     out = []
     shares = np.array(cfg.task_weights or [1.0] * len(cfg.tasks))
     shares = shares / shares.sum()
@@ -189,7 +191,7 @@ def make_batches(cfg: TrainConfig, tok, step: int) -> list[Batch]:
             pair = _training_pair(cfg, task, n, rng, writes=writes, reads=reads, registers=registers)
             chosen = pair if cfg.pairs else [pair[int(rng.integers(2))]]
             samples += chosen
-            seqs += [tok(s.full_text, add_special_tokens=False)["input_ids"] for s in chosen]
+            seqs += [prompt_ids(tok, s.full_text, lead) for s in chosen]
             if sum(map(len, seqs)) + len(seqs[-1]) * len(chosen) > cfg.batch_tokens * share:
                 break
         T = max(map(len, seqs))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from engine.prefill import pad_left, prefill_many
-from tasks import TRACKING_TASKS, label_token_ids, make_dataset
+from tasks import TRACKING_TASKS, label_token_ids, make_dataset, prompt_ids, prompt_prefix
 from training.config import TrainConfig
 
 
@@ -12,7 +12,8 @@ from training.config import TrainConfig
 def label_accuracy(model, tok, task: str, n: int, modes, n_pairs: int = 32, seed: int = 10_000) -> dict:
     """Label accuracy at the final position per prefill mode (argmax over the two label words)."""
     samples = make_dataset(task, n_pairs=n_pairs, n_distractors=n, seed=seed)
-    seqs = [tok(s.text, add_special_tokens=False)["input_ids"] for s in samples]
+    prefix = prompt_prefix(tok)  # as analysis.evaluate reads them: a BOS first, if the tokenizer adds one
+    seqs = [prompt_ids(tok, s.text, prefix) for s in samples]
     ids, mask = pad_left(seqs, tok.pad_token_id)
     dev = next(model.parameters()).device
     words = label_token_ids(tok, task)
