@@ -146,7 +146,9 @@ def loop_r(lp: dict) -> int | None:
         m = parse_mode(lp["mode"])
     except UserError:
         return None
-    return m.n if m.kind == "loop" else None
+    if m.loop_iterations is not None:
+        return m.loop_iterations
+    return m.adaptive_exit[0] if m.adaptive_exit is not None else None  # loop-R:TOL: at most R
 
 
 def probe_setting(probes: dict, causal: dict, names=("--probes", "--causal")) -> tuple[str, int]:

@@ -128,3 +128,17 @@ def test_preset_names_are_the_training_presets():
     from training.presets import PRESETS
 
     assert tuple(PRESETS) == PRESET_NAMES
+
+
+def test_nothing_outside_engine_branches_on_a_modes_kind():
+    """Issue 38: what a mode is lives in engine/ (engine.modes.Mode's properties); no other file asks a mode's kind
+    (`grep -rnE "\\.kind (==|in)"` outside engine/ finds nothing). analysis.where_state did, for a loop's R."""
+    import re
+
+    pattern = re.compile(r"\.kind (==|in)")
+    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not files:  # not a git checkout: every .py below the root but the virtual environment
+        files = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if ".venv" not in p.parts]
+    hits = [f"{f}:{i}" for f in files if not f.startswith("engine/")
+            for i, line in enumerate((ROOT / f).read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == []
