@@ -30,7 +30,9 @@ RECIRC_PREFIX = "recirc-"
 MAX_FUSED_PASSES = 1000
 MAX_RECURRENT_K = 100_000
 MAX_LOOP_ITERATIONS = 256  # models.looped.MAX_ITERATIONS
-_MODE_RE = re.compile(r"^(standard|recurrent-(\d+|full)|fused-(\d+)|loop-(\d+)(?::([0-9.eE+-]+))?)$")
+# Named groups: a new kind's alternative adds a group without renumbering the others.
+_MODE_RE = re.compile(r"^(?:(?P<standard>standard)|recurrent-(?P<recurrent>\d+|full)|fused-(?P<fused>\d+)"
+                      r"|loop-(?P<loop>\d+)(?::(?P<tol>[0-9.eE+-]+))?)$")
 HELP = "standard, recurrent-K, recurrent-full, fused-N, loop-R, loop-R:TOL or recirc-S:D:ALPHA[:convex|residual]"
 # analysis.evaluate's default --modes (here, below both, so that training.card can tell a default run apart)
 EVAL_MODES = "std,soft,fused,recurrent-full,fused-1..30"
@@ -144,30 +146,30 @@ def parse_mode(mode, n_layers: int | None = None) -> Mode:
     m = _MODE_RE.match(s)
     if not m:
         raise UserError(f"unknown prefill mode {mode!r} (use {HELP})")
-    if m.group(1) == "standard":
+    if m.group("standard"):
         return Mode("standard")
-    if m.group(2) is not None:
-        if m.group(2) == "full":
+    if m.group("recurrent") is not None:
+        if m.group("recurrent") == "full":
             return Mode("recurrent", None)
-        k = int(m.group(2))
+        k = int(m.group("recurrent"))
         if k > MAX_RECURRENT_K:
             raise UserError(f"mode {mode!r}: k must be <= {MAX_RECURRENT_K} (recurrent-full recomputes every "
                             "position)")
         return Mode("standard") if k == 0 else Mode("recurrent", k)
-    if m.group(4) is not None:
-        r = int(m.group(4))
+    if m.group("loop") is not None:
+        r = int(m.group("loop"))
         if not 1 <= r <= MAX_LOOP_ITERATIONS:
             raise UserError(f"mode {mode!r}: a loop runs 1..{MAX_LOOP_ITERATIONS} iterations")
-        if m.group(5) is None:
+        if m.group("tol") is None:
             return Mode("loop", r)
         try:
-            tol = float(m.group(5))
+            tol = float(m.group("tol"))
         except ValueError:
             tol = float("nan")
         if not 0 < tol < 1:  # NaN fails too
             raise UserError(f"mode {mode!r}: the exit threshold TOL must be a number in (0, 1) (a relative change)")
         return Mode("loop", r, tol=tol)
-    n = int(m.group(3))
+    n = int(m.group("fused"))
     if n > MAX_FUSED_PASSES:
         raise UserError(f"mode {mode!r}: at most {MAX_FUSED_PASSES} fused passes")
     return Mode("standard") if n == 0 else Mode("fused", n)

@@ -150,6 +150,15 @@ class Patcher:
         return c
 
     def check(self, p: Patch) -> None:
+        """Refuse (UserError) a patch this mechanism cannot apply: its own `check_site`, then a fed site the run
+        never reaches (the patch would be dropped and the clean logits returned as its effect: a new mechanism's
+        patcher gets this guard whatever its `check_site` says)."""
+        self.check_site(p)
+        if p.site in ("state", "fused") and p.pos not in self.fused_positions():
+            raise UserError(f"{self.mode.name} takes no fed state at {pos_name(p.pos)}: no {p.site} site there")
+
+    def check_site(self, p: Patch) -> None:
+        """The checks every mechanism shares (positions, depths, layers, heads); a subclass adds its own."""
         self.col(p)
         if p.site == "rresid":
             raise UserError(f"{self.mode.name} has no recirculation branch: the rresid site exists under "
@@ -204,8 +213,8 @@ class StandardPatcher(Patcher):
         self.positions = positions_from_mask(mask, self.T)
         self.clean = RunOut(out.logits[:, -1], out.top, resid)
 
-    def check(self, p):
-        super().check(p)
+    def check_site(self, p):
+        super().check_site(p)
         if p.site in ("state", "fused"):
             raise UserError("standard prefill has no fused state: only resid and block-site patches apply")
 
@@ -277,8 +286,8 @@ class RecurrentPatcher(Patcher):
     def fused_positions(self):
         return list(range(self.r0 - self.T, 0))
 
-    def check(self, p):
-        super().check(p)
+    def check_site(self, p):
+        super().check_site(p)
         if p.site in ("state", "fused") and self.col(p) < self.r0:
             raise UserError(f"{self.mode.name} fuses only positions {pos_name(self.r0 - self.T)}..T: no "
                             f"{p.site} site at {pos_name(p.pos)}")
@@ -346,8 +355,8 @@ class FusedPatcher(Patcher):
     def pass_of(self, p: Patch) -> int:
         return self.n if p.pass_ is None else p.pass_
 
-    def check(self, p):
-        super().check(p)
+    def check_site(self, p):
+        super().check_site(p)
         k = self.pass_of(p)
         if not 0 <= k <= self.n:
             raise UserError(f"{self.mode.name} has passes 0..{self.n}, not {k}")
@@ -439,7 +448,7 @@ class RecircPatcher(Patcher):
     def fused_positions(self):
         return list(range(1 - self.T, 0))
 
-    def check(self, p):
+    def check_site(self, p):
         if p.site == "rresid":  # the recirculation branch above d (at and below d it is `resid`: one stream)
             d = self.spec.target
             if not d < p.depth <= self.L:
@@ -448,7 +457,7 @@ class RecircPatcher(Patcher):
             if self.col(p) == self.T - 1:
                 raise UserError("rresid at T: no later token reads T's recirculation branch, so it is never run")
             return
-        super().check(p)
+        super().check_site(p)
         if p.site in ("state", "fused") and self.col(p) < 1:
             raise UserError(f"{self.mode.name}: column 0 has no earlier position, so no recirculated state")
 

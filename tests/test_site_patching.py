@@ -353,3 +353,24 @@ def test_an_edit_that_does_not_fit_its_site_is_one_line(fbt):
     assert not isinstance(e.value, UserError)
     ok = ctx.run(mode, [Patch("resid", Add(torch.zeros(B, D)), depth=2, pos=-2)]).logits  # one vector per row
     torch.testing.assert_close(ok, ctx.clean[mode].logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_patcher_that_checks_less_still_refuses_a_fed_site_its_run_never_reaches(fbt):
+    """A new mechanism's patcher that leaves out its own position check (check_site) must not return the clean
+    logits as a patch's effect at a column it never fuses: Patcher.check refuses every fed site outside
+    fused_positions() (found by adding a mechanism from docs/design.md alone: the patch was dropped silently)."""
+    from common.errors import UserError
+    from engine.modes import parse_mode
+    from engine.patching import Patcher, RecurrentPatcher
+
+    class Lax(RecurrentPatcher):
+        def check_site(self, p):
+            Patcher.check_site(self, p)  # none of recurrent-k's own checks
+
+    batch = _batch()
+    lax = Lax(fbt, batch.input_ids, batch.attention_mask, parse_mode("recurrent-3"))
+    assert lax.fused_positions() == [-3, -2, -1]
+    lax.check(Patch("state", torch.zeros(B, D), pos=-3))
+    for site in ("state", "fused"):
+        with pytest.raises(UserError, match="takes no fed state at T-3"):
+            lax.check(Patch(site, torch.zeros(B, D), pos=-4))
