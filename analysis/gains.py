@@ -102,8 +102,14 @@ def main(argv=None):
             src = ev_std if which == "std_model" else ev_fbt
             rows += [{**r, "arm": arm} for r in src if r["mode"] == mode]
         rows.sort(key=lambda r: (tasks.index(r["task"]), r["n_distractors"], [a_[0] for a_ in ARMS].index(r["arm"])))
+        from models.fingerprint import weights_hash
+        from tasks import prompt_prefix_tokens
+
+        # which tensors answered, read through which tokenizer (null: each model's own), starting how
         doc = {"meta": {"fbt": a.fbt, "std": a.std, "tasks": tasks, "n_distractors": ns, "n_pairs": a.n_pairs,
-                        "seed": EVAL_SEED, "wall_s": round(time.time() - t0, 1)},
+                        "seed": EVAL_SEED, "wall_s": round(time.time() - t0, 1), "tokenizer": a.tokenizer,
+                        "weights_sha256": {"fbt": weights_hash(fbt), "std": weights_hash(std)},
+                        "prompt_prefix": {"fbt": prompt_prefix_tokens(fbt_tok), "std": prompt_prefix_tokens(std_tok)}},
                "results": rows}
         text = json_text(doc)
         fig = figure(rows)

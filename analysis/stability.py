@@ -26,9 +26,10 @@ from common.plotlyjs import include_plotlyjs, stage_plotly_js
 from common.staged import Staged
 from analysis.evaluate import EVAL_SEED, parse_tasks
 from engine.prefill import MAX_FUSED_PASSES, iter_fused, pad_left
+from models.fingerprint import weights_hash
 from models.loading import load_model, model_dir
 from probes.depth_curves import PALETTE
-from tasks import ALL_TASKS, TASKS, make_dataset, prompt_ids, prompt_prefix, tokenize_samples
+from tasks import ALL_TASKS, TASKS, make_dataset, prompt_ids, prompt_prefix, prompt_prefix_tokens, tokenize_samples
 
 MAX_DISTRACTORS = 1024  # fused-k passes are full-width: quadratic in the prompt
 
@@ -199,12 +200,14 @@ def main(argv=None):
             model_dir(name)
         t0 = time.time()
         loaded = {}  # every model loaded and checked (tokenizer, its tasks' words, fusion) before any of them runs
+        weights, prefixes = {}, {}  # which tensors answered, and how their prompts start (recorded in meta)
         for name in models:
             model, tok, _ = load_model(name)
             tok = resolve_tokenizer(model, tok, name, a.tokenizer)  # its own or --tokenizer's; none: refused
             if not model.has_fusion:
                 raise UserError(f"{name} has no fusion module; stability of feedback is undefined for it")
             loaded[name] = (model, tok, {t: task_ids(tok, t, a.distractors, a.n_pairs) for t in tasks})
+            weights[name], prefixes[name] = weights_hash(model), prompt_prefix_tokens(tok)
         results, gates = {}, {}
         for name in tqdm(models, desc="models"):
             model, tok, prompts = loaded.pop(name)
@@ -213,7 +216,8 @@ def main(argv=None):
             gates[name] = gate_token_dependence(model, tok)
             del model, tok
         doc = {"meta": {"models": models, "tasks": tasks, "n_distractors": a.distractors, "passes": sorted(keep),
-                        "n_pairs": a.n_pairs, "seed": EVAL_SEED, "wall_s": round(time.time() - t0, 1)},
+                        "n_pairs": a.n_pairs, "seed": EVAL_SEED, "wall_s": round(time.time() - t0, 1),
+                        "tokenizer": a.tokenizer, "weights_sha256": weights, "prompt_prefix": prefixes},
                "results": results, "gate": gates}
         text = json_text(doc)
         fig = figure(results)

@@ -31,6 +31,11 @@ def test_stability_records_every_pass_and_the_gate(ckpt, tmp_path, capsys):
     rows = doc["results"][str(ckpt)]
     assert [r["passes"] for r in rows] == [0, 1, 2, 3]
     assert rows[0]["state_change"] is None and all(r["state_change"] > 0 for r in rows[1:])
+    from models.fingerprint import weights_hash  # which tensors answered, through which tokenizer
+
+    assert {k: doc["meta"][k] for k in ("tokenizer", "weights_sha256", "prompt_prefix")} == \
+        {"tokenizer": None, "weights_sha256": {str(ckpt): weights_hash(FullBandwidthLM.from_pretrained(ckpt))},
+         "prompt_prefix": {str(ckpt): []}}
     # pass 0 is standard prefill: its label accuracy equals a plain forward's, computed here by hand
     model = FullBandwidthLM.from_pretrained(ckpt).eval()
     tok = build_tokenizer()
@@ -78,6 +83,11 @@ def test_gains_baseline_row_is_the_standard_models_accuracy(ckpt, tmp_path):
 
     assert {k: doc["meta"][k] for k in ("tasks", "n_distractors", "n_pairs", "seed")} == \
         {"tasks": ["memory"], "n_distractors": [0], "n_pairs": 4, "seed": seed}
+    from models.fingerprint import weights_hash  # which tensors answered, through which tokenizer
+
+    w = weights_hash(FullBandwidthLM.from_pretrained(ckpt))
+    assert {k: doc["meta"][k] for k in ("tokenizer", "weights_sha256", "prompt_prefix")} == \
+        {"tokenizer": None, "weights_sha256": {"fbt": w, "std": w}, "prompt_prefix": {"fbt": [], "std": []}}
     arms = {r["arm"]: r for r in doc["results"]}
     assert set(arms) == {"baseline", "fbt/std", "fbt/soft", "fbt/fused"}
     # the same checkpoint as both models: the baseline and the no-feedback arm are the same computation

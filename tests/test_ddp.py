@@ -76,7 +76,7 @@ def _worker(work: Path) -> None:
         procs.end()
 
 
-def _cheap_eval(model, tok, cfg):  # quick_eval costs seconds on a shared CPU; its mode toggling is kept
+def _cheap_eval(model, tok, cfg, context=None):  # quick_eval costs seconds on a shared CPU; its mode toggling is kept
     model.eval()
     model.train()
     return {}

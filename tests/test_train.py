@@ -452,7 +452,7 @@ class _Stop(Exception):
     pass
 
 
-def _cheap_eval(model, tok, cfg):
+def _cheap_eval(model, tok, cfg, context=None):
     # quick_eval costs seconds per call on a shared CPU; the mode toggling (all it does to the model) is kept.
     model.eval()
     model.train()

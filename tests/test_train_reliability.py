@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--preset", "smoke", "--threads", "1", "--no-progress", "--eval-every", "1000"]
 
 
-def _cheap_eval(model, tok, cfg):  # quick_eval costs seconds on a shared CPU; its mode toggling is kept
+def _cheap_eval(model, tok, cfg, context=None):  # quick_eval costs seconds on a shared CPU; its mode toggling is kept
     model.eval()
     model.train()
     return {}
@@ -372,6 +372,64 @@ def test_seq_len_beyond_the_base_models_context_is_refused(tmp_path, capsys, mon
     out = tmp_path / "x"
     _expect_error(FAST + ["--out", str(out), "--base", str(tmp_path / "base"), "--seq-len", "128"], capsys,
                   r"seq_len \(128\) .* context of --base .* \(64\)")
+    assert not out.exists()
+
+
+def _short_base(tmp_path, monkeypatch, max_len=64):
+    """A base trained from scratch (1 step) with a context of `max_len` tokens."""
+    short = replace(get_preset("smoke"), max_len=max_len, seq_len=32, curriculum_seq_len=32)
+    with monkeypatch.context() as mp:
+        mp.setattr(tcli, "get_preset", lambda name: replace(short))
+        tcli.main(FAST + ["--out", str(tmp_path / "base"), "--steps", "1"])
+    return tmp_path / "base"
+
+
+def test_unpacked_rows_beyond_the_base_models_context_are_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """One sample per row (--no-packing) at N = 8 is longer than a 64-token context: refused in one line before the
+    model is built (a GPT-2 base, learned positions, ended in an IndexError; a rotary one trained past it)."""
+    base = _short_base(tmp_path, monkeypatch)
+
+    def no_work(*a, **kw):
+        raise AssertionError("a model was built for a run that was bound to fail")
+
+    monkeypatch.setattr(tloop, "build_model", no_work)
+    out = tmp_path / "x"
+    _expect_error(FAST + ["--out", str(out), "--base", str(base), "--no-packing", "--distractors", "8:1"], capsys,
+                  r"--base .*: its training samples at N = 8 are \d+ tokens .* longer than its context \(64\)")
+    assert not out.exists()
+
+
+def test_quick_evaluations_longer_than_the_base_models_context_are_left_out(tmp_path, capsys, monkeypatch):
+    """The quick evaluations' prompts at N = 8 outgrow a 64-token context: they are left out with a note (the
+    run used to train and then stop at its first evaluation, losing its work), and the run completes."""
+    import json
+
+    from tasks import build_tokenizer
+    from training.quick_eval import quick_eval, settings
+
+    base = _short_base(tmp_path, monkeypatch)
+    capsys.readouterr()
+    monkeypatch.setattr(tloop, "quick_eval", quick_eval)  # the real one, here
+    cfg = replace(get_preset("smoke"), max_len=64, seq_len=32, curriculum_seq_len=32)
+    kept, dropped = settings(build_tokenizer(), cfg, 64)
+    assert dropped and all(tokens > 64 for _, _, tokens in dropped)
+    out = tmp_path / "x"
+    tcli.main(FAST + ["--out", str(out), "--base", str(base), "--seq-len", "32", "--steps", "1", "--eval-every", "1"])
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note: the quick evaluations")]
+    assert len(notes) == len(dropped)
+    evals = json.loads((out / "train_log.json").read_text())["evals"]
+    assert evals and set(evals[-1]["label_acc"]) == {t for t, _ in kept}
+
+
+def test_a_looped_base_is_refused(tmp_path, capsys, monkeypatch):
+    """A looped checkpoint's blocks are not its inner LM's parameters: wrapped in the fusion it trained nothing but
+    the embeddings and wrote a checkpoint no command could load."""
+    def no_work(*a, **kw):
+        raise AssertionError("a model was built for a run that was bound to fail")
+
+    monkeypatch.setattr(tloop, "build_model", no_work)
+    out = tmp_path / "x"
+    _expect_error(FAST + ["--out", str(out), "--base", "tiny-loop-track"], capsys, "a looped model .* takes no fusion")
     assert not out.exists()
 
 

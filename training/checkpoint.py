@@ -187,7 +187,8 @@ def load_resume(model, opt, cfg, out: Path):
             "num_key_value_heads", "n_embd", "n_layer", "n_head", "n_inner")  # n_*: GPT-2 spells its sizes so
     diff = [k for k in keys if saved["base_config"].get(k) != mine.get(k)]
     if diff:
-        raise UserError(f"--resume: checkpoint in {out} has another architecture ({', '.join(diff)} differ)")
+        raise UserError(f"--resume: checkpoint in {out} has another architecture ({', '.join(diff)} differ; a run "
+                        "started from --base resumes with the same --base)")
     try:
         meta, tensors = read_trainer_state(out)
         for name, digest in (("model.safetensors", meta["model_sha256"]), (LOG_FILE, meta["log_sha256"])):

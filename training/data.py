@@ -126,6 +126,23 @@ def _training_pair(cfg: TrainConfig, task: str, n: int, rng, **kw) -> list:
     return cycle[2 * j:2 * j + 2]
 
 
+def longest_sample(cfg: TrainConfig, tok, pairs: int = 8) -> int:
+    """Tokens of the longest of `pairs` training pairs per task drawn at the mixture's largest N (the BOS included,
+    where there is one): what an unpacked row (one sample per row) reaches. A draw of its own generator, so the
+    batches are untouched; a probe, not a bound (multi_register's reads vary the length): training checks every
+    batch too."""
+    rng = np.random.default_rng([cfg.seed, 0, 0, 2])
+    lead, n = prompt_prefix(tok), max(cfg.distractors)
+    longest = 0
+    for task in cfg.tasks:
+        reads = cfg.reads if task == "multi_register" else 0
+        writes = max(WRITES_CHOICES) if task == "multi_register" else None
+        for _ in range(pairs):
+            for s in _training_pair(cfg, task, n, rng, writes=writes, reads=reads, registers=len(REGISTERS)):
+                longest = max(longest, len(prompt_ids(tok, s.full_text, lead)))
+    return longest
+
+
 def make_batch(cfg: TrainConfig, tok, step: int) -> Batch:
     """Deterministic packed batch for (seed, step): the global batch of every process (see `shard`).
 

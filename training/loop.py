@@ -24,11 +24,11 @@ from common.errors import UserError
 from tasks import build_tokenizer
 from training.checkpoint import load_resume, pending_move, save_checkpoint
 from training.config import TrainConfig
-from training.data import ROW_FIELDS, make_batches, shard
+from training.data import ROW_FIELDS, longest_sample, make_batches, shard
 from training.loss import StepLoss, share_of
 from training.model import build_model, context_limit, loop_iterations_at
 from training.output import RunOutput
-from training.quick_eval import quick_eval
+from training.quick_eval import quick_eval, settings
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -113,14 +113,31 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
     tok = build_tokenizer()
     if cfg.base:
         from models.loading import load_model
+        from models.looped import LoopedLM
+
         base, tok, _ = load_model(cfg.base)
         if tok is None:
             raise UserError(f"--base {cfg.base}: no tokenizer found beside the model")
+        if isinstance(base, LoopedLM):  # its blocks are not the inner LM's parameters: the fusion would wrap a shell
+            raise UserError(f"--base {cfg.base}: a looped model (prelude / core x r / coda) takes no fusion; give a "
+                            "plain HF causal LM or a feedback checkpoint")
         limit = context_limit(base.lm)
-        if limit and cfg.packing and max(cfg.seq_len, cfg.curriculum_seq_len) > limit:  # rows of seq_len tokens
-            raise UserError(f"seq_len ({cfg.seq_len}) and curriculum_seq_len ({cfg.curriculum_seq_len}) must be at "
-                            f"most the context of --base {cfg.base} ({limit})")
+        # packed rows are seq_len tokens (the curriculum's min(seq_len, curriculum_seq_len): never longer; checking
+        # curriculum_seq_len refused runs with no curriculum, whose flag for it is refused as doing nothing)
+        if limit and cfg.packing and cfg.seq_len > limit:
+            raise UserError(f"seq_len ({cfg.seq_len}) must be at most the context of --base {cfg.base} ({limit})")
+        # a row past the context: an index error (learned positions) or silent training past it (RoPE)
+        rows = longest_sample(cfg, tok) if limit and not cfg.packing else 0
+        if limit and rows > limit:
+            raise UserError(f"--base {cfg.base}: its training samples at N = {max(cfg.distractors)} are {rows} tokens "
+                            f"(one per row without packing), longer than its context ({limit}): lower --distractors, "
+                            "or take a base with a longer context")
+        for task, n, tokens in settings(tok, cfg, limit)[1] if rank == 0 else []:
+            print(f"note: the quick evaluations leave out {task} N={n}: its prompts ({tokens} tokens) are longer "
+                  f"than the context of --base {cfg.base} ({limit})")
         del base
+    else:
+        limit = None
     model = build_model(cfg, len(tok), cfg.base).to(procs.device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
@@ -152,6 +169,9 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
         try:
             while step < stop:
                 micro = make_batches(cfg, tok, step)
+                if limit and max(mb.ids.shape[1] for mb in micro) > limit:  # what longest_sample's draw missed
+                    raise UserError(f"step {step}: a training row of {max(mb.ids.shape[1] for mb in micro)} tokens "
+                                    f"is longer than the context of --base {cfg.base} ({limit}); lower --distractors")
                 gen = noise_generator(cfg, step)
                 for g in opt.param_groups:
                     g["lr"] = lr_at(cfg, step)
@@ -194,7 +214,7 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
                                      "tok/s": f"{tokens_seen / max(el, 1e-9):.0f}"})
                     bar.update(1)
                     if step % cfg.eval_every == 0 or step == cfg.steps:
-                        ev = quick_eval(model, tok, cfg)
+                        ev = quick_eval(model, tok, cfg, limit)
                         log["evals"].append({"step": step, "wall_s": round(time.time() - t0, 1), "label_acc": ev})
                         bar.write(f"step {step}: " + "; ".join(
                             f"{t} " + " ".join(f"{m}={a:.2f}" for m, a in r.items()) for t, r in ev.items()))

@@ -22,8 +22,23 @@ def label_accuracy(model, tok, task: str, n: int, modes, n_pairs: int = 32, seed
     return {m: float((r.logits[:, 0, words].argmax(-1) == labels).float().mean()) for m, r in res.items()}
 
 
-def quick_eval(model, tok, cfg: TrainConfig) -> dict:
-    """Label accuracy at N = 8 (and, for tracking tasks, N = 64) per mode; log keys `<task>` and `<task> N=64`."""
+def settings(tok, cfg: TrainConfig, context: int | None = None) -> tuple[list, list]:
+    """(kept, dropped) (task, N) of the quick evaluations, N = 8 and 64 for the tracking tasks: dropped where a
+    prompt (the BOS included) is longer than `context`, a --base model's (an index error or positions it never
+    saw); dropped items are (task, N, tokens)."""
+    kept, dropped = [], []
+    lead = prompt_prefix(tok)
+    for task in cfg.tasks:
+        for n in (8, 64) if task in TRACKING_TASKS else (8,):
+            longest = max(len(prompt_ids(tok, s.text, lead))
+                          for s in make_dataset(task, n_pairs=16, n_distractors=n, seed=10_000))
+            (kept.append((task, n)) if context is None or longest <= context else dropped.append((task, n, longest)))
+    return kept, dropped
+
+
+def quick_eval(model, tok, cfg: TrainConfig, context: int | None = None) -> dict:
+    """Label accuracy at N = 8 (and, for tracking tasks, N = 64) per mode; log keys `<task>` and `<task> N=64`;
+    a setting whose prompts exceed `context` is left out (`settings`)."""
     model.eval()
     out = {}
     if model.has_fusion:
@@ -32,9 +47,8 @@ def quick_eval(model, tok, cfg: TrainConfig) -> dict:
         short = long = ["standard", f"loop-{min(256, 2 * cfg.loop_iterations)}"]
     else:
         short = long = ["standard"]
-    for task in cfg.tasks:
-        out[task] = label_accuracy(model, tok, task, 8, short, n_pairs=16)
-        if task in TRACKING_TASKS:  # past the depth: where only a recurrence can carry the state
-            out[f"{task} N=64"] = label_accuracy(model, tok, task, 64, long, n_pairs=16)
+    for task, n in settings(tok, cfg, context)[0]:  # N = 64: past the depth, where only a recurrence carries the state
+        out[task if n == 8 else f"{task} N={n}"] = label_accuracy(model, tok, task, n, short if n == 8 else long,
+                                                                  n_pairs=16)
     model.train()
     return out
