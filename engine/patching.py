@@ -51,6 +51,7 @@ checks that every clean run equals the engine's prefill (engine.prefill.prefill_
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -154,8 +155,13 @@ class Patcher:
         never reaches (the patch would be dropped and the clean logits returned as its effect: a new mechanism's
         patcher gets this guard whatever its `check_site` says)."""
         self.check_site(p)
-        if p.site in ("state", "fused") and p.pos not in self.fused_positions():
+        if p.site in ("state", "fused") and p.pos not in self._fed_offsets:
             raise UserError(f"{self.mode.name} takes no fed state at {pos_name(p.pos)}: no {p.site} site there")
+
+    @functools.cached_property
+    def _fed_offsets(self) -> frozenset:
+        """fused_positions() as a set, once: a sweep checks a patch per position."""
+        return frozenset(self.fused_positions())
 
     def check_site(self, p: Patch) -> None:
         """The checks every mechanism shares (positions, depths, layers, heads); a subclass adds its own."""
