@@ -13,7 +13,7 @@ import torch
 from common.cli import Parser, add_model_flag, add_task_flags, int_in
 from common.errors import cli_entry
 from engine.prefill import recurrent_logits
-from tasks import ALL_TASKS, label_token_ids, prompt_ids, resolve_task
+from tasks import ALL_TASKS, label_token_ids, prompt_ids, prompt_prefix, resolve_task
 from models.loading import load_model
 
 
@@ -25,9 +25,10 @@ def run(model_path: str, task: str, n: int, n_pairs: int = 60) -> None:
     model = model.float().eval()
     words = torch.tensor(label_token_ids(tok, task))
     right, rows, said = Counter(), Counter(), Counter()
+    lead = prompt_prefix(tok)  # a BOS first, where the tokenizer puts one before a text (as every command)
     with torch.no_grad():
         for s in resolve_task(task).make(n_pairs, n, 0):
-            ids = torch.tensor([prompt_ids(tok, s.text)])  # [1, T]
+            ids = torch.tensor([prompt_ids(tok, s.text, lead)])  # [1, T]
             pred = int(recurrent_logits(model, ids, torch.ones_like(ids))[0, -1, words].argmax())
             right[s.label] += int(pred == s.label)
             rows[s.label] += 1

@@ -19,7 +19,7 @@ import torch
 from common.cli import Parser, add_model_flag, add_task_flags, int_in
 from common.errors import cli_entry
 from engine.prefill import recurrent_logits
-from tasks import ALL_TASKS, label_token_ids, prompt_ids, resolve_task
+from tasks import ALL_TASKS, label_token_ids, prompt_ids, prompt_prefix, resolve_task
 from models.loading import load_model
 
 
@@ -34,9 +34,10 @@ def run(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:
     newline = tok("\n", add_special_tokens=False)["input_ids"][0]
     by_k = defaultdict(lambda: [0, 0, 0])  # line ends after the swap -> [follows the donor, its own value, rows]
     final = []
+    lead = prompt_prefix(tok)  # a BOS first, where the tokenizer puts one before a text (as every command)
     with torch.no_grad():
         for a, b in zip(samples[::2], samples[1::2]):
-            ids = torch.tensor([prompt_ids(tok, s.text) for s in (a, b)])  # [2, T]
+            ids = torch.tensor([prompt_ids(tok, s.text, lead) for s in (a, b)])  # [2, T]
             first = int((ids[0] != ids[1]).nonzero()[0])
             col = first + 1 + int((ids[0, first:] == newline).nonzero()[0])  # first column of the next line
             ends = [j - 1 for j in range(ids.shape[1]) if ids[0, j] == newline][1:]  # update lines' last tokens

@@ -97,6 +97,10 @@ def prompt_prefix(tokenizer) -> list[int]:
     ``special_tokens_mask``: a BOS its config does not name counts). Texts that disagree give none."""
     found = None
     for probe in _probe_texts(tokenizer):
+        if probe is None:  # the short texts are settled: the vocabulary's words only if neither could be spelled
+            if found is not None:
+                break
+            continue
         try:
             enc = tokenizer(probe, return_special_tokens_mask=True)
             full, bare = list(enc["input_ids"]), list(tokenizer(probe, add_special_tokens=False)["input_ids"])
@@ -115,16 +119,16 @@ def prompt_prefix(tokenizer) -> list[int]:
     return found or []
 
 
-def _probe_texts(tokenizer) -> list[str]:
-    """Texts to read the prefix off: two short ones, then up to 8 of the tokenizer's own plain words."""
-    texts = ["0", "a b"]
+def _probe_texts(tokenizer):
+    """Texts to read the prefix off: two short ones, a None mark, then (asked only past the mark: a 128k
+    vocabulary costs ~50 ms to list) up to 8 of the tokenizer's own plain words."""
+    yield from ("0", "a b", None)
     try:
         vocab = tokenizer.get_vocab()
     except Exception:  # noqa: BLE001 - a stand-in without a vocabulary
-        vocab = {}
+        return
     special = set(getattr(tokenizer, "all_special_tokens", None) or ())
-    words = sorted((w for w in vocab if w.isalnum() and w not in special), key=lambda w: (vocab[w], w))
-    return texts + words[:8]
+    yield from sorted((w for w in vocab if w.isalnum() and w not in special), key=lambda w: (vocab[w], w))[:8]
 
 
 def prompt_prefix_tokens(tokenizer) -> list[str]:

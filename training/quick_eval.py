@@ -26,13 +26,15 @@ def settings(tok, cfg: TrainConfig, context: int | None = None) -> tuple[list, l
     """(kept, dropped) (task, N) of the quick evaluations, N = 8 and 64 for the tracking tasks: dropped where a
     prompt (the BOS included) is longer than `context`, a --base model's (an index error or positions it never
     saw); dropped items are (task, N, tokens)."""
+    every = [(task, n) for task in cfg.tasks for n in ((8, 64) if task in TRACKING_TASKS else (8,))]
+    if context is None:
+        return every, []
     kept, dropped = [], []
     lead = prompt_prefix(tok)
-    for task in cfg.tasks:
-        for n in (8, 64) if task in TRACKING_TASKS else (8,):
-            longest = max(len(prompt_ids(tok, s.text, lead))
-                          for s in make_dataset(task, n_pairs=16, n_distractors=n, seed=10_000))
-            (kept.append((task, n)) if context is None or longest <= context else dropped.append((task, n, longest)))
+    for task, n in every:
+        longest = max(len(prompt_ids(tok, s.text, lead))
+                      for s in make_dataset(task, n_pairs=16, n_distractors=n, seed=10_000))
+        (kept.append((task, n)) if longest <= context else dropped.append((task, n, longest)))
     return kept, dropped
 
 
