@@ -17,8 +17,9 @@ import torch
 from common.errors import UserError
 from models.families import FAMILIES, family_of
 
-FAMILY_NAMES = ("llama", "qwen3", "gpt2", "gpt_neox", "gemma3_text")  # one model type per family, end to end
-IN_PROCESS = FAMILY_NAMES + ("gemma", "gemma2")  # Gemma 1 (no window) and 2 (final soft-cap) in the cheap tests
+FAMILY_NAMES = ("llama", "qwen3", "gpt2", "gpt_neox", "gemma3_text", "olmo2", "phi")  # one type per family, end to end
+IN_PROCESS = FAMILY_NAMES + ("gemma", "gemma2",  # Gemma 1 (no window) and 2 (final soft-cap) in the cheap tests
+                              "olmo", "phi3", "stablelm", "starcoder2", "smollm3")  # Llama's layout, other blocks
 
 
 def tiny_config(model_type: str, vocab: int, **kw):
@@ -236,7 +237,10 @@ def test_full_bandwidth_wrapper_runs_recurrent_full(model_type):
 # ----- sliding windows under a custom 4-D mask ----------------------------------------------------------------
 WINDOWED = [("gemma3_text", dict(sliding_window=3, layer_types=["sliding_attention", "full_attention"])),
             ("mistral", dict(sliding_window=3)), ("qwen3", dict(sliding_window=3, use_sliding_window=True,
-                                                                max_window_layers=0, layer_types=None))]
+                                                                max_window_layers=0, layer_types=None)),
+            ("phi3", dict(sliding_window=3)), ("starcoder2", dict(sliding_window=3)),
+            ("smollm3", dict(sliding_window=3, use_sliding_window=True,
+                             layer_types=["sliding_attention", "full_attention"]))]
 
 
 @pytest.mark.parametrize("model_type, kw", WINDOWED)
@@ -282,7 +286,7 @@ def test_recirculation_keeps_sliding_windows(model_type, kw):
         assert (slow.logits - base.logits)[mask.bool()].abs().max() <= 1e-4, method
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma", "gpt2", "gpt_neox"])
+@pytest.mark.parametrize("model_type", ["llama", "gemma", "gpt2", "gpt_neox", "olmo", "olmo2", "stablelm", "phi"])
 def test_a_window_the_model_ignores_is_no_window(model_type):
     """Llama, Gemma 1, GPT-2 and GPT-NeoX attend fully whatever `sliding_window` / `layer_types` their config holds
     (HF's base model never reads them): the engine must not window them either. Recirculation at alpha 0 through
