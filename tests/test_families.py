@@ -406,3 +406,32 @@ def test_a_token_id_outside_the_vocabulary_is_one_line():
             prefill(model, ids, torch.ones_like(ids), "standard")
         with pytest.raises(UserError, match="outside the model's vocabulary"):
             generate(model, ids, torch.ones_like(ids), 2, "recirc-2:1:0.5")
+
+
+@pytest.mark.parametrize("model_type", IN_PROCESS)
+def test_recurrent_full_equals_the_uncached_recompute(model_type):
+    """The cached recurrence (models.lean_step, or HF's own one-token step where the family has none) against a
+    full forward of every prefix without a cache, fed the top states the recurrence computed: the same top state at
+    every position, on a left-padded batch."""
+    from engine.prefill import prefill
+    from models.full_bandwidth import FullBandwidthLM
+
+    torch.manual_seed(2)
+    model = FullBandwidthLM(tiny_lm(model_type), fusion=True).eval()
+    with torch.no_grad():  # a fusion that matters: random, not the identity-like init
+        model.fusion.up.weight.normal_(0, 0.3)
+        model.fusion.gate.weight.normal_(0, 0.3)
+    ids, mask = batch()
+    T = ids.shape[1]
+    res = prefill(model, ids, mask, "recurrent-full", positions=tuple(range(-T, 0)), collect=False)
+    state = torch.zeros_like(res.top)
+    state[:, 1:] = res.top[:, :-1]
+    first = (mask == 0).sum(1)  # each row's first real column is never fused
+    fuse = (torch.arange(T)[None] > first[:, None]) & mask.bool()
+    real = mask.bool()
+    with torch.no_grad():
+        for t in range(T):
+            top = model(ids[:, :t + 1], mask[:, :t + 1], state=state[:, :t + 1], fuse_mask=fuse[:, :t + 1]).top[:, -1]
+            assert (top - res.top[:, t])[real[:, t]].abs().max() <= 1e-4, t
+        std = prefill(model, ids, mask, "standard", positions=(-1,), collect=False)
+    assert (std.logits[:, -1] - res.logits[:, -1]).abs().max() > 1e-3  # the feedback does something
