@@ -69,10 +69,13 @@ def _standard(model, ids, mask, cols, rec, use_cache=False, chunked=False, head=
 
 
 def _every_layer_windowed(model) -> bool:
+    """Every layer windowed and rotary positions relative: a chunk then computes what the full pass does (a rotary
+    type that picks its frequencies by the sequence length per call, LongRoPE or dynamic NTK, would not)."""
     from engine.cache import model_windows
+    from engine.inputs import RELATIVE_ROPE_TYPES, _rope_type
 
     windows = model_windows(model)
-    return bool(windows) and all(w is not None for w in windows)
+    return bool(windows) and all(w is not None for w in windows) and _rope_type(model.config) in RELATIVE_ROPE_TYPES
 
 
 def _standard_chunked(model, ids, mask, cols, chunk: int | None = None, head: bool = True) -> LMOutput:

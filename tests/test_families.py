@@ -435,3 +435,48 @@ def test_recurrent_full_equals_the_uncached_recompute(model_type):
             assert (top - res.top[:, t])[real[:, t]].abs().max() <= 1e-4, t
         std = prefill(model, ids, mask, "standard", positions=(-1,), collect=False)
     assert (std.logits[:, -1] - res.logits[:, -1]).abs().max() > 1e-3  # the feedback does something
+
+
+def test_the_chunked_standard_pass_keeps_a_longrope_models_frequencies(monkeypatch):
+    """Phi-3 windows every layer, so analysis.evaluate's chunked standard pass would take it; LongRoPE picks its
+    frequencies by the sequence length of each call, so chunks past the original context computed another model
+    (4.6 logits off HF on this one). Only relative rotary types are chunked: the pass is HF's."""
+    import engine.prefill as P
+    from models.full_bandwidth import FullBandwidthLM, positions_from_mask
+
+    lm = tiny_lm("phi3", num_hidden_layers=2, sliding_window=5, max_position_embeddings=128,
+                 original_max_position_embeddings=8,
+                 rope_scaling=dict(rope_type="longrope", short_factor=[1.0 + 0.1 * i for i in range(4)],
+                                   long_factor=[2.0 + 0.5 * i for i in range(4)], original_max_position_embeddings=8))
+    model = FullBandwidthLM(lm, fusion=False).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 64, (2, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    monkeypatch.setattr(P, "STANDARD_CHUNK", 4)  # a 12-token prompt takes the chunked path
+    with torch.no_grad():
+        got = P.prefill_many(model, ids, mask, ["standard"], positions=(-1,), collect=False, chunked=True)
+        hf = lm(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask, 12)).logits[:, -1]
+    assert (got["standard"].logits[:, 0] - hf).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_recurrent_full_beside_other_recurrent_modes_on_a_padded_batch(model_type):
+    """CausalContext checks its clean runs against the engine's bit for bit; with recurrent-full prepared beside
+    another recurrent mode the engine skips a padding column's state the runner computes, and the check refused a
+    valid batch. Only real columns are compared (padding states are never read)."""
+    import numpy as np
+
+    from interventions.batch import Batch
+    from interventions.core import CausalContext
+    from models.full_bandwidth import FullBandwidthLM
+
+    torch.manual_seed(2)
+    model = FullBandwidthLM(tiny_lm(model_type), fusion=True).eval()
+    ids, mask = batch()
+    ids = torch.cat([ids, ids[:1]])
+    mask = torch.cat([mask, mask[:1]])
+    b = Batch(ids, mask, torch.tensor([0, 1, 0, 1]), torch.tensor([1, 0, 3, 2]), np.arange(4), (5, 6))
+    for modes in (("standard", "recurrent-1", "recurrent-full"), ("standard", "recurrent-3", "recurrent-full")):
+        ctx = CausalContext(model, b, modes=modes)
+        assert set(ctx.runners) >= set(modes[1:])
