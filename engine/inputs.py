@@ -53,6 +53,29 @@ def model_context(model) -> int | None:
     return context_length(model.config, None if family is None else family.windows(model.config))
 
 
+# Rotary types that pick their frequencies by the sequence length of each call: past the original context a cached
+# one-token step (given its own length) and a full pass (given the whole prompt's) compute different models.
+PER_CALL_ROPE_TYPES = frozenset({"dynamic", "longrope"})
+
+
+def check_stepwise(model, attention_mask: torch.Tensor, what: str) -> None:
+    """Refuse (UserError) prompts longer than a per-call rotary type's original context for a run that computes
+    columns in separate calls (`what`: recurrent steps, recirculation): its numbers would mix two models."""
+    config = model.config
+    rope = _rope_type(config)
+    if rope not in PER_CALL_ROPE_TYPES:
+        return
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    original = (params.get("original_max_position_embeddings") if isinstance(params, dict) else None) \
+        or getattr(config, "original_max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
+    longest = int(attention_mask.sum(-1).max())
+    if original is not None and longest > original:
+        raise UserError(f"{what} on a model with {rope} rotary embeddings: a prompt of {longest} tokens is longer than "
+                        f"its original context ({original}), past which its frequencies depend on each call's length "
+                        "(a one-token step and a full pass would compute different models); use prompts of at most "
+                        f"{original} tokens, or standard / fused-N")
+
+
 def check_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  positions: tuple[int, ...] = (-1,)) -> None:
     """Left-padded [batch, T] ids and mask within the model's context; positions are offsets -T..-1."""

@@ -29,7 +29,7 @@ from engine.cache import WindowCache, cache_prefix, new_cache
 from engine.decode import check_generation, greedy, greedy_steps, step_loop
 from engine.edits import RowSwap, apply
 from engine.hooks import maybe_record
-from engine.inputs import check_inputs, pad_left, to_model
+from engine.inputs import check_inputs, check_stepwise, pad_left, to_model
 from engine.modes import DECODINGS, MAX_FUSED_PASSES, Mode, parse_mode
 from engine.result import PrefillResult
 from models.full_bandwidth import FullBandwidthLM, LMOutput, positions_from_mask
@@ -459,6 +459,9 @@ def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask
         raise UserError("this model has no fusion module: only the standard and recirc modes are available")
     positions = tuple(int(p) for p in positions)
     check_inputs(model, input_ids, attention_mask, positions)
+    stepwise = [m.name for m in parsed if m.kind == "recurrent"]  # one-token steps (recirculation checks its own)
+    if stepwise:
+        check_stepwise(model, attention_mask, stepwise[0])
     input_ids, attention_mask = to_model(model, input_ids, attention_mask)
     T = input_ids.shape[1]
     cols = torch.tensor([T + p for p in positions])

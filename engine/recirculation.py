@@ -57,7 +57,7 @@ from common.errors import UserError
 from common.cpus import sequential_threads
 from engine.cache import new_cache
 from engine.hooks import Hooks, ResidualRecorder, maybe_record, on_depth
-from engine.inputs import check_inputs
+from engine.inputs import check_inputs, check_stepwise
 from models.full_bandwidth import FullBandwidthLM, decoder_layers, positions_from_mask
 
 from engine.mixing import MODES, RecircSpec, mix, parse_recirculate  # noqa: F401  (the spec is part of this engine's API)
@@ -191,6 +191,7 @@ class RecirculatedLM(nn.Module):
 
     def _check(self, input_ids, attention_mask):
         check_inputs(self.base, input_ids, attention_mask)
+        check_stepwise(self.base, attention_mask, "recirculation")  # its steps run one column (or block) a call
 
     @staticmethod
     def _check_mix_mask(mix_mask, input_ids) -> torch.Tensor | None:

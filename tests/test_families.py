@@ -480,3 +480,37 @@ def test_recurrent_full_beside_other_recurrent_modes_on_a_padded_batch(model_typ
     for modes in (("standard", "recurrent-1", "recurrent-full"), ("standard", "recurrent-3", "recurrent-full")):
         ctx = CausalContext(model, b, modes=modes)
         assert set(ctx.runners) >= set(modes[1:])
+
+
+def test_stepwise_runs_past_a_per_call_rotary_types_original_context_are_refused():
+    """LongRoPE (and dynamic NTK) pick their frequencies by each call's length: past the original context a
+    one-token step and a full pass compute different models (recirculation at alpha 0, identity short-circuit off,
+    was 4.5 logits off HF at T = 9 on this model). Recurrent steps and recirculation are refused there in one
+    line; within it, and the standard pass at any length, run."""
+    from common.errors import UserError
+    from engine.prefill import prefill
+    from engine.recirculation import RecirculatedLM, parse_recirculate
+    from models.full_bandwidth import FullBandwidthLM
+
+    lm = tiny_lm("phi3", num_hidden_layers=2, max_position_embeddings=128, original_max_position_embeddings=8,
+                 rope_scaling=dict(rope_type="longrope", short_factor=[1.0 + 0.1 * i for i in range(4)],
+                                   long_factor=[2.0 + 0.5 * i for i in range(4)], original_max_position_embeddings=8))
+    torch.manual_seed(1)
+    model = FullBandwidthLM(lm, fusion=True).eval()
+    g = torch.Generator().manual_seed(0)
+    long_ids = torch.randint(1, 64, (2, 12), generator=g)
+    for ids in (long_ids, long_ids[:, :8]):
+        mask = torch.ones_like(ids)
+        fits = ids.shape[1] <= 8
+        prefill(model, ids, mask, "standard")
+        for mode in ("recurrent-full", "recurrent-1", "recirc-2:1:0.5"):
+            if fits:
+                prefill(model, ids, mask, mode)
+            else:
+                with pytest.raises(UserError, match="longrope rotary embeddings: a prompt of 12 tokens .* original "
+                                                     "context \\(8\\)"):
+                    prefill(model, ids, mask, mode)
+        rlm = RecirculatedLM(FullBandwidthLM(lm, fusion=False), parse_recirculate("2:1:0.5", 2))
+        if not fits:
+            with pytest.raises(UserError, match="recirculation on a model with longrope"):
+                rlm.prefill(ids, mask)
