@@ -13,7 +13,7 @@ import torch
 from common.cpus import sequential_threads
 from common.errors import UserError
 from engine.cache import new_cache
-from engine.inputs import check_inputs, model_context, to_model
+from engine.inputs import check_inputs, check_stepwise, model_context, to_model
 
 
 def check_generation(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -28,6 +28,8 @@ def check_generation(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     longest = int(attention_mask.sum(-1).max())
     if ctx is not None and longest + max_new_tokens - 1 > ctx:  # the last new token is never fed back in
         raise UserError(f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the model's context ({ctx})")
+    # the prompt in one call, then a step a token (the last new one is never fed back in)
+    check_stepwise(model, attention_mask, "generation", steps=0, new_tokens=max(max_new_tokens - 1, 0))
     return input_ids, attention_mask
 
 

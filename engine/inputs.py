@@ -53,27 +53,33 @@ def model_context(model) -> int | None:
     return context_length(model.config, None if family is None else family.windows(model.config))
 
 
-# Rotary types that pick their frequencies by the sequence length of each call: past the original context a cached
-# one-token step (given its own length) and a full pass (given the whole prompt's) compute different models.
-PER_CALL_ROPE_TYPES = frozenset({"dynamic", "longrope"})
+# Rotary types that pick their frequencies by the sequence length of each call (LongRoPE: the long factors once a
+# call's positions pass the original context). Dynamic NTK is not one in transformers 5: it rescales only past
+# max_position_embeddings, which check_inputs refuses.
+PER_CALL_ROPE_TYPES = frozenset({"longrope"})
 
 
-def check_stepwise(model, attention_mask: torch.Tensor, what: str) -> None:
-    """Refuse (UserError) prompts longer than a per-call rotary type's original context for a run that computes
-    columns in separate calls (`what`: recurrent steps, recirculation): its numbers would mix two models."""
+def check_stepwise(model, attention_mask: torch.Tensor, what: str, steps: int | None = None,
+                   new_tokens: int = 0) -> None:
+    """Refuse (UserError) a run whose calls straddle a per-call rotary type's original context: its first call (the
+    prompt's first `longest - steps + 1` columns; every column after the first when `steps` is None, the whole
+    prompt when 0) within it and a later column past it, where a one-token step and a full pass are different
+    models (HF's own generate recomputes without its cache there). `new_tokens`: generated tokens after the prompt.
+    A run whose every call lies past it, or within it, is one model."""
     config = model.config
     rope = _rope_type(config)
     if rope not in PER_CALL_ROPE_TYPES:
         return
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     original = (params.get("original_max_position_embeddings") if isinstance(params, dict) else None) \
-        or getattr(config, "original_max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
+        or getattr(config, "original_max_position_embeddings", None)
     longest = int(attention_mask.sum(-1).max())
-    if original is not None and longest > original:
-        raise UserError(f"{what} on a model with {rope} rotary embeddings: a prompt of {longest} tokens is longer than "
-                        f"its original context ({original}), past which its frequencies depend on each call's length "
-                        "(a one-token step and a full pass would compute different models); use prompts of at most "
-                        f"{original} tokens, or standard / fused-N")
+    first = 1 if steps is None else longest - max(steps - 1, 0)
+    if original is not None and first <= original < longest + new_tokens:
+        raise UserError(f"{what} on a model with {rope} rotary embeddings: its first call covers {first} of "
+                        f"{longest + new_tokens} columns, across its original context ({original}), past which the "
+                        "frequencies depend on each call's length (a one-token step and a full pass would compute "
+                        f"different models); use at most {original} columns in all, or standard / fused-N")
 
 
 def check_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -69,13 +69,13 @@ def _standard(model, ids, mask, cols, rec, use_cache=False, chunked=False, head=
 
 
 def _every_layer_windowed(model) -> bool:
-    """Every layer windowed and rotary positions relative: a chunk then computes what the full pass does (a rotary
-    type that picks its frequencies by the sequence length per call, LongRoPE or dynamic NTK, would not)."""
+    """Every layer windowed, and frequencies that do not depend on a call's length: a chunk then computes what the
+    full pass does (LongRoPE's would switch factors between chunks)."""
     from engine.cache import model_windows
-    from engine.inputs import RELATIVE_ROPE_TYPES, _rope_type
+    from engine.inputs import PER_CALL_ROPE_TYPES, _rope_type
 
     windows = model_windows(model)
-    return bool(windows) and all(w is not None for w in windows) and _rope_type(model.config) in RELATIVE_ROPE_TYPES
+    return bool(windows) and all(w is not None for w in windows) and _rope_type(model.config) not in PER_CALL_ROPE_TYPES
 
 
 def _standard_chunked(model, ids, mask, cols, chunk: int | None = None, head: bool = True) -> LMOutput:
@@ -459,9 +459,9 @@ def prefill_many(model: FullBandwidthLM, input_ids: torch.Tensor, attention_mask
         raise UserError("this model has no fusion module: only the standard and recirc modes are available")
     positions = tuple(int(p) for p in positions)
     check_inputs(model, input_ids, attention_mask, positions)
-    stepwise = [m.name for m in parsed if m.kind == "recurrent"]  # one-token steps (recirculation checks its own)
-    if stepwise:
-        check_stepwise(model, attention_mask, stepwise[0])
+    for m in parsed:  # one-token steps after a prefill (recirculation checks its own)
+        if m.kind == "recurrent":
+            check_stepwise(model, attention_mask, m.name, steps=m.n)
     input_ids, attention_mask = to_model(model, input_ids, attention_mask)
     T = input_ids.shape[1]
     cols = torch.tensor([T + p for p in positions])

@@ -461,6 +461,7 @@ class RecirculatedLM(nn.Module):
 
         self._check(input_ids, attention_mask)
         check_generation(self.base, input_ids, attention_mask, max_new_tokens)  # the count, and the context
+        check_stepwise(self.base, attention_mask, "recirculated generation", new_tokens=max(max_new_tokens - 1, 0))
         B, T = input_ids.shape
         if max_new_tokens == 0:
             return input_ids.new_zeros((B, 0))

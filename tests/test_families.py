@@ -482,13 +482,14 @@ def test_recurrent_full_beside_other_recurrent_modes_on_a_padded_batch(model_typ
         assert set(ctx.runners) >= set(modes[1:])
 
 
-def test_stepwise_runs_past_a_per_call_rotary_types_original_context_are_refused():
-    """LongRoPE (and dynamic NTK) pick their frequencies by each call's length: past the original context a
-    one-token step and a full pass compute different models (recirculation at alpha 0, identity short-circuit off,
-    was 4.5 logits off HF at T = 9 on this model). Recurrent steps and recirculation are refused there in one
-    line; within it, and the standard pass at any length, run."""
+def test_stepwise_runs_across_a_longrope_models_original_context_are_refused():
+    """LongRoPE picks its frequencies by each call's length (the long factors once a call passes the original
+    context): a run whose first call lies within it and a later column past it mixes two models (recirculation at
+    alpha 0, identity short-circuit off, was 4.5 logits off HF at T = 9 here; greedy decoding crossing it differs
+    from HF's generate, which recomputes without its cache there). Refused in one line; a run whose every call lies
+    past it (recurrent-k with T - k >= the original context) or within it runs, and equals the uncached recompute."""
     from common.errors import UserError
-    from engine.prefill import prefill
+    from engine.prefill import generate, prefill
     from engine.recirculation import RecirculatedLM, parse_recirculate
     from models.full_bandwidth import FullBandwidthLM
 
@@ -497,20 +498,32 @@ def test_stepwise_runs_past_a_per_call_rotary_types_original_context_are_refused
                                    long_factor=[2.0 + 0.5 * i for i in range(4)], original_max_position_embeddings=8))
     torch.manual_seed(1)
     model = FullBandwidthLM(lm, fusion=True).eval()
-    g = torch.Generator().manual_seed(0)
-    long_ids = torch.randint(1, 64, (2, 12), generator=g)
-    for ids in (long_ids, long_ids[:, :8]):
-        mask = torch.ones_like(ids)
-        fits = ids.shape[1] <= 8
-        prefill(model, ids, mask, "standard")
-        for mode in ("recurrent-full", "recurrent-1", "recirc-2:1:0.5"):
-            if fits:
-                prefill(model, ids, mask, mode)
-            else:
-                with pytest.raises(UserError, match="longrope rotary embeddings: a prompt of 12 tokens .* original "
-                                                     "context \\(8\\)"):
-                    prefill(model, ids, mask, mode)
-        rlm = RecirculatedLM(FullBandwidthLM(lm, fusion=False), parse_recirculate("2:1:0.5", 2))
-        if not fits:
-            with pytest.raises(UserError, match="recirculation on a model with longrope"):
-                rlm.prefill(ids, mask)
+    with torch.no_grad():
+        model.fusion.up.weight.normal_(0, 0.3)
+    ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    prefill(model, ids, mask, "standard")
+    for mode in ("recurrent-full", "recurrent-5", "recirc-2:1:0.5"):  # first calls of 1, 8 and 1 columns
+        with pytest.raises(UserError, match="longrope rotary embeddings: its first call covers .* original context "
+                                             "\\(8\\)"):
+            prefill(model, ids, mask, mode)
+    with pytest.raises(UserError, match="recirculation on a model with longrope"):
+        RecirculatedLM(FullBandwidthLM(lm, fusion=False), parse_recirculate("2:1:0.5", 2)).prefill(ids, mask)
+    # recurrent-4: the first call covers 9 columns, past the original context like every step: one model
+    res = prefill(model, ids, mask, "recurrent-4", positions=tuple(range(-12, 0)), collect=False)
+    state = torch.zeros_like(res.top)
+    state[:, 1:] = res.top[:, :-1]
+    fuse = torch.zeros_like(mask, dtype=torch.bool)
+    fuse[:, -4:] = True
+    with torch.no_grad():
+        for t in range(8, 12):
+            top = model(ids[:, :t + 1], mask[:, :t + 1], state=state[:, :t + 1], fuse_mask=fuse[:, :t + 1]).top[:, -1]
+            assert (top - res.top[:, t]).abs().max() <= 1e-4, t
+    # within the original context everything runs; generation may not cross it
+    short, smask = ids[:, :6], mask[:, :6]
+    for mode in ("recurrent-full", "recirc-2:1:0.5"):
+        prefill(model, short, smask, mode)
+    generate(model, short, smask, 3, "std")  # 6 + 2 fed back = 8 columns
+    for decoding in ("std", "soft", "recirc-2:1:0.5"):
+        with pytest.raises(UserError, match="generation on a model with longrope"):
+            generate(model, short, smask, 4, decoding)
