@@ -60,6 +60,7 @@ from common.errors import UserError
 from engine.cache import new_cache
 from engine.edits import Edit, Lambda, apply
 from engine.hooks import Hooks, ResidualRecorder, blocks_addressable, on_depth, patched, put_columns
+from engine.inputs import check_stepwise
 from engine.modes import Mode
 from engine.prefill import (cache_prefix, iter_fused, jacobi_pass, positions_from_mask, recurrent_run, recurrent_start,
                             recurrent_steps, shift_state)
@@ -281,6 +282,7 @@ class RecurrentPatcher(Patcher):
 
     def __init__(self, model, ids, mask, mode):
         super().__init__(model, ids, mask, mode)
+        check_stepwise(model, mask, mode.name, steps=mode.n)  # before its clean run, whoever builds it
         T = self.T
         self.r0 = recurrent_start(T, mode.n)
         with ResidualRecorder(model) as rec:
@@ -433,6 +435,7 @@ class RecircPatcher(Patcher):
 
     def __init__(self, model, ids, mask, mode):
         super().__init__(model, ids, mask, mode)
+        check_stepwise(model, mask, "recirculation")  # before its clean run, whoever builds it
         self.spec = mode.recirc.validate(self.L)
         self.rlm = RecirculatedLM(lm_only(model), self.spec)
         T, s, d = self.T, self.spec.source, self.spec.target

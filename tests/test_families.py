@@ -509,6 +509,12 @@ def test_stepwise_runs_across_a_longrope_models_original_context_are_refused():
             prefill(model, ids, mask, mode)
     with pytest.raises(UserError, match="recirculation on a model with longrope"):
         RecirculatedLM(FullBandwidthLM(lm, fusion=False), parse_recirculate("2:1:0.5", 2)).prefill(ids, mask)
+    from engine.modes import parse_mode
+    from engine.patching import patcher
+
+    for mode in ("recurrent-full", "recirc-2:1:0.5"):  # the patched runs too, whoever builds them (no engine check)
+        with pytest.raises(UserError, match="on a model with longrope"):
+            patcher(parse_mode(mode, 2), model, ids, mask)
     # recurrent-4: the first call covers 9 columns, past the original context like every step: one model
     res = prefill(model, ids, mask, "recurrent-4", positions=tuple(range(-12, 0)), collect=False)
     state = torch.zeros_like(res.top)
