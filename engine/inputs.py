@@ -29,9 +29,15 @@ def pad_left(seqs: list[list[int]], pad_id: int | None = 0) -> tuple[torch.Tenso
 RELATIVE_ROPE_TYPES = frozenset({"default", "linear"})
 
 
-def _rope_type(config) -> str:
+def _rope_params(config) -> dict:
+    """The config's rotary settings (transformers 5's rope_parameters, or an older rope_scaling); {} if none."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    return params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
+    return params if isinstance(params, dict) else {}
+
+
+def _rope_type(config) -> str:
+    params = _rope_params(config)
+    return params.get("rope_type", params.get("type", "default"))
 
 
 def context_length(config, windows=None) -> int | None:
@@ -70,11 +76,10 @@ def check_stepwise(model, attention_mask: torch.Tensor, what: str, steps: int | 
     rope = _rope_type(config)
     if rope not in PER_CALL_ROPE_TYPES:
         return
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    original = (params.get("original_max_position_embeddings") if isinstance(params, dict) else None) \
+    original = _rope_params(config).get("original_max_position_embeddings") \
         or getattr(config, "original_max_position_embeddings", None)
     longest = int(attention_mask.sum(-1).max())
-    first = 1 if steps is None else longest - max(steps - 1, 0)
+    first = 1 if steps is None else max(longest - max(steps - 1, 0), 1)  # k past the prompt: every column a step
     if original is not None and first <= original < longest + new_tokens:
         raise UserError(f"{what} on a model with {rope} rotary embeddings: its first call covers {first} of "
                         f"{longest + new_tokens} columns, across its original context ({original}), past which the "

@@ -509,6 +509,8 @@ def test_stepwise_runs_across_a_longrope_models_original_context_are_refused():
             prefill(model, ids, mask, mode)
     with pytest.raises(UserError, match="recirculation on a model with longrope"):
         RecirculatedLM(FullBandwidthLM(lm, fusion=False), parse_recirculate("2:1:0.5", 2)).prefill(ids, mask)
+    with pytest.raises(UserError, match="its first call covers 1 of 12 columns"):  # k past the prompt: as full
+        prefill(model, ids, mask, "recurrent-100000")
     from engine.modes import parse_mode
     from engine.patching import patcher
 
