@@ -60,7 +60,7 @@ def check_config(config, where) -> None:
         if v is not None and (not is_num(v) or v <= 0):
             refuse(f"{key} must be a finite number > 0, got {v!r}")
     window = get("sliding_window")
-    if window is not None and (not is_int(window) or window < 1):
+    if window is not None and (not is_int(window) or window < 1) and _windowed(config):
         refuse(f"sliding_window must be an integer >= 1 (tokens attended) or null, got {window!r}")
     # RoPE: v5 keeps theta in rope_parameters (per layer type in some models), older configs at the top level
     rope = [("rope_theta", get("rope_theta"))]
@@ -87,3 +87,15 @@ def check_config(config, where) -> None:
     partial = get("partial_rotary_factor") is not None or "partial_rotary_factor" in str(get("rope_parameters"))
     if any(v is not None for _, v in rope) and not partial and head_dim and head_dim % 2:
         refuse(f"head dimension {head_dim} is odd; RoPE rotates pairs of dimensions")
+
+
+def _windowed(config) -> bool:
+    """Whether any layer of this model applies `sliding_window` (Qwen2-MoE's config writes 0 where none does);
+    True for a model type no family covers (its loading refuses it anyway)."""
+    from common.errors import UserError
+    from models.families import family_of
+
+    try:
+        return any(w is not None for w in family_of(config).windows(config))
+    except UserError:
+        return True

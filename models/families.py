@@ -171,8 +171,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen", ("qwen2", "qwen3"), lean_step=True,
            window_rules=(("qwen2", "layer_types"), ("qwen3", "layer_types"))),
     # Llama's layout (model.layers, self_attn.o_proj, mlp, model.norm) with other blocks: HF's own one-token step
-    Family("llama_like", ("olmo", "olmo2", "phi3", "stablelm", "starcoder2", "smollm3"),
-           window_rules=(("phi3", "all"), ("starcoder2", "all"), ("smollm3", "layer_types"))),
+    # (the mixture-of-experts types among them route each token alone: `mlp` is the sparse block, its output the site)
+    Family("llama_like", ("olmo", "olmo2", "phi3", "stablelm", "starcoder2", "smollm3",
+                          "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"),
+           window_rules=(("phi3", "all"), ("starcoder2", "all"), ("smollm3", "layer_types"), ("mixtral", "all"),
+                         ("qwen2_moe", "layer_types"), ("qwen3_moe", "all"))),
     Family("phi", ("phi",), final_norm_path="final_layernorm", attn_out_path="dense"),
     Family("gpt2", ("gpt2",), blocks="h", final_norm_path="ln_f", embedding_path="wte", attn_path="attn",
            attn_out_path="c_proj", depth_field="n_layer", width_field="n_embd", heads_field="n_head",

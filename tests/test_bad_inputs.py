@@ -189,9 +189,11 @@ def _rope(cfg):
 BAD_CONFIGS = {
     "rope_theta 0": (lambda c: _rope(c).update(rope_theta=0), "rope_parameters.rope_theta must be a finite number > 0"),
     "rms_norm_eps < 0": (lambda c: c.update(rms_norm_eps=-1e-6), "rms_norm_eps must be a finite number > 0"),
-    "window 0": (lambda c: c.update(sliding_window=0, use_sliding_window=True),
+    # Mistral (Llama's weights) windows every layer; a Llama ignores the key (tested below)
+    "window 0": (lambda c: c.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=0),
                  "sliding_window must be an integer >= 1"),
-    "window < 0": (lambda c: c.update(sliding_window=-4, use_sliding_window=True), "sliding_window must be"),
+    "window < 0": (lambda c: c.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=-4),
+                   "sliding_window must be"),
     "kv heads": (lambda c: c.update(num_key_value_heads=3), "num_key_value_heads 3 does not divide"),
     "positions 0": (lambda c: c.update(max_position_embeddings=0),
                     "max_position_embeddings must be a positive integer"),
@@ -210,6 +212,15 @@ def test_bad_hf_config_is_refused(hf, case):
     edit, needle = BAD_CONFIGS[case]
     _edit_json(hf / "config.json", edit)
     _load_refused(hf, needle)
+
+
+def test_a_window_no_layer_applies_is_not_checked(hf):
+    """A Llama ignores `sliding_window`, and Qwen2-MoE's config writes 0 there when no layer slides: such a value
+    makes no blind model, so it loads (the same value under Mistral is refused above)."""
+    from models.loading import load_model
+
+    _edit_json(hf / "config.json", lambda c: c.update(sliding_window=0))
+    assert load_model(str(hf))[0].config.sliding_window == 0
 
 
 @pytest.mark.parametrize("kind", ["fbt", "hf"])

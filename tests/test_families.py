@@ -17,9 +17,17 @@ import torch
 from common.errors import UserError
 from models.families import FAMILIES, family_of
 
-FAMILY_NAMES = ("llama", "qwen3", "gpt2", "gpt_neox", "gemma3_text", "olmo2", "phi")  # one type per family, end to end
+# one type per family end to end, and one mixture of experts
+FAMILY_NAMES = ("llama", "qwen3", "gpt2", "gpt_neox", "gemma3_text", "olmo2", "phi", "qwen2_moe")
 IN_PROCESS = FAMILY_NAMES + ("gemma", "gemma2",  # Gemma 1 (no window) and 2 (final soft-cap) in the cheap tests
-                              "olmo", "phi3", "stablelm", "starcoder2", "smollm3")  # Llama's layout, other blocks
+                              "olmo", "phi3", "stablelm", "starcoder2", "smollm3",  # Llama's layout, other blocks
+                              "mixtral", "qwen3_moe", "olmoe")  # ... and mixtures of experts
+# four experts, two per token (the defaults are 8-64 experts of width 1408-14336)
+MOE = {"mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+       "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                         shared_expert_intermediate_size=32),
+       "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
+       "olmoe": dict(num_experts=4, num_experts_per_tok=2)}
 
 
 def tiny_config(model_type: str, vocab: int, **kw):
@@ -34,6 +42,7 @@ def tiny_config(model_type: str, vocab: int, **kw):
                     max_position_embeddings=256)
         if model_type != "gpt_neox":
             args.update(num_key_value_heads=2, head_dim=8)
+        args.update(MOE.get(model_type, {}))
     return AutoConfig.for_model(model_type, **{**common, **args, **kw})
 
 
@@ -240,7 +249,9 @@ WINDOWED = [("gemma3_text", dict(sliding_window=3, layer_types=["sliding_attenti
                                                                 max_window_layers=0, layer_types=None)),
             ("phi3", dict(sliding_window=3)), ("starcoder2", dict(sliding_window=3)),
             ("smollm3", dict(sliding_window=3, use_sliding_window=True,
-                             layer_types=["sliding_attention", "full_attention"]))]
+                             layer_types=["sliding_attention", "full_attention"])),
+            ("mixtral", dict(sliding_window=3)), ("qwen3_moe", dict(sliding_window=3, use_sliding_window=True)),
+            ("qwen2_moe", dict(sliding_window=3, use_sliding_window=True, max_window_layers=2, layer_types=None))]
 
 
 @pytest.mark.parametrize("model_type, kw", WINDOWED)
@@ -286,7 +297,8 @@ def test_recirculation_keeps_sliding_windows(model_type, kw):
         assert (slow.logits - base.logits)[mask.bool()].abs().max() <= 1e-4, method
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma", "gpt2", "gpt_neox", "olmo", "olmo2", "stablelm", "phi"])
+@pytest.mark.parametrize("model_type", ["llama", "gemma", "gpt2", "gpt_neox", "olmo", "olmo2", "stablelm", "phi",
+                                        "olmoe"])
 def test_a_window_the_model_ignores_is_no_window(model_type):
     """Llama, Gemma 1, GPT-2 and GPT-NeoX attend fully whatever `sliding_window` / `layer_types` their config holds
     (HF's base model never reads them): the engine must not window them either. Recirculation at alpha 0 through

@@ -374,3 +374,49 @@ def test_a_patcher_that_checks_less_still_refuses_a_fed_site_its_run_never_reach
     for site in ("state", "fused"):
         with pytest.raises(UserError, match="takes no fed state at T-3"):
             lax.check(Patch(site, torch.zeros(B, D), pos=-4))
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
+def test_mixture_of_experts_patches_match_hand_written(model_type):
+    """A sparse MoE block is the MLP site like any other (Qwen2-MoE's with its gated shared expert): a head and an
+    MLP-output patch under recurrent-full and under recirculation equal the hand-written forwards, and propagate.
+    Each token is routed alone, so the cached steps compute what the from-scratch recompute does. In float64 (the
+    experts' eager loop: torch's grouped_mm takes no float64), where only the router's float32 softmax and the
+    float32 logits round (~1e-6): in float32 rounding alone reaches 1e-4 on these logits."""
+    from test_families import tiny_lm
+
+    lm = tiny_lm(model_type, vocab=40, seed=13, num_hidden_layers=L, num_key_value_heads=H, head_dim=DH,
+                 attn_implementation="eager", experts_implementation="eager")
+    assert "Sparse" in type(lm.model.layers[0].mlp).__name__
+    torch.manual_seed(3)
+    fbt = FullBandwidthLM(lm, fusion=True).eval()
+    with torch.no_grad():
+        fbt.fusion.up.weight.normal_(0, 0.3)
+        fbt.fusion.gate.weight.normal_(0, 0.3)
+    fbt, lm = fbt.double(), lm.double()
+
+    def close(got, want):  # the engine returns float32 logits: its rounding and the router's, ~1e-6
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+    batch = _batch(8)
+    g = torch.Generator().manual_seed(5)
+    head = Patch("head", torch.randn(B, DH, generator=g), pos=-5, layer=1, head=2)
+    mlp = Patch("mlp_out", torch.randn(B, D, generator=g), pos=-4, layer=0)
+    ctx = CausalContext(fbt, batch, modes=["recurrent-full"])
+    with torch.no_grad():
+        ref_clean = _ref_recurrent_full(fbt, batch.input_ids)
+        close(ctx.clean["recurrent-full"].logits, ref_clean)
+        for patches in ([head], [mlp], [head, mlp]):
+            got = ctx.run("recurrent-full", patches).logits
+            close(got, _ref_recurrent_full(fbt, batch.input_ids, patches))
+            assert (got - ref_clean).abs().max() > 1e-3
+    model = FullBandwidthLM(lm, fusion=False).eval()
+    mode = "recirc-3:1:0.4:convex"
+    ctx = CausalContext(model, batch, modes=[mode])
+    with torch.no_grad():
+        ref_clean = _ref_recirc(lm, batch.input_ids, 3, 1, 0.4)
+        close(ctx.clean[mode].logits, ref_clean)
+        for patches in ([head], [mlp], [head, mlp]):
+            got = ctx.run(mode, patches).logits
+            close(got, _ref_recirc(lm, batch.input_ids, 3, 1, 0.4, patches))
+            assert (got - ref_clean).abs().max() > 1e-4
