@@ -29,15 +29,20 @@ def pad_left(seqs: list[list[int]], pad_id: int | None = 0) -> tuple[torch.Tenso
 RELATIVE_ROPE_TYPES = frozenset({"default", "linear"})
 
 
-def _rope_params(config) -> dict:
-    """The config's rotary settings (transformers 5's rope_parameters, or an older rope_scaling); {} if none."""
+def _rope_params(config) -> list[dict]:
+    """The config's rotary settings (transformers 5's rope_parameters, or an older rope_scaling): one dict, or one
+    per layer type where the model keeps them so (Gemma 3: {"full_attention": {...}, "sliding_attention": {...}});
+    [] if none."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    return params if isinstance(params, dict) else {}
+    if not isinstance(params, dict):
+        return []
+    nested = [v for v in params.values() if isinstance(v, dict)]
+    return nested if nested and not ({"rope_type", "type"} & params.keys()) else [params]
 
 
-def _rope_type(config) -> str:
-    params = _rope_params(config)
-    return params.get("rope_type", params.get("type", "default"))
+def _rope_types(config) -> set[str]:
+    """Every rotary type the model's layers use ({"default"} without settings)."""
+    return {p.get("rope_type", p.get("type", "default")) for p in _rope_params(config)} or {"default"}
 
 
 def context_length(config, windows=None) -> int | None:
@@ -48,7 +53,7 @@ def context_length(config, windows=None) -> int | None:
     unbounded; a learned absolute position table (GPT-2's n_positions), any full-attention layer, or a scaled rotary
     type whose frequencies depend on the context (dynamic NTK, YaRN, LongRoPE, ...) keeps it."""
     if (windows and all(w is not None for w in windows) and getattr(config, "n_positions", None) is None
-            and _rope_type(config) in RELATIVE_ROPE_TYPES):
+            and _rope_types(config) <= RELATIVE_ROPE_TYPES):
         return None
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
@@ -73,11 +78,13 @@ def check_stepwise(model, attention_mask: torch.Tensor, what: str, steps: int | 
     models (HF's own generate recomputes without its cache there). `new_tokens`: generated tokens after the prompt.
     A run whose every call lies past it, or within it, is one model."""
     config = model.config
-    rope = _rope_type(config)
-    if rope not in PER_CALL_ROPE_TYPES:
+    per_call = [p for p in _rope_params(config) if p.get("rope_type", p.get("type")) in PER_CALL_ROPE_TYPES]
+    if not per_call:
         return
-    original = _rope_params(config).get("original_max_position_embeddings") \
-        or getattr(config, "original_max_position_embeddings", None)
+    rope = per_call[0].get("rope_type", per_call[0].get("type"))
+    original = min((p["original_max_position_embeddings"] for p in per_call
+                    if p.get("original_max_position_embeddings") is not None),
+                   default=getattr(config, "original_max_position_embeddings", None))
     longest = int(attention_mask.sum(-1).max())
     first = 1 if steps is None else max(longest - max(steps - 1, 0), 1)  # k past the prompt: every column a step
     if original is not None and first <= original < longest + new_tokens:

@@ -72,10 +72,11 @@ def _every_layer_windowed(model) -> bool:
     """Every layer windowed, and frequencies that do not depend on a call's length: a chunk then computes what the
     full pass does (LongRoPE's would switch factors between chunks)."""
     from engine.cache import model_windows
-    from engine.inputs import PER_CALL_ROPE_TYPES, _rope_type
+    from engine.inputs import PER_CALL_ROPE_TYPES, _rope_types
 
     windows = model_windows(model)
-    return bool(windows) and all(w is not None for w in windows) and _rope_type(model.config) not in PER_CALL_ROPE_TYPES
+    return (bool(windows) and all(w is not None for w in windows)
+            and not (_rope_types(model.config) & PER_CALL_ROPE_TYPES))
 
 
 def _standard_chunked(model, ids, mask, cols, chunk: int | None = None, head: bool = True) -> LMOutput:

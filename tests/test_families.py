@@ -547,3 +547,30 @@ def test_stepwise_runs_across_a_longrope_models_original_context_are_refused():
     for decoding in ("std", "soft", "recirc-2:1:0.5"):
         with pytest.raises(UserError, match="generation on a model with longrope"):
             generate(model, short, smask, 4, decoding)
+
+
+def test_a_longrope_kept_per_layer_type_is_refused_too():
+    """transformers 5 keeps Gemma 3's rotary settings per layer type ({"full_attention": {...}, "sliding_attention":
+    {...}}): a LongRoPE there picks its frequencies by each call's length as well. Read at the top level only, the
+    model passed for a default rotary one and recirculation at alpha 0 (short-circuit off) ran 0.17 logits off HF."""
+    from common.errors import UserError
+    from engine.inputs import _rope_types, context_length
+    from engine.recirculation import RecirculatedLM, parse_recirculate
+    from models.full_bandwidth import FullBandwidthLM
+
+    longrope = dict(rope_type="longrope", rope_theta=1e4, short_factor=[1.0 + 0.1 * i for i in range(4)],
+                    long_factor=[2.0 + 0.5 * i for i in range(4)], original_max_position_embeddings=8)
+    lm = tiny_lm("gemma3_text", max_position_embeddings=128, sliding_window=4,
+                 layer_types=["sliding_attention", "full_attention"],
+                 rope_parameters={"full_attention": longrope,
+                                  "sliding_attention": dict(rope_type="default", rope_theta=1e4)})
+    assert _rope_types(lm.config) == {"longrope", "default"}
+    ids = torch.randint(1, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    model = FullBandwidthLM(lm, fusion=False).eval()
+    with pytest.raises(UserError, match="longrope rotary embeddings: its first call covers 1 of 12 .* \\(8\\)"):
+        RecirculatedLM(model, parse_recirculate("2:1:0", 2), bypass_identity=False).prefill(ids, torch.ones_like(ids))
+    # every layer windowed: unbounded only where every layer type's rotary is relative
+    for full, unbounded in ((longrope, False), (dict(rope_type="linear", factor=2.0, rope_theta=1e4), True)):
+        cfg = tiny_config("gemma3_text", 64, sliding_window=4, layer_types=["sliding_attention"] * 2,
+                          rope_parameters={"full_attention": full, "sliding_attention": dict(rope_type="default")})
+        assert (context_length(cfg, [4, 4]) is None) is unbounded
