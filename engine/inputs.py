@@ -30,14 +30,20 @@ RELATIVE_ROPE_TYPES = frozenset({"default", "linear"})
 
 
 def _rope_params(config) -> list[dict]:
-    """The config's rotary settings (transformers 5's rope_parameters, or an older rope_scaling): one dict, or one
-    per layer type where the model keeps them so (Gemma 3: {"full_attention": {...}, "sliding_attention": {...}});
-    [] if none."""
+    """The rotary settings the model's layers use (transformers 5's rope_parameters, or an older rope_scaling): one
+    dict, or one per layer type where the model keeps them so (Gemma 3: {"full_attention": {...},
+    "sliding_attention": {...}}), of the types some layer has; [] if none. Nested or flat as HF decides
+    (`nested_rope_parameter_keys`: keys that name layer types), whatever else the dict holds beside them."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     if not isinstance(params, dict):
         return []
-    nested = [v for v in params.values() if isinstance(v, dict)]
-    return nested if nested and not ({"rope_type", "type"} & params.keys()) else [params]
+    types = getattr(config, "layer_types", None) or ()
+    labels = getattr(config, "_rope_type_labels", None) or types
+    nested = [k for k in params if k in labels]
+    if not nested:
+        return [params]
+    used = [k for k in nested if k in types] if labels is types else nested  # HF builds only the types in use
+    return [params[k] for k in used if isinstance(params[k], dict)]
 
 
 def _rope_types(config) -> set[str]:

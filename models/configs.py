@@ -31,9 +31,10 @@ def gpt2_config(vocab_size: int, n_layers: int = 2, d_model: int = 64, n_heads: 
 
 def check_config(config, where) -> None:
     """UserError (one line) for a base-model config that HF builds but that computes nonsense: a NaN model (RoPE
-    theta 0, a norm eps <= 0), a window of no tokens (every answer wrong), sizes < 1, heads that do not split the
-    width or KV heads that do not split the heads. For full-bandwidth checkpoints and plain HF models alike
-    (models.full_bandwidth.FullBandwidthLM.from_pretrained, models.loading._load_hf_lm)."""
+    theta 0, a norm eps <= 0), a window of no tokens (every answer wrong) or none where a layer slides, sizes < 1,
+    heads that do not split the width or KV heads that do not split the heads, more experts per token than experts.
+    For full-bandwidth checkpoints and plain HF models alike (models.full_bandwidth.FullBandwidthLM.from_pretrained,
+    models.loading._load_hf_lm)."""
     import math
 
     from common.errors import UserError
@@ -51,7 +52,8 @@ def check_config(config, where) -> None:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "intermediate_size", "n_inner", "head_dim", "max_position_embeddings"):
+                "intermediate_size", "n_inner", "head_dim", "max_position_embeddings", "moe_intermediate_size",
+                "num_local_experts", "num_experts"):
         v = get(key)
         if v is not None and (not is_int(v) or v < 1):
             refuse(f"{key} must be a positive integer, got {v!r}")
@@ -62,6 +64,11 @@ def check_config(config, where) -> None:
     window = get("sliding_window")
     if window is not None and (not is_int(window) or window < 1) and _windowed(config):
         refuse(f"sliding_window must be an integer >= 1 (tokens attended) or null, got {window!r}")
+    if window is None and _windowed(config, by_type=True):  # HF's forward fails on such a layer, in its mask code
+        refuse("layer_types has sliding_attention layers but sliding_window is null")
+    top_k, experts = get("num_experts_per_tok"), get("num_local_experts") or get("num_experts")
+    if top_k is not None and (not is_int(top_k) or top_k < 1 or (experts is not None and top_k > experts)):
+        refuse(f"num_experts_per_tok must be an integer in 1..{experts} (the experts), got {top_k!r}")
     # RoPE: v5 keeps theta in rope_parameters (per layer type in some models), older configs at the top level
     rope = [("rope_theta", get("rope_theta"))]
     stack = [("rope_parameters", get("rope_parameters"))]
@@ -89,13 +96,18 @@ def check_config(config, where) -> None:
         refuse(f"head dimension {head_dim} is odd; RoPE rotates pairs of dimensions")
 
 
-def _windowed(config) -> bool:
+def _windowed(config, by_type: bool = False) -> bool:
     """Whether any layer of this model applies `sliding_window` (Qwen2-MoE's config writes 0 where none does);
-    True for a model type no family covers (its loading refuses it anyway)."""
+    True for a model type no family covers (its loading refuses it anyway). `by_type`: whether any layer is a
+    sliding one by the `layer_types` of a model type that reads them (False for other types)."""
     from common.errors import UserError
-    from models.families import family_of
+    from models.families import family_of, model_type_of
 
     try:
-        return any(w is not None for w in family_of(config).windows(config))
+        family = family_of(config)
     except UserError:
-        return True
+        return not by_type
+    if by_type:
+        rule = dict(family.window_rules).get(model_type_of(config))
+        return rule == "layer_types" and "sliding_attention" in (getattr(config, "layer_types", None) or ())
+    return any(w is not None for w in family.windows(config))

@@ -187,11 +187,14 @@ class FullBandwidthLM(nn.Module):
             top = lean_step(plan, self.lm.config, x, attention_mask if padded else None, position_ids, cache)
             return LMOutput(logits=self.head(top) if head else None, top=top, cache=cache)
         # CPU SDPA with an explicit padding mask falls back to a slow kernel (measured ~3x slower than eager
-        # on the tiny presets); without padding the mask is dropped so SDPA takes its causal fast path. Not in
-        # float64: HF's eager attention turns a padded row's fully masked queries into NaN there (min + score
-        # overflows to -inf), which the next layer's values carry into every real row.
+        # on the tiny presets); without padding the mask is dropped so SDPA takes its causal fast path. float32
+        # only: in float64 HF's eager attention turns a padded row's fully masked queries into NaN (min + score
+        # overflows to -inf), which the next layer's values carry into every real row; in bfloat16 eager and SDPA
+        # round apart by a bf16 step, enough to flip a mixture of experts' routing (1.3 logits on a tiny Mixtral)
+        # between this pass and recirculation's (SDPA with 4-D masks), so both stay HF's default kernel.
         impl = self.lm.config._attn_implementation
-        use_eager = padded and input_ids.shape[1] > 1 and impl == "sdpa" and x.dtype != torch.float64
+        use_eager = (padded and input_ids.shape[1] > 1 and impl == "sdpa" and x.dtype == torch.float32
+                     and x.device.type == "cpu")
         if use_eager:
             self.lm.config._attn_implementation = "eager"
         try:

@@ -552,7 +552,8 @@ def test_stepwise_runs_across_a_longrope_models_original_context_are_refused():
 def test_a_longrope_kept_per_layer_type_is_refused_too():
     """transformers 5 keeps Gemma 3's rotary settings per layer type ({"full_attention": {...}, "sliding_attention":
     {...}}): a LongRoPE there picks its frequencies by each call's length as well. Read at the top level only, the
-    model passed for a default rotary one and recirculation at alpha 0 (short-circuit off) ran 0.17 logits off HF."""
+    model passed for a default rotary one and recirculation at alpha 0 (short-circuit off) ran 0.17 logits off HF.
+    Nested or flat, and which types count, as HF decides."""
     from common.errors import UserError
     from engine.inputs import _rope_types, context_length
     from engine.recirculation import RecirculatedLM, parse_recirculate
@@ -566,11 +567,60 @@ def test_a_longrope_kept_per_layer_type_is_refused_too():
                                   "sliding_attention": dict(rope_type="default", rope_theta=1e4)})
     assert _rope_types(lm.config) == {"longrope", "default"}
     ids = torch.randint(1, 64, (1, 12), generator=torch.Generator().manual_seed(0))
-    model = FullBandwidthLM(lm, fusion=False).eval()
-    with pytest.raises(UserError, match="longrope rotary embeddings: its first call covers 1 of 12 .* \\(8\\)"):
-        RecirculatedLM(model, parse_recirculate("2:1:0", 2), bypass_identity=False).prefill(ids, torch.ones_like(ids))
-    # every layer windowed: unbounded only where every layer type's rotary is relative
-    for full, unbounded in ((longrope, False), (dict(rope_type="linear", factor=2.0, rope_theta=1e4), True)):
+    for rope in (lm.config.rope_parameters,  # and beside a top-level type, which HF ignores once nested (0.13 off)
+                 {"rope_type": "default", **lm.config.rope_parameters}):
+        lm.config.rope_parameters = rope
+        model = FullBandwidthLM(lm, fusion=False).eval()
+        with pytest.raises(UserError, match="longrope rotary embeddings: its first call covers 1 of 12 .* \\(8\\)"):
+            RecirculatedLM(model, parse_recirculate("2:1:0", 2), bypass_identity=False).prefill(ids, torch.ones_like(ids))
+    # a flat LongRoPE given to Gemma 3 is ignored by HF (it nests defaults beside it): the model runs
+    flat = tiny_lm("gemma3_text", max_position_embeddings=128, sliding_window=4,
+                   layer_types=["sliding_attention", "full_attention"], rope_parameters=dict(longrope))
+    assert _rope_types(flat.config) == {"default"}
+    RecirculatedLM(FullBandwidthLM(flat, fusion=False).eval(), parse_recirculate("2:1:0", 2),
+                   bypass_identity=False).prefill(ids, torch.ones_like(ids))
+    # every layer windowed: unbounded only where the rotary of every layer type in use is relative (HF builds no
+    # rotary for a type no layer has: a LongRoPE there changes nothing)
+    for sliding, unbounded in ((longrope, False), (dict(rope_type="linear", factor=2.0, rope_theta=1e4), True)):
         cfg = tiny_config("gemma3_text", 64, sliding_window=4, layer_types=["sliding_attention"] * 2,
-                          rope_parameters={"full_attention": full, "sliding_attention": dict(rope_type="default")})
+                          rope_parameters={"full_attention": longrope, "sliding_attention": sliding})
         assert (context_length(cfg, [4, 4]) is None) is unbounded
+
+
+@pytest.mark.parametrize("model_type, edit, needle", [
+    ("qwen2_moe", dict(num_experts_per_tok=5), "num_experts_per_tok must be an integer in 1..4"),
+    ("olmoe", dict(num_experts_per_tok=0), "num_experts_per_tok must be an integer in 1..4"),
+    ("mixtral", dict(num_local_experts=0), "num_local_experts must be a positive integer"),
+    ("qwen2_moe", dict(moe_intermediate_size=0), "moe_intermediate_size must be a positive integer"),
+    # HF still types layers 0 and 2 sliding, and its mask code fails without a window
+    ("qwen2_moe", dict(use_sliding_window=True, sliding_window=None, max_window_layers=2,
+                       layer_types=["sliding_attention", "full_attention"]), "sliding_window is null")])
+def test_a_mixture_of_experts_config_hf_cannot_run_is_one_line(tmp_path, model_type, edit, needle):
+    """torch.topk's traceback at the first forward (more experts per token than experts, or none), or HF's mask
+    code's: refused at loading in one line."""
+    tiny_lm(model_type).save_pretrained(str(tmp_path / "m"))
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(UserError, match=needle) as e:
+        load(tmp_path / "m")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "llama"])
+def test_bfloat16_padded_passes_keep_hfs_kernel(model_type):
+    """In bfloat16 the standard pass of a padded batch runs HF's default SDPA, as recirculation's 4-D-mask passes do:
+    with eager there (the float32 CPU speed path) the two rounded a bf16 step apart, and on a tiny Mixtral that
+    flipped one routing choice: 1.27 logits between the standard pass and recirculation at alpha 0."""
+    from engine.prefill import prefill
+    from engine.recirculation import RecirculatedLM, parse_recirculate
+    from models.full_bandwidth import FullBandwidthLM, positions_from_mask
+
+    lm = tiny_lm(model_type).to(torch.bfloat16)
+    model = FullBandwidthLM(lm, fusion=False).eval()
+    ids, mask = batch()
+    std = prefill(model, ids, mask, "standard", positions=(-1,)).logits[:, 0].float()
+    rec = RecirculatedLM(model, parse_recirculate("2:1:0", 2), bypass_identity=False).prefill(ids, mask)
+    with torch.no_grad():
+        hf = lm(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask, ids.shape[1])).logits
+    assert (std - hf[:, -1].float()).abs().max() <= 1e-6
+    assert (rec.logits[:, -1].float() - std).abs().max() <= 1e-6

@@ -129,3 +129,19 @@ def test_bfloat16_keeps_the_rotary_frequencies_in_float32(tmp_path):
                                                                                       n_heads=2, n_kv_heads=1), seed=0))
     assert all(b.dtype == torch.float32 for n, b in fbt.named_buffers() if n.endswith("inv_freq"))
     assert {p.dtype for p in fbt.parameters()} == {torch.bfloat16}
+
+
+def test_interventions_run_in_bfloat16_end_to_end(tiny_ckpt, tmp_path):
+    """interventions.run --dtype bfloat16: the battery runs on a recurrent mode and records the dtype; the top
+    residual at T patched from the donor is the donor's run, normalized effect 1 to bf16 rounding."""
+    from interventions.run import main
+
+    out = tmp_path / "i"
+    assert main(["--task", "parity", "--model", str(tiny_ckpt), "--mode", "recurrent-1", "--n-pairs", "12",
+                 "--distractors", "3", "--max-positions", "2", "--control-model", "none", "--dtype", "bfloat16",
+                 "--out", str(out), "--no-progress"]) == 0
+    rep = json.loads((out / "causal_report.json").read_text())
+    assert rep["config"]["dtype"] == "bfloat16"
+    lp = rep["results"]["layer_patching"]["recurrent-1"]
+    assert lp["normalized_effect"][-1][-1] == pytest.approx(1.0, abs=0.05)
+    assert rep["results"]["interventions"]
