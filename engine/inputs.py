@@ -31,19 +31,19 @@ RELATIVE_ROPE_TYPES = frozenset({"default", "linear"})
 
 def _rope_params(config) -> list[dict]:
     """The rotary settings the model's layers use (transformers 5's rope_parameters, or an older rope_scaling): one
-    dict, or one per layer type where the model keeps them so (Gemma 3: {"full_attention": {...},
-    "sliding_attention": {...}}), of the types some layer has; [] if none. Nested or flat as HF decides
-    (`nested_rope_parameter_keys`: keys that name layer types), whatever else the dict holds beside them."""
+    dict, or one per layer type for a model type whose HF model builds its rotary per type (Family.rope_by_layer_type:
+    Gemma 3's {"full_attention": {...}, "sliding_attention": {...}}, the keys naming layer types, as HF nests them);
+    [] if none."""
+    from models.families import FAMILIES, model_type_of
+
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     if not isinstance(params, dict):
         return []
+    if not any(model_type_of(config) in f.rope_by_layer_type for f in FAMILIES):
+        return [params]  # a flat reader: a stray per-type key changes nothing
     types = getattr(config, "layer_types", None) or ()
-    labels = getattr(config, "_rope_type_labels", None) or types
-    nested = [k for k in params if k in labels]
-    if not nested:
-        return [params]
-    used = [k for k in nested if k in types] if labels is types else nested  # HF builds only the types in use
-    return [params[k] for k in used if isinstance(params[k], dict)]
+    nested = [params[k] for k in params if k in types and isinstance(params[k], dict)]
+    return nested or [params]
 
 
 def _rope_types(config) -> set[str]:
@@ -85,19 +85,18 @@ def check_stepwise(model, attention_mask: torch.Tensor, what: str, steps: int | 
     A run whose every call lies past it, or within it, is one model."""
     config = model.config
     per_call = [p for p in _rope_params(config) if p.get("rope_type", p.get("type")) in PER_CALL_ROPE_TYPES]
-    if not per_call:
-        return
-    rope = per_call[0].get("rope_type", per_call[0].get("type"))
-    original = min((p["original_max_position_embeddings"] for p in per_call
-                    if p.get("original_max_position_embeddings") is not None),
-                   default=getattr(config, "original_max_position_embeddings", None))
     longest = int(attention_mask.sum(-1).max())
     first = 1 if steps is None else max(longest - max(steps - 1, 0), 1)  # k past the prompt: every column a step
-    if original is not None and first <= original < longest + new_tokens:
-        raise UserError(f"{what} on a model with {rope} rotary embeddings: its first call covers {first} of "
-                        f"{longest + new_tokens} columns, across its original context ({original}), past which the "
-                        "frequencies depend on each call's length (a one-token step and a full pass would compute "
-                        f"different models); use at most {original} columns in all, or standard / fused-N")
+    for p in per_call:  # each layer type's own original context (they may differ)
+        original = p.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings",
+                                                                         None)
+        if original is not None and first <= original < longest + new_tokens:
+            rope = p.get("rope_type", p.get("type"))
+            raise UserError(f"{what} on a model with {rope} rotary embeddings: its first call covers {first} of "
+                            f"{longest + new_tokens} columns, across its original context ({original}), past which "
+                            "the frequencies depend on each call's length (a one-token step and a full pass would "
+                            f"compute different models); use at most {original} columns in all, or standard / "
+                            "fused-N")
 
 
 def check_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,

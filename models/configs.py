@@ -65,10 +65,11 @@ def check_config(config, where) -> None:
     if window is not None and (not is_int(window) or window < 1) and _windowed(config):
         refuse(f"sliding_window must be an integer >= 1 (tokens attended) or null, got {window!r}")
     if window is None and _windowed(config, by_type=True):  # HF's forward fails on such a layer, in its mask code
-        refuse("layer_types has sliding_attention layers but sliding_window is null")
+        refuse("layer_types has sliding_attention layers but no sliding_window (null, or use_sliding_window false)")
     top_k, experts = get("num_experts_per_tok"), get("num_local_experts") or get("num_experts")
     if top_k is not None and (not is_int(top_k) or top_k < 1 or (experts is not None and top_k > experts)):
-        refuse(f"num_experts_per_tok must be an integer in 1..{experts} (the experts), got {top_k!r}")
+        refuse(f"num_experts_per_tok must be an integer in 1..{experts} (the experts), got {top_k!r}"
+               if experts is not None else f"num_experts_per_tok must be a positive integer, got {top_k!r}")
     # RoPE: v5 keeps theta in rope_parameters (per layer type in some models), older configs at the top level
     rope = [("rope_theta", get("rope_theta"))]
     stack = [("rope_parameters", get("rope_parameters"))]

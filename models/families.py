@@ -16,6 +16,8 @@ One small frozen adapter per family says, for the models of the `model_type`s it
                   `sliding_window` to every layer, Qwen2/3 and Gemma 2/3 per `layer_types`; Llama, Gemma 1, GPT-2
                   and GPT-NeoX ignore both, so a stray `sliding_window` in their config.json changes nothing
     logit_softcap the config field of a final logit soft-cap (Gemma 2/3: logits = c * tanh(logits / c))
+    rope_by_layer_type  the model types whose HF model builds a rotary embedding per layer type from a nested
+                  rope_parameters (Gemma 3); the others read it flat (engine.inputs reads it as the model does)
     lean_step     whether models.lean_step runs its cached one-token steps (else HF's base model does)
     attention_masks  a custom 4-D mask pattern with each layer's window applied (HF uses a 4-D mask as given)
 
@@ -74,6 +76,9 @@ class Family:
     # (model_type, rule) for the types whose HF base model windows attention: "all" (every layer gets
     # `sliding_window`, Mistral) or "layer_types" (the layers typed "sliding_attention"); other types attend fully
     window_rules: tuple[tuple[str, str], ...] = ()
+    # the model types whose HF model builds one rotary embedding per layer type from a nested rope_parameters
+    # (Gemma 3: {"full_attention": {...}, "sliding_attention": {...}}); the others read it flat, whatever it holds
+    rope_by_layer_type: tuple[str, ...] = ()
 
     # ----- modules ------------------------------------------------------------------------------------------
     def layers(self, lm) -> nn.ModuleList:
@@ -183,7 +188,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpt_neox", ("gpt_neox",), final_norm_path="final_layer_norm", embedding_path="embed_in",
            attn_path="attention", attn_out_path="dense"),
     Family("gemma", ("gemma", "gemma2", "gemma3_text"), logit_softcap_field="final_logit_softcapping",
-           window_rules=(("gemma2", "layer_types"), ("gemma3_text", "layer_types"))),
+           window_rules=(("gemma2", "layer_types"), ("gemma3_text", "layer_types")),
+           rope_by_layer_type=("gemma3_text",)),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 

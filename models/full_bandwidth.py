@@ -67,6 +67,21 @@ def check_finite_weights(weights, where: str) -> None:
                         f"values{more}")
 
 
+def check_runs(lm, where: str) -> None:
+    """HF's own forward over a 2-token prompt: a config HF builds but cannot run (Gemma 2 / 3 or Qwen2-MoE with no
+    sliding_window: their mask code builds the sliding mask even where no layer slides) is refused in one line at
+    loading, not a traceback at the first pass."""
+    ids = torch.zeros(1, 2, dtype=torch.long, device=lm.get_input_embeddings().weight.device)
+    try:
+        with torch.no_grad():
+            lm(input_ids=ids, use_cache=False)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # ValueError / TypeError / RuntimeError from HF's modelling code
+        raise UserError(f"cannot run the model of {where}: HF's own forward fails on a 2-token prompt "
+                        f"({one_line(e, 200)})") from None
+
+
 def save_tokenizer(tok, out: str | Path) -> None:
     """tok.save_pretrained into a temporary folder, then each file renamed into place (atomic each)."""
     import shutil
@@ -282,9 +297,10 @@ class FullBandwidthLM(nn.Module):
         except Exception as e:  # ValueError/KeyError/TypeError, or HF's strict-dataclass validation errors
             raise UserError(f"cannot build the base model config of {path} (model_type={model_type!r}): "
                             f"{one_line(e, 200)}") from None
+        family = family_of(base_config)  # an unsupported family: one line, before any weight or check
         check_config(base_config, path / "config.json")  # values HF accepts but that make a NaN or blind model
         fusion = cfg["fusion"]
-        d_model = family_of(base_config).width(base_config)  # an unsupported family: one line, before any weight
+        d_model = family.width(base_config)
         if fusion["enabled"] and fusion.get("d_model", d_model) != d_model:
             raise UserError(f"corrupt checkpoint config {path / 'config.json'}: fusion.d_model "
                             f"{fusion.get('d_model')!r} differs from the base model's hidden size {d_model!r}")
@@ -295,6 +311,7 @@ class FullBandwidthLM(nn.Module):
         model = cls._from_parts(lm, cfg, path)
         load_weights(model, path / "model.safetensors")
         model.eval()
+        check_runs(model.lm, str(path))
         return model
 
 

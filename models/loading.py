@@ -89,7 +89,7 @@ def _load_hf_lm(p: Path, **from_pretrained_kw):
 
     from common.jsonio import read_user_json
     from models.configs import check_config
-    from models.full_bandwidth import check_finite_weights, non_float_weights, one_line
+    from models.full_bandwidth import check_finite_weights, check_runs, non_float_weights, one_line
 
     hf_logging.disable_progress_bar()  # a per-shard bar is noise for the small models loaded here
     raw = read_user_json(p / "config.json", "corrupt model config")  # huge ints, deep nesting, NaN: one line
@@ -120,6 +120,7 @@ def _load_hf_lm(p: Path, **from_pretrained_kw):
             f"{len(mismatched)} weights of the wrong shape, first {mismatched[0][0]}"
         raise UserError(f"corrupt model weights in {p}: {what}")
     check_finite_weights(lm, str(p))
+    check_runs(lm, str(p))
     return lm
 
 

@@ -555,7 +555,7 @@ def test_a_longrope_kept_per_layer_type_is_refused_too():
     model passed for a default rotary one and recirculation at alpha 0 (short-circuit off) ran 0.17 logits off HF.
     Nested or flat, and which types count, as HF decides."""
     from common.errors import UserError
-    from engine.inputs import _rope_types, context_length
+    from engine.inputs import _rope_types, check_stepwise, context_length
     from engine.recirculation import RecirculatedLM, parse_recirculate
     from models.full_bandwidth import FullBandwidthLM
 
@@ -573,6 +573,18 @@ def test_a_longrope_kept_per_layer_type_is_refused_too():
         model = FullBandwidthLM(lm, fusion=False).eval()
         with pytest.raises(UserError, match="longrope rotary embeddings: its first call covers 1 of 12 .* \\(8\\)"):
             RecirculatedLM(model, parse_recirculate("2:1:0", 2), bypass_identity=False).prefill(ids, torch.ones_like(ids))
+    # two layer types, two original contexts: a first call of 13 columns straddles the larger one (the sliding
+    # layers switch factors between calls: 0.31 off the uncached recompute when only the smaller was checked)
+    lm.config.rope_parameters = {"full_attention": longrope, "sliding_attention": {
+        **longrope, "original_max_position_embeddings": 16}}
+    ids20 = torch.randint(1, 64, (1, 20), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(UserError, match="first call covers 13 of 20 columns, across its original context \\(16\\)"):
+        check_stepwise(FullBandwidthLM(lm, fusion=False), torch.ones_like(ids20), "recurrent-8", steps=8)
+    # a model type that reads its rotary flat (Qwen 2) ignores a stray per-type key: its LongRoPE is refused still
+    # (read as nested, the key hid it: recirculation ran 2.5 logits off HF)
+    qwen = tiny_config("qwen2", 64, max_position_embeddings=128, layer_types=["full_attention"] * 2,
+                       rope_parameters={**longrope, "full_attention": dict(rope_type="default", rope_theta=1e4)})
+    assert _rope_types(qwen) == {"longrope"}
     # a flat LongRoPE given to Gemma 3 is ignored by HF (it nests defaults beside it): the model runs
     flat = tiny_lm("gemma3_text", max_position_embeddings=128, sliding_window=4,
                    layer_types=["sliding_attention", "full_attention"], rope_parameters=dict(longrope))
@@ -594,8 +606,11 @@ def test_a_longrope_kept_per_layer_type_is_refused_too():
     ("qwen2_moe", dict(moe_intermediate_size=0), "moe_intermediate_size must be a positive integer"),
     # HF still types layers 0 and 2 sliding, and its mask code fails without a window
     ("qwen2_moe", dict(use_sliding_window=True, sliding_window=None, max_window_layers=2,
-                       layer_types=["sliding_attention", "full_attention"]), "sliding_window is null")])
-def test_a_mixture_of_experts_config_hf_cannot_run_is_one_line(tmp_path, model_type, edit, needle):
+                       layer_types=["sliding_attention", "full_attention"]), "but no sliding_window"),
+    # no layer slides, but Gemma 2 / 3 and Qwen2-MoE build the sliding mask anyway: HF's own forward fails
+    ("gemma2", dict(sliding_window=None, layer_types=["full_attention"] * 2), "HF's own forward fails"),
+    ("gemma3_text", dict(sliding_window=None, layer_types=["full_attention"] * 2), "HF's own forward fails")])
+def test_a_config_hf_cannot_run_is_one_line(tmp_path, model_type, edit, needle):
     """torch.topk's traceback at the first forward (more experts per token than experts, or none), or HF's mask
     code's: refused at loading in one line."""
     tiny_lm(model_type).save_pretrained(str(tmp_path / "m"))
