@@ -58,6 +58,7 @@ def check_finite_weights(weights, where: str) -> None:
     """
     sd = weights.state_dict() if isinstance(weights, nn.Module) else weights
     bad = [k for k in sorted(sd) if torch.is_tensor(sd[k]) and (sd[k].is_floating_point() or sd[k].is_complex())
+           and sd[k].device.type != "meta"  # offloaded by accelerate: not in memory to check
            and not bool(torch.isfinite(sd[k]).all())]
     if bad:
         t = sd[bad[0]]
@@ -71,7 +72,10 @@ def check_runs(lm, where: str) -> None:
     """HF's own forward over a 2-token prompt: a config HF builds but cannot run (Gemma 2 / 3 or Qwen2-MoE with no
     sliding_window: their mask code builds the sliding mask even where no layer slides) is refused in one line at
     loading, not a traceback at the first pass."""
-    ids = torch.zeros(1, 2, dtype=torch.long, device=lm.get_input_embeddings().weight.device)
+    device = lm.get_input_embeddings().weight.device
+    context = family_of(lm).context(lm.config)
+    ids = torch.zeros(1, min(2, context or 2), dtype=torch.long,  # a 1-position model: 1 token
+                      device="cpu" if device.type == "meta" else device)  # an embedding offloaded by accelerate
     try:
         with torch.no_grad():
             lm(input_ids=ids, use_cache=False)
@@ -291,13 +295,14 @@ class FullBandwidthLM(nn.Module):
         path = Path(path)
         cfg = cls.read_config(path)
         base = dict(cfg["base_config"])
+        family_of(base)  # an unsupported family: one line, before HF builds its config
         model_type = base.pop("model_type")
         try:
             base_config = AutoConfig.for_model(model_type, **base)
         except Exception as e:  # ValueError/KeyError/TypeError, or HF's strict-dataclass validation errors
             raise UserError(f"cannot build the base model config of {path} (model_type={model_type!r}): "
                             f"{one_line(e, 200)}") from None
-        family = family_of(base_config)  # an unsupported family: one line, before any weight or check
+        family = family_of(base_config)
         check_config(base_config, path / "config.json")  # values HF accepts but that make a NaN or blind model
         fusion = cfg["fusion"]
         d_model = family.width(base_config)

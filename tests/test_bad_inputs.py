@@ -214,6 +214,14 @@ def test_bad_hf_config_is_refused(hf, case):
     _load_refused(hf, needle)
 
 
+@pytest.mark.parametrize("model_type", ["nonexistent", "opt"])
+def test_a_checkpoint_of_an_unsupported_family_is_named_so(fbt, model_type):
+    """A full-bandwidth checkpoint names its base family before HF builds its config: the supported-families line,
+    not HF's "Unrecognized model identifier" list or a config validation error."""
+    _edit_json(fbt / "config.json", lambda c: c["base_config"].update(model_type=model_type))
+    _load_refused(fbt, f"unsupported model family (model_type '{model_type}')", "supported are llama")
+
+
 def test_a_window_no_layer_applies_is_not_checked(hf):
     """A Llama ignores `sliding_window`, and Qwen2-MoE's config writes 0 there when no layer slides: such a value
     makes no blind model, so it loads (the same value under Mistral is refused above)."""

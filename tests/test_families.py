@@ -639,3 +639,11 @@ def test_bfloat16_padded_passes_keep_hfs_kernel(model_type):
         hf = lm(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask, ids.shape[1])).logits
     assert (std - hf[:, -1].float()).abs().max() <= 1e-6
     assert (rec.logits[:, -1].float() - std).abs().max() <= 1e-6
+
+
+def test_loading_runs_a_one_position_model(tmp_path):
+    """The load-time forward (models.full_bandwidth.check_runs) fits the model's context: a GPT-2 of 1 position
+    loads (a 2-token check asked for a position it has not: refused)."""
+    tiny_lm("gpt2", n_positions=1).save_pretrained(str(tmp_path / "m"))
+    model = load(tmp_path / "m")[0]
+    assert model.config.n_positions == 1
