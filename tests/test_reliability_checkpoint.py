@@ -184,6 +184,9 @@ def test_check_finite_weights_on_modules_and_mappings(tiny_model):
         check_finite_weights(tiny_model, "here")
     with pytest.raises(UserError, match="w"):
         check_finite_weights({"w": torch.tensor([0.0, float("inf")])}, "dict")
+    # a tensor accelerate offloaded (meta: not in memory) cannot be read, so it is not checked (it raised
+    # "Tensor.item() cannot be called on meta tensors")
+    check_finite_weights({"offloaded": torch.empty(3, device="meta")}, "device map")
 
 
 def test_plain_hf_model_with_nan_weights(qwen_ckpt, tmp_path):
