@@ -18,7 +18,7 @@ from common.errors import UserError
 from models.families import FAMILIES, family_of
 
 # one type per family end to end, and one mixture of experts
-FAMILY_NAMES = ("llama", "qwen3", "gpt2", "gpt_neox", "gemma3_text", "olmo2", "phi", "qwen2_moe")
+FAMILY_NAMES = ("llama", "qwen3", "gpt2", "gpt_neox", "gemma3_text", "olmo2", "phi", "gptj", "qwen2_moe")
 IN_PROCESS = FAMILY_NAMES + ("gemma", "gemma2",  # Gemma 1 (no window) and 2 (final soft-cap) in the cheap tests
                               "olmo", "phi3", "stablelm", "starcoder2", "smollm3",  # Llama's layout, other blocks
                               "mixtral", "qwen3_moe", "olmoe")  # ... and mixtures of experts
@@ -37,6 +37,9 @@ def tiny_config(model_type: str, vocab: int, **kw):
     common = dict(vocab_size=vocab, initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     if model_type == "gpt2":
         args = dict(n_embd=32, n_layer=2, n_head=4, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    elif model_type == "gptj":  # rotary on the first 4 of each head's 8 dimensions
+        args = dict(n_embd=32, n_layer=2, n_head=4, n_positions=256, rotary_dim=4, resid_pdrop=0.0, embd_pdrop=0.0,
+                    attn_pdrop=0.0)
     else:
         args = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                     max_position_embeddings=256)
@@ -298,7 +301,7 @@ def test_recirculation_keeps_sliding_windows(model_type, kw):
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma", "gpt2", "gpt_neox", "olmo", "olmo2", "stablelm", "phi",
-                                        "olmoe"])
+                                        "olmoe", "gptj"])
 def test_a_window_the_model_ignores_is_no_window(model_type):
     """Llama, Gemma 1, GPT-2 and GPT-NeoX attend fully whatever `sliding_window` / `layer_types` their config holds
     (HF's base model never reads them): the engine must not window them either. Recirculation at alpha 0 through

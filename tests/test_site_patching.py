@@ -15,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from engine.mixing import RecircSpec
 from interventions.batch import Batch, Patch
 from interventions.core import CausalContext
+from models.families import family_of
 from models.full_bandwidth import FullBandwidthLM
 
 B, T, L, D, H = 4, 7, 3, 32, 4
@@ -39,43 +40,45 @@ def _block_hooks(lm, patches, col_in_forward):
     """Hand-written hooks: for each (site, layer, head, col, value), replace that column's value in this forward
     where col_in_forward(p) says it is present (returns the column index in the forward, or None)."""
     handles = []
+    fam = family_of(lm)  # Llama: model.layers[i].self_attn.o_proj / .mlp; GPT-J: transformer.h[i].attn.out_proj ...
     for p in patches:
         c = col_in_forward(p)
         if c is None:
             continue
-        blk = lm.model.layers[p.layer] if p.layer is not None else None
+        blk = fam.layers(lm)[p.layer] if p.layer is not None else None
         if p.site == "head":
             def pre(mod, args, p=p, c=c):
                 x = args[0].clone()
                 x[:, c, p.head * DH:(p.head + 1) * DH] = p.value
                 return (x,)
-            handles.append(blk.self_attn.o_proj.register_forward_pre_hook(pre))
+            handles.append(fam.attn_out(blk).register_forward_pre_hook(pre))
         elif p.site == "mlp_out":
             def post(mod, args, out, p=p, c=c):
                 out = out.clone()
                 out[:, c] = p.value
                 return out
-            handles.append(blk.mlp.register_forward_hook(post))
+            handles.append(fam.mlp(blk).register_forward_hook(post))
         elif p.site in ("resid", "rresid"):
             def post(mod, args, out, p=p, c=c):
                 h = (out[0] if isinstance(out, tuple) else out).clone()
                 h[:, c] = p.value
                 return h
             assert p.depth >= 1
-            handles.append(lm.model.layers[p.depth - 1].register_forward_hook(post))
+            handles.append(fam.layers(lm)[p.depth - 1].register_forward_hook(post))
     return handles
 
 
 def _ref_recurrent_full(model: FullBandwidthLM, ids, patches=()):
     """Logits at T of recurrent-full: column 0 on its embedding, column u >= 1 on fusion(h_{u-1}, e_u), each
     column computed once in a forward over columns 0..u (recomputed from scratch)."""
-    lm, e = model.lm, model.lm.model.embed_tokens(ids)
+    lm = model.lm
+    e = family_of(lm).embedding(lm)(ids)
     tops = []
     for t in range(T):
         x = [e[:, 0]] + [model.fusion(tops[u - 1][:, None], e[:, u:u + 1])[:, 0] for u in range(1, t + 1)]
         hs = _block_hooks(lm, patches, lambda p: (T + p.pos) if T + p.pos <= t else None)
         try:
-            out = lm.model(inputs_embeds=torch.stack(x, 1))
+            out = lm.base_model(inputs_embeds=torch.stack(x, 1))
         finally:
             for h in hs:
                 h.remove()
@@ -93,7 +96,7 @@ def _ref_recirc(lm, ids, s, d, a, patches=(), state=None):
     is kept. `state`: {c: value} replaces z_{c-1,s} (the state fed to column c). Residual / block patches at
     column c hit the normal branch of c and, at depth <= d (blocks whose output depth <= d), its r-branch too."""
     zs = {}
-    layers = lm.model.layers
+    layers = family_of(lm).layers(lm)
     for t in range(T):
         def inject(mod, args, out):
             h = (out[0] if isinstance(out, tuple) else out).clone()
@@ -376,18 +379,21 @@ def test_a_patcher_that_checks_less_still_refuses_a_fed_site_its_run_never_reach
             lax.check(Patch(site, torch.zeros(B, D), pos=-4))
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe"])
-def test_mixture_of_experts_patches_match_hand_written(model_type):
-    """A sparse MoE block is the MLP site like any other (Qwen2-MoE's with its gated shared expert): a head and an
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "gptj", "gpt2", "gpt_neox"])
+def test_other_layouts_patches_match_hand_written(model_type):
+    """Other blocks than Llama's: a sparse MoE block is the MLP site like any other (Qwen2-MoE's with its gated
+    shared expert), GPT-J and GPT-NeoX add attention and MLP in parallel, GPT-2's heads enter a Conv1D. A head and an
     MLP-output patch under recurrent-full and under recirculation equal the hand-written forwards, and propagate.
-    Each token is routed alone, so the cached steps compute what the from-scratch recompute does. In float64 (the
+    An MoE routes each token alone, so the cached steps compute what the from-scratch recompute does. In float64 (the
     experts' eager loop: torch's grouped_mm takes no float64), where only the router's float32 softmax and the
     float32 logits round (~1e-6): in float32 rounding alone reaches 1e-4 on these logits."""
     from test_families import tiny_lm
 
-    lm = tiny_lm(model_type, vocab=40, seed=13, num_hidden_layers=L, num_key_value_heads=H, head_dim=DH,
-                 attn_implementation="eager", experts_implementation="eager")
-    assert "Sparse" in type(lm.model.layers[0].mlp).__name__
+    depth = dict(n_layer=L) if model_type in ("gptj", "gpt2") else dict(num_hidden_layers=L)
+    heads = dict(num_key_value_heads=H, head_dim=DH) if model_type in ("mixtral", "qwen2_moe") else {}
+    moe = dict(experts_implementation="eager") if model_type in ("mixtral", "qwen2_moe") else {}
+    lm = tiny_lm(model_type, vocab=40, seed=13, attn_implementation="eager", **depth, **heads, **moe)
+    assert len(family_of(lm).layers(lm)) == L
     torch.manual_seed(3)
     fbt = FullBandwidthLM(lm, fusion=True).eval()
     with torch.no_grad():
