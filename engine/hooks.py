@@ -79,14 +79,34 @@ def on_block(lm, layer: int, site: str, fn, head: int | None = None):
 
         return fam.attn_out(block).register_forward_pre_hook(pre)
     mod = fam.attention(block) if site == "attn_out" else fam.mlp(block)
+    batch = {}
 
     def post(mod, args, out):
-        y = fn(out[0] if isinstance(out, tuple) else out)
+        x = out[0] if isinstance(out, tuple) else out
+        flat = x.ndim == 2  # [batch * cols, d_model] (Family.flat_mlp): fn sees [batch, cols, d_model]
+        y = fn(x.view(batch["n"], -1, x.shape[-1]) if flat else x)
         if y is None:
             return None
+        y = y.reshape(x.shape) if flat else y
         return (y,) + tuple(out[1:]) if isinstance(out, tuple) else y
 
+    if site == "mlp_out" and fam.flat_mlp:  # the block's input gives the batch size the flat rows came from
+        def remember(mod, args, kwargs):
+            batch["n"] = (args[0] if args else kwargs["hidden_states"]).shape[0]
+
+        return _Handles(block.register_forward_pre_hook(remember, with_kwargs=True), mod.register_forward_hook(post))
     return mod.register_forward_hook(post)
+
+
+class _Handles:
+    """Hook handles removed together (one site that needs two hooks)."""
+
+    def __init__(self, *handles):
+        self.handles = handles
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
 
 
 def on_output(module: nn.Module, fn):

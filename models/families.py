@@ -5,7 +5,8 @@ One small frozen adapter per family says, for the models of the `model_type`s it
     final_norm    the norm between the last block and the LM head, relative to `lm.base_model`
     embedding     the input token embedding, relative to `lm.base_model`
     head          the LM head, relative to the causal LM (`lm`)
-    attn / mlp    the attention and MLP modules inside a block
+    attn / mlp    the attention and MLP modules inside a block (OPT has no MLP module: its fc2, whose output is the
+                  MLP's, on rows flattened to [batch * cols, d_model]: `flat_mlp`)
     attn_out      the attention's output projection inside `attn` (o_proj / c_proj / dense): its *input* is the
                   concatenation of the heads' outputs [.., n_heads * head_dim], the per-head site
     depth / width / heads / head_dim / context   the config fields that give them (GPT-2 spells them n_layer,
@@ -73,6 +74,7 @@ class Family:
     logit_softcap_field: str | None = None
     positions: str = "rotary"  # how positions enter: "rotary" (in attention) or "learned" (added before block 0)
     lean_step: bool = False  # models.lean_step reproduces its one-token step (HF's Llama / Qwen decoder layers)
+    flat_mlp: bool = False  # the MLP runs on the rows flattened, [batch * cols, d_model] (OPT)
     # (model_type, rule) for the types whose HF base model windows attention: "all" (every layer gets
     # `sliding_window`, Mistral) or "layer_types" (the layers typed "sliding_attention"); other types attend fully
     window_rules: tuple[tuple[str, str], ...] = ()
@@ -188,6 +190,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("gptj", ("gptj",), blocks="h", final_norm_path="ln_f", embedding_path="wte", attn_path="attn",
            attn_out_path="out_proj", depth_field="n_layer", width_field="n_embd", heads_field="n_head",
            context_field="n_positions"),
+    # OPT's block has no MLP module: fc2's output is the MLP's (before the residual add)
+    Family("opt", ("opt",), blocks="decoder.layers", final_norm_path="decoder.final_layer_norm",
+           embedding_path="decoder.embed_tokens", mlp_path="fc2", attn_out_path="out_proj", positions="learned",
+           flat_mlp=True),
     Family("gpt_neox", ("gpt_neox",), final_norm_path="final_layer_norm", embedding_path="embed_in",
            attn_path="attention", attn_out_path="dense"),
     Family("gemma", ("gemma", "gemma2", "gemma3_text"), logit_softcap_field="final_logit_softcapping",

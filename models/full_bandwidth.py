@@ -134,6 +134,14 @@ class FullBandwidthLM(nn.Module):
         self.lm = lm
         self.family = family_of(lm)  # models.families: where its blocks, norm and head live; refuses the unknown
         d_model = self.family.width(lm.config)
+        # depth 0 is the embedding as block 0 reads it, the fused input replaces it, and the lens reads the top
+        # through the final norm: a model that projects between embedding and residual stream (OPT-350m's
+        # project_in / project_out) or has no final norm (its post-LN blocks) fits none of that
+        width = self.family.embedding(lm).weight.shape[-1]
+        if width != d_model:
+            raise UserError(f"unsupported {lm.config.model_type} model: its token embeddings are {width} wide and its "
+                            f"residual stream {d_model} (a projection between them, e.g. OPT-350m's project_in)")
+        self.family.final_norm(lm)  # none (e.g. OPT-350m, post-LN): one line naming where it was looked for
         self.fusion = Fusion(d_model, eps) if fusion else None
         if self.fusion is not None:
             # Start the fused input at the scale of the token embeddings the blocks were built for.

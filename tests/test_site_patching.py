@@ -54,9 +54,9 @@ def _block_hooks(lm, patches, col_in_forward):
             handles.append(fam.attn_out(blk).register_forward_pre_hook(pre))
         elif p.site == "mlp_out":
             def post(mod, args, out, p=p, c=c):
-                out = out.clone()
-                out[:, c] = p.value
-                return out
+                rows = out.clone().view(B, -1, out.shape[-1])  # OPT's fc2 runs on [B * cols, D]
+                rows[:, c] = p.value
+                return rows.view(out.shape)
             handles.append(fam.mlp(blk).register_forward_hook(post))
         elif p.site in ("resid", "rresid"):
             def post(mod, args, out, p=p, c=c):
@@ -379,10 +379,11 @@ def test_a_patcher_that_checks_less_still_refuses_a_fed_site_its_run_never_reach
             lax.check(Patch(site, torch.zeros(B, D), pos=-4))
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "gptj", "gpt2", "gpt_neox"])
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "gptj", "gpt2", "gpt_neox", "opt"])
 def test_other_layouts_patches_match_hand_written(model_type):
     """Other blocks than Llama's: a sparse MoE block is the MLP site like any other (Qwen2-MoE's with its gated
-    shared expert), GPT-J and GPT-NeoX add attention and MLP in parallel, GPT-2's heads enter a Conv1D. A head and an
+    shared expert), GPT-J and GPT-NeoX add attention and MLP in parallel, GPT-2's heads enter a Conv1D, OPT's MLP is
+    its fc2 (no module of its own). A head and an
     MLP-output patch under recurrent-full and under recirculation equal the hand-written forwards, and propagate.
     An MoE routes each token alone, so the cached steps compute what the from-scratch recompute does. In float64 (the
     experts' eager loop: torch's grouped_mm takes no float64), where only the router's float32 softmax and the
