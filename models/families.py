@@ -134,6 +134,10 @@ class Family:
         return _field(config, self.heads_field)
 
     def head_dim(self, config) -> int:
+        """The per-head width: the config's head_dim where the model type's HF attention reads it, else width / heads
+        (GPT-2, GPT-J, GPT-NeoX, OPT and StableLM ignore a head_dim key)."""
+        if model_type_of(config) in HEAD_DIM_FROM_WIDTH:
+            return self.width(config) // self.heads(config)
         return _field(config, "head_dim") or self.width(config) // self.heads(config)
 
     def context(self, config) -> int | None:
@@ -172,6 +176,8 @@ class Family:
         types = _field(config, "layer_types")
         return {t: mask(w) for t, w in dict(zip(types, windows)).items()}
 
+
+HEAD_DIM_FROM_WIDTH = frozenset({"gpt2", "gptj", "gpt_neox", "opt", "stablelm"})  # their attention: width // heads
 
 FAMILIES: tuple[Family, ...] = (
     Family("llama", ("llama", "mistral"), lean_step=True, window_rules=(("mistral", "all"),)),

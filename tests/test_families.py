@@ -30,6 +30,14 @@ MOE = {"mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
        "olmoe": dict(num_experts=4, num_experts_per_tok=2)}
 
 
+# block 0's attention output projection and MLP (whose output the mlp_out site is), where not Llama's names
+SITE_MODULES = {"gpt2": ("transformer.h.0.attn.c_proj", "transformer.h.0.mlp"),
+                "gptj": ("transformer.h.0.attn.out_proj", "transformer.h.0.mlp"),
+                "gpt_neox": ("gpt_neox.layers.0.attention.dense", "gpt_neox.layers.0.mlp"),
+                "phi": ("model.layers.0.self_attn.dense", "model.layers.0.mlp"),
+                "opt": ("model.decoder.layers.0.self_attn.out_proj", "model.decoder.layers.0.fc2")}
+
+
 def tiny_config(model_type: str, vocab: int, **kw):
     """A 2-block, width-32 config of this model type; `kw` overrides (e.g. a sliding window)."""
     from transformers import AutoConfig
@@ -53,10 +61,17 @@ def tiny_config(model_type: str, vocab: int, **kw):
 
 
 def tiny_lm(model_type: str, vocab: int = 64, seed: int = 0, **kw):
+    """The model, with a head bias that matters where the head has one (GPT-J, Phi-2: HF starts it at 0, so a
+    path that dropped it would pass unseen)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(tiny_config(model_type, vocab, **kw)).eval()
+    lm = AutoModelForCausalLM.from_config(tiny_config(model_type, vocab, **kw)).eval()
+    bias = getattr(lm.get_output_embeddings(), "bias", None)
+    if bias is not None:
+        with torch.no_grad():
+            bias.normal_(0, 1.0)
+    return lm
 
 
 def load(path):
@@ -107,6 +122,11 @@ def test_the_adapter_finds_every_part(model_type):
         in_features = out.weight.shape[0] if model_type == "gpt2" else out.in_features  # GPT-2: Conv1D [in, out]
         assert in_features == fam.heads(lm.config) * fam.head_dim(lm.config)  # the per-head site: o_proj's input
     assert names[fam.final_norm(lm)].endswith(fam.final_norm_path)
+    # the attention output projection and the MLP of block 0 by their full names, written here, not read from the
+    # adapter: a wrong path would make the engine's hooks and the references in test_site_patching agree wrongly
+    attn_out, mlp = SITE_MODULES.get(model_type, ("model.layers.0.self_attn.o_proj", "model.layers.0.mlp"))
+    block0 = fam.layers(lm)[0]
+    assert names[fam.attn_out(block0)] == attn_out and names[fam.mlp(block0)] == mlp
 
 
 def _gpt_neo(vocab: int = 64):
@@ -673,3 +693,14 @@ def test_an_opt_shape_the_engine_cannot_read_is_one_line(edit, needle):
     with pytest.raises(UserError, match=needle) as e:
         FullBandwidthLM(tiny_lm("opt", **edit), fusion=False)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "gptj", "gpt_neox", "opt", "stablelm"])
+def test_a_head_dim_the_model_ignores_is_ignored(model_type):
+    """These attentions split the width by the heads whatever `head_dim` says: a stray key must not move the
+    per-head site (it took head 1 of GPT-J as columns 16..31 of a 32-wide head 0)."""
+    lm = tiny_lm(model_type, head_dim=16)
+    fam = family_of(lm)
+    assert fam.head_dim(lm.config) == 8
+    llama = tiny_config("llama", 64, head_dim=16)  # Llama reads it: 4 heads of 16 on a width of 32
+    assert family_of(llama).head_dim(llama) == 16
