@@ -39,8 +39,12 @@ def check_config(config, where) -> None:
 
     from common.errors import UserError
 
+    from models.families import HEAD_DIM_FROM_WIDTH, model_type_of
+
+    ignored = {"head_dim"} if model_type_of(config) in HEAD_DIM_FROM_WIDTH else set()  # width // heads there
+
     def get(key):
-        return getattr(config, key, None)
+        return None if key in ignored else getattr(config, key, None)
 
     def refuse(what):
         raise UserError(f"bad model config in {where}: {what}")

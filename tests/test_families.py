@@ -704,3 +704,8 @@ def test_a_head_dim_the_model_ignores_is_ignored(model_type):
     assert fam.head_dim(lm.config) == 8
     llama = tiny_config("llama", 64, head_dim=16)  # Llama reads it: 4 heads of 16 on a width of 32
     assert family_of(llama).head_dim(llama) == 16
+    from models.configs import check_config
+
+    check_config(tiny_config(model_type, 64, head_dim=0), "x")  # nor is such a key checked (HF runs the model)
+    with pytest.raises(UserError, match="head_dim must be a positive integer"):
+        check_config(tiny_config("llama", 64, head_dim=0), "x")
