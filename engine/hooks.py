@@ -79,18 +79,19 @@ def on_block(lm, layer: int, site: str, fn, head: int | None = None):
 
         return fam.attn_out(block).register_forward_pre_hook(pre)
     mod = fam.attention(block) if site == "attn_out" else fam.mlp(block)
+    rows_flat = site == "mlp_out" and fam.flat_mlp  # [batch * cols, d_model] (OPT): fn sees [batch, cols, d_model]
     batch = {}
 
     def post(mod, args, out):
         x = out[0] if isinstance(out, tuple) else out
-        flat = x.ndim == 2  # [batch * cols, d_model] (Family.flat_mlp): fn sees [batch, cols, d_model]
+        flat = rows_flat and x.ndim == 2
         y = fn(x.view(batch["n"], -1, x.shape[-1]) if flat else x)
         if y is None:
             return None
         y = y.reshape(x.shape) if flat else y
         return (y,) + tuple(out[1:]) if isinstance(out, tuple) else y
 
-    if site == "mlp_out" and fam.flat_mlp:  # the block's input gives the batch size the flat rows came from
+    if rows_flat:  # the block's input gives the batch size the flat rows came from
         def remember(mod, args, kwargs):
             batch["n"] = (args[0] if args else kwargs["hidden_states"]).shape[0]
 
