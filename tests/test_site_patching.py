@@ -62,7 +62,7 @@ def _block_hooks(lm, patches, col_in_forward):
             def post(mod, args, out, p=p, c=c):
                 h = (out[0] if isinstance(out, tuple) else out).clone()
                 h[:, c] = p.value
-                return h
+                return (h,) + tuple(out[1:]) if isinstance(out, tuple) else h
             assert p.depth >= 1
             handles.append(fam.layers(lm)[p.depth - 1].register_forward_hook(post))
     return handles
@@ -103,7 +103,7 @@ def _ref_recirc(lm, ids, s, d, a, patches=(), state=None):
             for u in range(t):
                 z = zs[u] if state is None or (u + 1) not in state else state[u + 1]
                 h[:, u] = _mix(h[:, u], z, a)
-            return h
+            return (h,) + tuple(out[1:]) if isinstance(out, tuple) else h
 
         def keep(mod, args, out):
             zs[t] = (out[0] if isinstance(out, tuple) else out)[:, t].detach()
