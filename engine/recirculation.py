@@ -347,6 +347,9 @@ class RecirculatedLM(nn.Module):
         `mix_mask` [batch, T] bool: mix only where True (targeted recirculation, module doc); None = every column.
         """
         self._check(input_ids, attention_mask)
+        if self.base.family.own_causal_bias:  # each column's two branches are queries at once (models.families)
+            raise UserError(f"blockwise recirculation on {self.base.config.model_type}: its attention applies a causal "
+                            "mask of its own that the blockwise passes' pattern cannot pass; use sequential")
         mix_mask = self._check_mix_mask(mix_mask, input_ids)
         if not (isinstance(passes, int) and passes >= 1):
             raise UserError(f"blockwise recirculation needs passes >= 1, got {passes!r}")

@@ -20,6 +20,7 @@ One small frozen adapter per family says, for the models of the `model_type`s it
     rope_by_layer_type  the model types whose HF model builds a rotary embedding per layer type from a nested
                   rope_parameters (Gemma 3); the others read it flat (engine.inputs reads it as the model does)
     lean_step     whether models.lean_step runs its cached one-token steps (else HF's base model does)
+    own_causal_bias  the attention adds a causal bias of its own (GPT-Neo): blockwise recirculation is refused
     attention_masks  a custom 4-D mask pattern with each layer's window applied (HF uses a 4-D mask as given)
 
 Semantics the engine relies on and every family here shares: the decoder blocks take the residual stream as
@@ -75,6 +76,9 @@ class Family:
     positions: str = "rotary"  # how positions enter: "rotary" (in attention) or "learned" (added before block 0)
     lean_step: bool = False  # models.lean_step reproduces its one-token step (HF's Llama / Qwen decoder layers)
     flat_mlp: bool = False  # the MLP runs on the rows flattened, [batch * cols, d_model] (OPT)
+    # its attention adds a causal bias of its own (GPT-Neo, local windows included), sliced as though the queries
+    # were the last keys: a custom pattern whose queries are not (blockwise recirculation) would be masked wrongly
+    own_causal_bias: bool = False
     # (model_type, rule) for the types whose HF base model windows attention: "all" (every layer gets
     # `sliding_window`, Mistral) or "layer_types" (the layers typed "sliding_attention"); other types attend fully
     window_rules: tuple[tuple[str, str], ...] = ()
@@ -177,7 +181,7 @@ class Family:
         return {t: mask(w) for t, w in dict(zip(types, windows)).items()}
 
 
-HEAD_DIM_FROM_WIDTH = frozenset({"gpt2", "gptj", "gpt_neox", "opt", "stablelm"})  # their attention: width // heads
+HEAD_DIM_FROM_WIDTH = frozenset({"gpt2", "gptj", "gpt_neo", "gpt_neox", "opt", "stablelm"})  # their attention: width // heads
 
 FAMILIES: tuple[Family, ...] = (
     Family("llama", ("llama", "mistral"), lean_step=True, window_rules=(("mistral", "all"),)),
@@ -200,6 +204,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("opt", ("opt",), blocks="decoder.layers", final_norm_path="decoder.final_layer_norm",
            embedding_path="decoder.embed_tokens", mlp_path="fc2", attn_out_path="out_proj", positions="learned",
            flat_mlp=True),
+    Family("gpt_neo", ("gpt_neo",), blocks="h", final_norm_path="ln_f", embedding_path="wte", attn_path="attn",
+           attn_out_path="attention.out_proj", depth_field="num_layers", heads_field="num_heads",
+           positions="learned", own_causal_bias=True),
     Family("gpt_neox", ("gpt_neox",), final_norm_path="final_layer_norm", embedding_path="embed_in",
            attn_path="attention", attn_out_path="dense"),
     Family("gemma", ("gemma", "gemma2", "gemma3_text"), logit_softcap_field="final_logit_softcapping",

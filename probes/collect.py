@@ -73,7 +73,9 @@ def _trace_batch(envoy, layers, run, ids, mask, steps):
         for _ in tracer.iter[list(steps)]:
             per_depth = [layers[0].input[:, -1]]
             for i in range(len(layers)):
-                per_depth.append(layers[i].output[:, -1])
+                out = layers[i].output
+                out = out[0] if isinstance(out, tuple) else out  # a block returning a tuple (GPT-Neo)
+                per_depth.append(out[:, -1])
             got.append(per_depth)
     return got
 

@@ -214,7 +214,7 @@ def test_bad_hf_config_is_refused(hf, case):
     _load_refused(hf, needle)
 
 
-@pytest.mark.parametrize("model_type", ["nonexistent", "gpt_neo"])
+@pytest.mark.parametrize("model_type", ["nonexistent", "bloom"])
 def test_a_checkpoint_of_an_unsupported_family_is_named_so(fbt, model_type):
     """A full-bandwidth checkpoint names its base family before HF builds its config: the supported-families line,
     not HF's "Unrecognized model identifier" list or a config validation error."""

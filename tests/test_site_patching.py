@@ -379,7 +379,7 @@ def test_a_patcher_that_checks_less_still_refuses_a_fed_site_its_run_never_reach
             lax.check(Patch(site, torch.zeros(B, D), pos=-4))
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "gptj", "gpt2", "gpt_neox", "opt"])
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "gptj", "gpt2", "gpt_neox", "opt", "gpt_neo"])
 def test_other_layouts_patches_match_hand_written(model_type):
     """Other blocks than Llama's: a sparse MoE block is the MLP site like any other (Qwen2-MoE's with its gated
     shared expert), GPT-J and GPT-NeoX add attention and MLP in parallel, GPT-2's heads enter a Conv1D, OPT's MLP is
@@ -391,6 +391,8 @@ def test_other_layouts_patches_match_hand_written(model_type):
     from test_families import tiny_lm
 
     depth = dict(n_layer=L) if model_type in ("gptj", "gpt2") else dict(num_hidden_layers=L)
+    if model_type == "gpt_neo":  # two local layers (window 3 < T) around a global one
+        depth = dict(num_layers=L, attention_types=[[["local", "global", "local"], 1]])
     heads = dict(num_key_value_heads=H, head_dim=DH) if model_type in ("mixtral", "qwen2_moe") else {}
     moe = dict(experts_implementation="eager") if model_type in ("mixtral", "qwen2_moe") else {}
     lm = tiny_lm(model_type, vocab=40, seed=13, attn_implementation="eager", **depth, **heads, **moe)

@@ -283,6 +283,10 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
         return targeted(model, tok, tg_sd, a.targeted_task, a.targeted_pairs, a.targeted_distractors,
                         a.targeted_alpha_list, a.batch or TASK_BATCH, a.seed, ramp=a.ramp)
 
+    if model.family.own_causal_bias and not (a.mediation_only or a.targeted_only):  # refused now, not at (e)
+        raise UserError(f"the text study's cost section (e) runs blockwise recirculation, which "
+                        f"{model.config.model_type} refuses (models.families: its attention's own causal bias); run "
+                        "--mediation-only / --targeted-only, or interventions.run --mode recirc-S:D:A")
     command = command_text("python -m analysis.recirculation", argv)
     if a.mediation_only or a.targeted_only:
         t_start = time.perf_counter()
