@@ -106,13 +106,13 @@ def _windowed(config, by_type: bool = False) -> bool:
     True for a model type no family covers (its loading refuses it anyway). `by_type`: whether any layer is a
     sliding one by the `layer_types` of a model type that reads them (False for other types)."""
     from common.errors import UserError
-    from models.families import family_of, model_type_of
+    from models.families import family_of
 
     try:
         family = family_of(config)
     except UserError:
         return not by_type
     if by_type:
-        rule = dict(family.window_rules).get(model_type_of(config))
-        return rule == "layer_types" and "sliding_attention" in (getattr(config, "layer_types", None) or ())
+        return (family.window_rule(config) == "layer_types"
+                and "sliding_attention" in (getattr(config, "layer_types", None) or ()))
     return any(w is not None for w in family.windows(config))

@@ -147,11 +147,15 @@ class Family:
     def context(self, config) -> int | None:
         return _field(config, self.context_field)
 
+    def window_rule(self, config) -> str | None:
+        """How this model type's HF base model windows attention: "all", "layer_types" or None (`window_rules`)."""
+        return dict(self.window_rules).get(model_type_of(config))
+
     def windows(self, config) -> list[int | None]:
         """Per-layer attention window (HF's `sliding_window`), None for full causal attention, as the model type's
         HF base model applies them (`window_rules`)."""
         n = self.depth(config)
-        rule = dict(self.window_rules).get(model_type_of(config))
+        rule = self.window_rule(config)
         window, types = _field(config, "sliding_window"), _field(config, "layer_types")
         if rule == "layer_types" and types:
             return [window if t == "sliding_attention" else None for t in types[:n]]
