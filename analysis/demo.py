@@ -181,7 +181,8 @@ def page(studies, results, demo_cmd: str) -> str:
                        for key, label, pct in LABELS if k.get(key))
         ok = verdict == st.claim
         cols.append(
-            f"<div class=col><h2>{html.escape(st.title)}: <code>{st.model}</code> on {st.task} "
+            f"<div class=col><h2>{html.escape(st.title if ok else 'Claimed: ' + st.title.lower())}: "
+            f"<code>{st.model}</code> on {st.task} "
             f"(N = {st.n}, {st.mode})</h2>"
             f"<p class='verdict {'ok' if ok else 'bad'}'>Verdict from the numbers: <b>{html.escape(verdict)}</b>"
             f"{'' if ok else ' (expected: ' + html.escape(st.claim) + ')'}</p>"
@@ -198,6 +199,10 @@ def page(studies, results, demo_cmd: str) -> str:
             + f"<p>Full reports: <a href='{st.key}/causal_report.html'>causal report</a>, "
               f"<a href='{st.key}/depth_curves.html'>depth curves</a>, "
               f"<a href='{st.key}/causal_report.md'>markdown</a>.</p></div>")
+    verdicts = [v for _, _, _, (v, _), _ in results]  # the intro says what these runs found, not what they should
+    found = (f"give opposite verdicts: {verdicts[0]}, and {verdicts[1]}" if len(verdicts) == 2 and
+             {verdicts[0], verdicts[1]} == {s.claim for s in studies} and verdicts[0] != verdicts[1] else
+             "give these verdicts: " + "; ".join(f"{s.model}: {v}" for s, v in zip(studies, verdicts)))
     style = ("body{font-family:sans-serif;margin:1.5em;max-width:1500px} .cols{display:flex;gap:2em}"
              ".col{flex:1;min-width:0} table{border-collapse:collapse} td{border-bottom:1px solid #ddd;"
              "padding:3px 8px} .n{color:#666;font-size:90%} .verdict{font-size:120%} .ok b{color:#1a7f37}"
@@ -207,7 +212,7 @@ def page(studies, results, demo_cmd: str) -> str:
             f"<style>{style}</style></head><body><h1>Is latent feedback used, or only decodable?</h1>"
             "<p>A linear probe that reads the answer from the state fed back to layer 0 shows the answer is "
             "<i>there</i>; only an intervention on that state shows the model <i>uses</i> it. The same two "
-            "instruments on two shipped models give opposite verdicts. Produced by <code>"
+            f"instruments on two shipped models {html.escape(found)}. Produced by <code>"
             f"{html.escape(demo_cmd)}</code>.</p><div class=cols>" + "".join(cols) + "</div></body></html>")
 
 
@@ -231,7 +236,8 @@ def main(argv=None) -> int:
     # once both studies are complete: a demo killed midway leaves the earlier one whole, not half new.
     with DirLock(out, "demo"), Staged(out) as stage:
         remove_stale_tmp(out)  # the study folders a killed earlier demo left (this process holds the lock)
-        found = [f"{s.key}/{f}" for s in STUDIES for f in FILES if (out / s.key / f).exists()]
+        # a study folder is replaced whole: any one there (demo files or not) and the page need --overwrite
+        found = [f"{s.key}/" for s in STUDIES if (out / s.key).exists()]
         found += ["index.html"] if (out / "index.html").exists() else []
         if found and not args.overwrite:
             raise UserError(f"{out} already holds a demo ({', '.join(found)}); pass --overwrite or choose --out")

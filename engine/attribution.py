@@ -68,11 +68,13 @@ def site_gradients(model: FullBandwidthLM, ids: torch.Tensor, mask: torch.Tensor
             runs = [_one_chunk(model, ids[rows], mask[rows], mode, metric, rows,
                                None if a is None else (interpolate[0][rows], float(a))) for a in alphas]
             mean = lambda xs: xs[0] if len(xs) == 1 else torch.stack(xs).mean(0)  # noqa: E731
+            # the blocks' values of the clean run (the path's runs move the inputs): one more forward, no backward
+            clean = runs[0] if interpolate is None or not runs[0].blocks else \
+                _one_chunk(model, ids[rows], mask[rows], mode, metric, rows, grad=False)
             parts.append(SiteGradients(
                 mean([r.metric for r in runs]), mean([r.resid for r in runs]),
                 None if runs[0].state is None else mean([r.state for r in runs]), runs[0].fed_from,
-                {k: mean([r.blocks[k] for r in runs]) for k in runs[0].blocks},
-                runs[0].block_values if interpolate is None else None))
+                {k: mean([r.blocks[k] for r in runs]) for k in runs[0].blocks}, clean.block_values))
     state = None if parts[0].state is None else torch.cat([p.state for p in parts])
     blocks = {k: torch.cat([p.blocks[k] for p in parts]) for k in parts[0].blocks}
     values = None if parts[0].block_values is None else \
@@ -81,7 +83,9 @@ def site_gradients(model: FullBandwidthLM, ids: torch.Tensor, mask: torch.Tensor
                          parts[0].fed_from, blocks, values)
 
 
-def _one_chunk(model, ids, mask, mode: Mode, metric, rows, shift=None) -> SiteGradients:
+def _one_chunk(model, ids, mask, mode: Mode, metric, rows, shift=None, grad: bool = True) -> SiteGradients:
+    """One chunk's run (inputs moved by `shift` = (delta_e, alpha)); `grad` False: the block values alone, no
+    backward (resid and state None)."""
     B, T = ids.shape
     layers = decoder_layers(model.lm)
     L, D = len(layers), model.d_model
@@ -102,7 +106,7 @@ def _one_chunk(model, ids, mask, mode: Mode, metric, rows, shift=None) -> SiteGr
 
         return fn
 
-    with torch.enable_grad(), Hooks() as hooks:
+    with torch.enable_grad() if grad else torch.no_grad(), Hooks() as hooks:
         for d in range(L + 1):
             hooks.add(on_depth(layers, d, add(d)))
         for site in BLOCK_SITES if blocks_addressable(model) else ():
@@ -135,6 +139,8 @@ def _one_chunk(model, ids, mask, mode: Mode, metric, rows, shift=None) -> SiteGr
                 pass
             logits = out.logits[:, 0] if out is not None else std.logits[:, -1]
         m = metric(logits.float(), rows)
+        if not grad:
+            return SiteGradients(m.detach(), None, None, s, {}, values if blocks_addressable(model) else None)
         flat = [x for k in BLOCK_SITES for x in block_leaves[k]]
         grads = torch.autograd.grad(m.sum(), leaves + flat + ([state_leaf] if state_leaf is not None else []),
                                     allow_unused=True)

@@ -82,6 +82,15 @@ class Mode:
         (loop-R:TOL, whose iterations vary per prompt)."""
         return self.n if self.kind == "loop" and self.tol is None else None
 
+    def depth(self, model) -> int:
+        """L of the stack this mode runs on `model` (residual depths 0..L): a loop mode unrolls a looped model's
+        core R times (loop-R:TOL at most R), every other mode runs the model's own blocks."""
+        if self.kind == "loop":
+            from models.looped import require_looped
+
+            return require_looped(model, self.name).spec.depth(self.n)
+        return model.n_layers
+
     @property
     def adaptive_exit(self) -> tuple[int, float] | None:
         """(R, TOL) of loop-R:TOL, else None."""

@@ -52,6 +52,7 @@ checks that every clean run equals the engine's prefill (engine.prefill.prefill_
 from __future__ import annotations
 
 import functools
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -144,6 +145,11 @@ class Patcher:
         self.T = ids.shape[1]
         self.layers = decoder_layers(model.lm)
         self.L = len(self.layers)
+
+    def stack(self):
+        """A context in which the model's block list is the one this patcher's runs use (hooks registered inside
+        it reach them; loop-R: the unrolling of R iterations)."""
+        return nullcontext()
 
     def col(self, p: Patch) -> int:
         c = self.T + p.pos
@@ -602,16 +608,16 @@ class LoopPatcher(StandardPatcher):
             raise UserError(f"{mode.name} runs every prompt to its own exit: an evaluation mode (analysis.evaluate); "
                             f"patch a fixed loop-{mode.n} instead")
         self._looped, self._r = require_looped(model, mode.name), mode.n
-        with self._looping():
+        with self.stack():
             super().__init__(model, ids, mask, mode)
 
-    def _looping(self):
+    def stack(self):
         from models.looped import looping
 
         return looping(self._looped, self._r)
 
     def run(self, patches) -> torch.Tensor:
-        with self._looping():
+        with self.stack():
             return super().run(patches)
 
 
@@ -623,21 +629,21 @@ def patcher(mode: Mode, model: FullBandwidthLM, ids: torch.Tensor, mask: torch.T
     return PATCHERS[mode.kind](model, ids, mask, mode)
 
 
-def record_at_T(model: FullBandwidthLM, run, patches, clean_resid_T) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits at T [B, V], residual stream at T [B, L+1, D]) of `run()`, a patched run of `patches`;
-    `clean_resid_T()` gives the clean run's [B, L+1, D], asked for only by a run that calls no model.
+def record_at_T(runner: Patcher, run, patches) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits at T [B, V], residual stream at T [B, L+1, D]) of `run()`, a patched run of `patches` through
+    `runner` (its `run`, or a caller's wrapper of it).
 
     The recorder keeps the last column of every model call; the last call of every mechanism computes T
     (recurrent: the one-token step at T; standard / fused-n: the full-width pass or the cached suffix), so what
-    remains is T. A run whose every patch changes nothing returns the clean result without a model call (the
-    standard patcher), so nothing is recorded and the clean residual is it. Recorder hooks run before the patch
-    hooks (registered first), so a patched depth itself shows the unpatched value; the patch is applied to it
-    here."""
+    remains is T. It is registered on the runner's own stack (loop-R: its unrolling, not the trained r's). A run
+    whose every patch changes nothing returns the clean result without a model call (the standard patcher), so
+    nothing is recorded and the clean residual is it. Recorder hooks run before the patch hooks (registered
+    first), so a patched depth itself shows the unpatched value; the patch is applied to it here."""
     patches = list(patches)
-    with ResidualRecorder(model) as rec:
+    with runner.stack(), ResidualRecorder(runner.model) as rec:
         rec.cols = torch.tensor([-1])
         logits = run()
-        resid = rec.take()[:, 0] if rec.recorded else clean_resid_T().to(logits.device).clone()
+        resid = rec.take()[:, 0] if rec.recorded else runner.resid()[:, -1].to(logits.device).clone()
     for p in patches:
         if p.site == "resid" and p.pos == -1:
             resid[:, p.depth] = apply(p.value, resid[:, p.depth])

@@ -93,7 +93,8 @@ class CausalContext:
                 diff = (ref[m].top[real] - r.clean.top[real]).abs().max().item()
                 raise RuntimeError(f"clean {m} top states differ from the prefill engine's by {diff:.3g}")
 
-    def _runner(self, mode):
+    def runner(self, mode):
+        """The engine's patcher of `mode` (None: the mode under study) on this batch."""
         name = parse_mode(mode).name if mode is not None else self.mode
         if name not in self.runners:
             raise UserError(f"mode {name!r} was not prepared for patching (prepared: {', '.join(self.runners)})")
@@ -102,7 +103,7 @@ class CausalContext:
     # -- the generic routine ------------------------------------------------------------------------------
     def run(self, mode: str, patches=()) -> RunOut:
         """Run `mode` on the whole batch with `patches`; logits at T."""
-        r = self._runner(mode)
+        r = self.runner(mode)
         patches = list(patches)
         for p in patches:
             r.check(p)
@@ -122,7 +123,7 @@ class CausalContext:
         """`run` without its no_grad and without the host copy: logits at T [B, V] on the model's device, differentiable
         in the patches' tensors where the caller enables grad (an edit's parameters: interventions.das trains a
         rotation through it; its evaluation runs call this under no_grad)."""
-        r = self._runner(mode)
+        r = self.runner(mode)
         patches = list(patches)
         for p in patches:
             r.check(p)
@@ -132,22 +133,22 @@ class CausalContext:
     # -- thin wrappers ------------------------------------------------------------------------------------
     def words(self, mode=None) -> dict:
         """How the report names `mode`'s fed state and bypass."""
-        return self._runner(mode).words
+        return self.runner(mode).words
 
     def fused_positions(self, mode=None) -> list[int]:
         """Positions (negative offsets) where `mode` has a state/fused site."""
-        return self._runner(mode).fused_positions()
+        return self.runner(mode).fused_positions()
 
     def state(self, mode=None, pos: int = -1, pass_=None) -> torch.Tensor:
         """Clean state [B, D] entering the fusion at `pos` (the top state of pos-1 in the mode's own run)."""
-        r = self._runner(mode)
+        r = self.runner(mode)
         if not r.fused_positions():
             raise UserError(f"{r.mode.name} prefill has no fed state")
         return _host(r.state(pos, pass_))
 
     def resid(self, mode=None, pass_=None) -> torch.Tensor:
         """Clean residual stream [B, T, L+1, D] of `mode` (fused-n: pass `pass_`, default the last)."""
-        r = self._runner(mode)
+        r = self.runner(mode)
         if r.is_clean_pass(pass_):
             return self.clean[r.mode.name].resid
         return _host(r.resid(pass_))
@@ -164,7 +165,7 @@ class CausalContext:
         """Feed e_t instead of the fused input at `pos` (trained with feedback, decoded without); pos="all":
         at every fused position (fused-n: in the last pass), which is the standard prefill."""
         mode = mode or self.mode
-        r = self._runner(mode)
+        r = self.runner(mode)
         positions = r.fused_positions() if pos == "all" else [pos]
         return self.run(mode, [Patch("fused", _host(r.bypass_value(p)), pos=p) for p in positions]).logits
 

@@ -16,4 +16,4 @@ def run_recording(ctx, mode: str, patches) -> tuple[torch.Tensor, torch.Tensor]:
     from engine.patching import record_at_T
 
     patches = list(patches)
-    return record_at_T(ctx.model, lambda: ctx.run(mode, patches).logits, patches, lambda: ctx.resid(mode)[:, -1])
+    return record_at_T(ctx.runner(mode), lambda: ctx.run(mode, patches).logits, patches)

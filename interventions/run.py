@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.cli import (Parser, add_device_flags, add_model_flag, add_output_flags, add_plotly_flag,
+from common.cli import (Parser, ascii_int, add_device_flags, add_model_flag, add_output_flags, add_plotly_flag,
                         add_progress_flag, add_seed_flag, add_task_flags, add_tokenizer_flag, command_text, float_in,
                         int_in, output_dir, safe_name)
 from common.errors import UserError, cli_entry
@@ -219,7 +219,7 @@ def _parse_das(spec, width: int) -> tuple[int, ...] | None:
             out.append(width)
             continue
         try:
-            k = int(part)
+            k = ascii_int(part)
         except ValueError:
             raise UserError(f"--das: {part!r} is not a rank (positive integers or D, comma-separated)") from None
         if not 1 <= k <= width:
@@ -230,22 +230,26 @@ def _parse_das(spec, width: int) -> tuple[int, ...] | None:
     return tuple(sorted(set(out)))
 
 
-def _parse_das_site(spec, feedback: bool, n_layers: int) -> tuple[str, int, int]:
-    """--das-site 'state', 'state@T-3', 'resid:4', 'resid:4@T-2' -> (site, depth, position offset)."""
+def _parse_das_site(spec, mode, n_layers: int) -> tuple[str, int, int]:
+    """--das-site 'state', 'state@T-3', 'resid:4', 'resid:4@T-2' -> (site, depth, position offset); `mode` (a
+    parsed Mode) and `n_layers`, the depth of its stack, give the default."""
     from common.cli import position_list
 
     if spec is None:
-        return ("state", 0, -1) if feedback else ("resid", n_layers // 2, -1)
+        return ("state", 0, -1) if mode.feeds_state else ("resid", n_layers // 2, -1)
     where, sep, at = str(spec).partition("@")
-    pos = position_list(at, "--das-site position", MAX_POSITIONS)[0] if sep else -1  # 'state@' names none: refused
+    positions = position_list(at, "--das-site position", MAX_POSITIONS) if sep else [-1]  # 'state@': refused
+    if len(positions) > 1:
+        raise UserError(f"--das-site {spec!r}: DAS searches one site, at one position (got {len(positions)})")
+    pos = positions[0]
     kind, _, depth = where.partition(":")
     if kind == "state" and not depth:
-        if not feedback:
-            raise UserError("--das-site state: standard prefill feeds no state (use resid:D)")
+        if not mode.feeds_state:
+            raise UserError(f"--das-site state: {mode.name} feeds no state (use resid:D)")
         return "state", 0, pos
     if kind == "resid" and depth:
         try:
-            d = int(depth)
+            d = ascii_int(depth)
         except ValueError:
             raise UserError(f"--das-site {spec!r}: the depth must be an integer") from None
         if not 0 <= d <= MAX_ERASE_DEPTH:  # checked against the mode's own stack once it is built
@@ -349,14 +353,15 @@ def main(argv=None) -> int:
         rank = min(max(1, k_probe - 1), MAX_RANK, model.d_model)
     if rank > model.d_model:
         raise UserError(f"--subspace-rank {rank} exceeds the model's d_model {model.d_model}")
-    if erase_depths and max(erase_depths) > model.n_layers:
-        raise UserError(f"--erase-depths {max(erase_depths)} is beyond the model's depth 0..{model.n_layers}")
-    if args.sweep_depth is not None and args.sweep_depth > model.n_layers:
-        raise UserError(f"--sweep-depth {args.sweep_depth} is beyond the model's depth 0..{model.n_layers}")
     if args.mode is None and getattr(model, "spec", None) is not None and hasattr(model, "iterations"):
         mode = "standard"  # a looped model: its loop at the trained r, one parallel pass
         say(f"{args.model} is a looped model: mode standard ({model.iterations} iterations of its core)")
     parsed = parse_mode(mode, model.n_layers)  # recirculation depths checked against this model
+    L = parsed.depth(model)  # the depths of the mode's own stack (loop-R: its unrolling)
+    if erase_depths and max(erase_depths) > L:
+        raise UserError(f"--erase-depths {max(erase_depths)} is beyond {parsed.name}'s depth 0..{L}")
+    if args.sweep_depth is not None and args.sweep_depth > L:
+        raise UserError(f"--sweep-depth {args.sweep_depth} is beyond {parsed.name}'s depth 0..{L}")
     if not model.has_fusion and parsed.has_feedback:
         raise UserError(f"model {args.model!r} has no fusion module, so it has no {mode} prefill: use --mode "
                         "standard (residual patching, the residual position sweep and mean ablation by depth) "
@@ -370,7 +375,7 @@ def main(argv=None) -> int:
     if das_flags and args.das is None:
         raise UserError(f"{', '.join(das_flags)} set how --das searches: add --das RANKS")
     das_ranks = _parse_das(args.das, model.d_model)
-    das_site = _parse_das_site(args.das_site, feedback, model.n_layers)
+    das_site = _parse_das_site(args.das_site, parsed, L)
     das_cfg = None
     if das_ranks is not None:
         from .das import DasConfig

@@ -59,6 +59,10 @@ class LoopSpec:
     def n_blocks(self) -> int:
         return self.prelude + self.core + self.coda
 
+    def depth(self, r: int) -> int:
+        """L of the stack unrolled r times (residual depths 0..L)."""
+        return self.prelude + self.core * r + self.coda
+
     def to_dict(self) -> dict:
         return asdict(self)
 

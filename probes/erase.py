@@ -82,7 +82,7 @@ def erased_depth_acts(model, token_ids, samples, mode: str, depth: int, clean_at
     for i, s in enumerate(samples):
         members.setdefault(s.pair_id, []).append(i)
     pairs = sorted(members.values(), key=lambda g: (max(len(token_ids[i]) for i in g), g))
-    out = [np.zeros((n, model.n_layers + 1, model.d_model), dtype=np.float32) for _ in folds]
+    out = [np.zeros((n, m.depth(model) + 1, model.d_model), dtype=np.float32) for _ in folds]
     w = next(model.parameters())
     for s in range(0, len(pairs), batch_pairs):
         rows = [i for g in pairs[s:s + batch_pairs] for i in g]
@@ -90,6 +90,6 @@ def erased_depth_acts(model, token_ids, samples, mode: str, depth: int, clean_at
         run = patcher(m, model.eval(), ids.to(w.device), mask.to(w.device))
         for f in range(len(folds)):
             patch = [Patch("resid", fe.by_fold(X[rows], f).to(w.device, w.dtype), depth=depth, pos=-1)]
-            _, resid = record_at_T(model, lambda: run.run(patch), patch, lambda: run.resid()[:, -1])
+            _, resid = record_at_T(run, lambda: run.run(patch), patch)
             out[f][rows, depth:] = resid[:, depth:].float().cpu().numpy()
     return out, fe

@@ -230,8 +230,10 @@ def main(argv=None):
         if not source.builtin:  # a custom task's label words must be single tokens: refused as before
             raise
         label_ids, no_lens = None, str(e)  # e.g. a plain HF tokenizer that merges the label words: no lens
-    if args.erase is not None and args.erase > model.n_layers:
-        raise UserError(f"--erase {args.erase}: the model's depths are 0..{model.n_layers}")
+    if args.erase is not None:  # against each erased mode's own stack (loop-R: its unrolling)
+        for m in map(parse_mode, modes):
+            if not m.is_recirculation and args.erase > m.depth(model):
+                raise UserError(f"--erase {args.erase}: {m.name}'s depths are 0..{m.depth(model)}")
     w_hash = weights_hash(model)
     out = out_arg if out_arg is not None else output_dir(default_output(model_name, task), "--out")
     run_sig = {"task": task, "model": model_name, "weights": w_hash, "config": config_hash(model), "modes": modes,

@@ -58,7 +58,7 @@ def test_gradients_match_finite_differences_of_the_exact_patches(tiny_model, mod
         lds = []
         for sign in (1, -1):
             with torch.no_grad():
-                logits = ctx._runner(mode).run([Patch(site, own + sign * v, pos=pos, **at)])
+                logits = ctx.runner(mode).run([Patch(site, own + sign * v, pos=pos, **at)])
             lds.append(label_ld(logits, batch.labels, batch.label_ids, other))
         fd = (lds[0] - lds[1]) / 2
         est = (grad.double() * v).sum(-1).numpy()
@@ -105,6 +105,25 @@ def test_report_heatmap_and_agreement_with_the_sweep(tiny_model):
     assert v["exact"][-1] == pytest.approx(sweep["rows"][-1]["ld_mean"] - sweep["rows"][-1]["ld_clean_mean"])
     with pytest.raises(UserError, match="standard, loop-R and recurrent"):
         site_gradients(tiny_model, batch.input_ids, batch.attention_mask, parse_mode("fused-2"), _ld_metric(batch))
+
+
+def test_integrated_gradients_keep_the_attention_and_mlp_rows(tiny_model):
+    """Under --attribution-ig the blocks' Delta is still the clean run's (the path's runs move the inputs): the
+    attention and MLP rows were dropped from the heatmap without a word."""
+    batch = _random_batch(tiny_model, n_pairs=3, T=6, seed=4)
+    batch.attention_mask[:] = 1
+    ids, mask = batch.input_ids, batch.attention_mask
+    with torch.no_grad():
+        e = tiny_model.embed(ids)
+    plain = site_gradients(tiny_model, ids, mask, parse_mode("recurrent-1"), _ld_metric(batch), chunk=4)
+    ig = site_gradients(tiny_model, ids, mask, parse_mode("recurrent-1"), _ld_metric(batch), chunk=4,
+                        interpolate=(e[batch.pair] - e, (0.25, 0.75)))
+    assert set(ig.block_values) == {"attn_out", "mlp_out"}
+    for k in ig.block_values:
+        assert torch.equal(ig.block_values[k], plain.block_values[k])
+        assert not torch.allclose(ig.blocks[k], plain.blocks[k])  # the gradients are the path's
+    s = Suite(CausalContext(tiny_model, batch, modes=("standard", "recurrent-1")), n_boot=20)
+    assert s.attribution(ig_steps=2)["sites"] == s.attribution()["sites"]
 
 
 def test_the_clean_metric_is_the_clean_runs_with_or_without_integrated_gradients(tiny_model):

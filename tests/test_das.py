@@ -127,24 +127,31 @@ def test_das_on_the_hand_built_state_model_finds_the_label_plane(make_tiny_confi
 def test_das_cli_flags_are_refused_with_one_line(tmp_path):
     from interventions.run import _parse_das, _parse_das_site
 
+    from engine.modes import parse_mode
+
+    rec, std, loop2 = parse_mode("recurrent-1"), parse_mode("standard"), parse_mode("loop-2")
     assert _parse_das("1,2,D", 8) == (1, 2, 8)
-    for bad in ("0", "x", "9", ""):
+    for bad in ("0", "x", "9", "", "1_0"):  # '1_0': Python's int() reads 10
         with pytest.raises(UserError) as e:
             _parse_das(bad, 8)
         assert "\n" not in str(e.value)
-    assert _parse_das_site(None, True, 6) == ("state", 0, -1)
-    assert _parse_das_site(None, False, 6) == ("resid", 3, -1)
-    assert _parse_das_site("resid:2@T-3", True, 6) == ("resid", 2, -4)
-    for bad in ("resid:-1", "state:1", "foo", "resid:x", "state@", "resid:2@"):  # '@' and no position: not T
+    assert _parse_das_site(None, rec, 6) == ("state", 0, -1)
+    assert _parse_das_site(None, std, 6) == ("resid", 3, -1)
+    assert _parse_das_site(None, loop2, 8) == ("resid", 4, -1)  # L of the mode's own stack, as given
+    assert _parse_das_site("resid:2@T-3", rec, 6) == ("resid", 2, -4)
+    # '@' and no position: not T; two positions: DAS searches one (the second was dropped silently)
+    for bad in ("resid:-1", "state:1", "foo", "resid:x", "state@", "resid:2@", "state@T-3,T-5", "resid:1_0"):
         with pytest.raises(UserError):
-            _parse_das_site(bad, True, 6)
+            _parse_das_site(bad, rec, 6)
     from interventions.run import build_parser
 
     for lr in ("nan", "0", "-1", "11"):  # refused while parsing, before any model loads
         with pytest.raises(UserError, match="--das-lr"):
             build_parser().parse_args(["--das", "1", "--das-lr", lr])
-    with pytest.raises(UserError, match="feeds no state"):
-        _parse_das_site("state", False, 6)
+    with pytest.raises(UserError, match="standard feeds no state"):
+        _parse_das_site("state", std, 6)
+    with pytest.raises(UserError, match="loop-2 feeds no state"):  # the mode by its name (it said "standard")
+        _parse_das_site("state", loop2, 6)
 
 
 def test_cli_writes_the_iia_table_and_the_attribution_heatmap(tiny_ckpt, tmp_path, capsys):

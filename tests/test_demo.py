@@ -52,6 +52,7 @@ def test_demo_end_to_end_on_small_studies(tmp_path, monkeypatch, capsys):
     # both verdicts, from the numbers of these runs
     assert "Verdict from the numbers: <b>decodable, not used</b>" in page
     assert "Verdict from the numbers: <b>necessary and used</b>" in page
+    assert "give opposite verdicts: decodable, not used, and necessary and used" in page  # computed, not typed in
     assert re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", page) == ["plotly.min.js"] and (out / "plotly.min.js").is_file()
     # an earlier demo is never replaced silently
     with pytest.raises(SystemExit) as e:
@@ -77,3 +78,17 @@ def test_demo_end_to_end_on_small_studies(tmp_path, monkeypatch, capsys):
         demo.main(["--out", str(out), "--no-progress", "--overwrite"])
     assert e.value.code == 130 and len(calls) == 2
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the stale folder is gone too
+
+
+def test_a_study_folder_of_other_files_is_not_replaced_without_overwrite(tmp_path):
+    """The demo replaces its study folders whole: one holding anything (not only an earlier demo's files) needs
+    --overwrite. A folder with the user's notes in memory/ was deleted by a run without it."""
+    import analysis.demo as demo
+
+    out = tmp_path / "demo"
+    (out / demo.STUDIES[0].key).mkdir(parents=True)
+    notes = out / demo.STUDIES[0].key / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--out", str(out), "--no-progress"])
+    assert e.value.code == 2 and notes.read_text() == "mine"

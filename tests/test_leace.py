@@ -199,7 +199,7 @@ def test_interventions_cli_reports_leace_rows(tiny_ckpt, tmp_path):
     (["--erase-positions", "3"], "negative offsets"),
     (["--erase-positions=-1,x"], "negative offsets"),
     (["--erase-positions", "T+1"], "negative offsets"),
-    (["--erase-depths", "9"], "beyond the model's depth"),
+    (["--erase-depths", "9"], "beyond recurrent-1's depth 0.."),
     (["--erase-positions=-2,-400"], "--erase-positions T-1: recurrent-1 feeds a state only at T..T"),
     (["--mode", "standard", "--erase-positions", "-1"], "feeds no state"),
     (["--mode", "standard", "--leace-all"], "--leace-all / --no-leace-all: the row erases the fed state"),

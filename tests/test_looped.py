@@ -235,6 +235,67 @@ def test_a_loop_mode_context_patches_the_unrolled_stack_exactly():
             ctx.run("loop-6", [Patch(site, torch.zeros(4, model.d_model), pos=-1, layer=2, **kw)])
 
 
+def test_recording_a_patched_run_reads_the_loop_modes_own_stack():
+    """engine.patching.record_at_T (LEACE's patched runs) records on the patcher's own stack: at another r than the
+    trained one it registered on the trained unrolling, recorded nothing, and returned the clean residual (2.2 off
+    the patched run's above the patch, on tiny-loop-track)."""
+    from interventions.core import Batch, CausalContext, Patch
+    from interventions.erasure import run_recording
+
+    model = make()
+    ids, mask = ids_of(B=4, T=9)
+    batch = Batch(ids, mask, torch.tensor([0, 1, 0, 1]), torch.tensor([1, 0, 3, 2]), np.array([0, 0, 1, 1]), (5, 6))
+    ctx = CausalContext(model, batch, modes=("loop-6",))
+    clean = ctx.resid("loop-6")[:, -1]  # [B, L+1, D] at T
+    d = model.spec.prelude + model.spec.core * 2  # s_2
+    donor = clean[:, d][batch.pair]
+    logits, resid = run_recording(ctx, "loop-6", [Patch("resid", donor, depth=d, pos=-1)])
+    assert resid.shape[1] == ctx.n_layers + 1 and model.iterations == 3
+    assert torch.equal(resid[:, d], donor) and torch.allclose(resid[:, :d], clean[:, :d], atol=1e-6)
+    assert not torch.allclose(resid[:, d + 1], clean[:, d + 1], atol=1e-3)
+    # the top of the recorded stack is what the head read: its logits are the patched run's
+    with torch.no_grad():
+        top = model.lm.lm_head(model.lm.model.norm(resid[:, -1]))
+    assert torch.allclose(top, logits, atol=1e-5) and not torch.allclose(logits, ctx.clean["loop-6"].logits, atol=1e-3)
+
+
+def test_depth_flags_are_checked_against_the_loop_modes_stack(tmp_path, capsys):
+    """--erase-depths, --sweep-depth, the default --das-site (interventions.run) and --erase (probes.run) take the
+    depths of the mode's own unrolling: they were checked against the trained r's stack, so a valid depth of a
+    longer loop was refused and one past a shorter loop's top crashed with an IndexError."""
+    import json
+
+    from interventions.run import main
+    from probes.run import main as probes
+
+    saved_looped(tmp_path / "m", LoopSpec(1, 1, 1, 2))  # trained stack 4 blocks; loop-1: 3, loop-4: 6
+    common = ["--model", str(tmp_path / "m"), "--task", "parity", "--n-pairs", "10", "--distractors", "4",
+              "--control-model", "none", "--no-progress", "--max-positions", "2"]
+    for argv in (["--mode", "loop-1", "--erase-depths", "4"], ["--mode", "loop-1", "--sweep-depth", "4"],
+                 ["--mode", "loop-4", "--erase-depths", "7"]):
+        with pytest.raises(SystemExit) as e:
+            main(common + argv + ["--out", str(tmp_path / "no")])
+        assert e.value.code == 2 and not (tmp_path / "no").exists()
+        assert f"{argv[3]} is beyond {argv[1]}'s depth 0..{3 if argv[1] == 'loop-1' else 6}" in capsys.readouterr().err
+    out = tmp_path / "rep"
+    assert main(common + ["--mode", "loop-4", "--erase-depths", "6", "--sweep-depth", "5", "--das", "1",
+                          "--das-steps", "2", "--out", str(out)]) == 0
+    rep = json.loads((out / "causal_report.json").read_text())
+    assert [r["name"] for r in rep["results"]["leace"]["rows"] if r["site"] == "resid"] == ["leace_resid_d6"]
+    assert rep["results"]["das"]["site"]["depth"] == 3  # L // 2 of loop-4's 6
+    for modes, ok in (("loop-1", False), ("standard,loop-1", False), ("loop-4", True)):
+        argv = ["--task", "parity", "--model", str(tmp_path / "m"), "--modes", modes, "--distractors", "4",
+                "--n-pairs", "10", "--no-progress", "--no-mdl", "--erase", "4", "--out", str(tmp_path / modes)]
+        if ok:
+            assert probes(argv) == 0
+            doc = json.loads((tmp_path / modes / "probes.json").read_text())
+            assert [r["depth"] for r in doc["erased"]] == [4, 5, 6]
+        else:
+            with pytest.raises(SystemExit) as e:
+                probes(argv)
+            assert e.value.code == 2 and "--erase 4: loop-1's depths are 0..3" in capsys.readouterr().err
+
+
 def test_training_recipe_of_a_looped_model_is_checked_and_draws_r_per_step():
     from training.config import TrainConfig
     from training.model import build_model, loop_iterations_at
@@ -249,7 +310,9 @@ def test_training_recipe_of_a_looped_model_is_checked_and_draws_r_per_step():
     assert "loop_core" in cfg.to_dict() and "loop_core" not in TrainConfig().to_dict()
     for bad in (dict(loop_core=2, loop_prelude=5), dict(loop_core=2, objective="recurrent"),
                 dict(loop_core=2, schedule="60/40"), dict(loop_prelude=1), dict(loop_core=2, arch="gpt2"),
-                dict(loop_core=2, loop_prelude=1, loop_truncate=1, loop_inject=False)):
+                dict(loop_core=2, loop_prelude=1, loop_truncate=1, loop_inject=False),
+                dict(loop_core=2, loop_iterations=2, loop_truncate=4),  # a step runs at most 2r: truncates nothing
+                dict(loop_core=2, loop_iterations=129)):  # a step could draw 258 > MAX_ITERATIONS
         with pytest.raises(UserError):
             TrainConfig(**bad)
 

@@ -44,7 +44,8 @@ INT_LIMITS = {  # name: (lo, hi), inclusive
     "register_curriculum": (0, MAX_STEPS), "reads": (0, 64), "warm_passes": (0, 256),
     "consistency_window": (0, 4096), "seed": (0, MAX_SEED), "init_offset": (0, 2**31),
     "length_doubling": (0, MAX_STEPS), "length_start": (1, MAX_DISTRACTORS),
-    "loop_core": (0, 1024), "loop_prelude": (0, 1024), "loop_iterations": (1, 256), "loop_truncate": (0, 256),
+    # a step draws up to 2r iterations, and a looped model runs at most models.looped.MAX_ITERATIONS (256)
+    "loop_core": (0, 1024), "loop_prelude": (0, 1024), "loop_iterations": (1, 128), "loop_truncate": (0, 256),
 }
 FLOAT_LIMITS = {  # name: (lo, hi, lo_open, hi_open)
     "lam": (0.0, 1000.0, False, False), "attn_dropout": (0.0, 1.0, False, True), "decoy": (0.0, 1.0, False, True),
@@ -314,6 +315,9 @@ class TrainConfig:
             if self.objective != "multipass" or self.schedule.strip() != "1":
                 raise UserError("a looped model has no fusion: train it with --objective multipass --schedule 1 (its "
                                 "feedback is in depth, not across positions)")
+            if self.loop_truncate >= 2 * self.loop_iterations:  # refused, not dropped: it would change nothing
+                raise UserError(f"--loop-truncate {self.loop_truncate} never truncates: a step runs at most "
+                                f"{2 * self.loop_iterations} iterations (2 x --loop-iterations); use less or 0")
             if self.loop_truncate and not self.loop_inject and self.loop_prelude:
                 raise UserError("--loop-truncate without injection would leave the prelude without gradient: keep "
                                 "--loop-inject or set --loop-prelude 0")
