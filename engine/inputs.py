@@ -106,6 +106,8 @@ def check_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         raise UserError("input_ids and attention_mask must both be [batch, T]")
     if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
         raise UserError("empty dataset: nothing to run")
+    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):  # positions are its running sum
+        raise UserError("attention_mask must hold 0 (padding) and 1 (a real token) only")
     if not bool(attention_mask[:, -1].all()):
         raise UserError("prompts must be left-padded (the last column must be a real token in every row)")
     real = attention_mask.bool()

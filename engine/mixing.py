@@ -4,6 +4,7 @@ ramp, optional transform / subspace), its CLI parser, and the norm-matched mix z
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 
@@ -36,6 +37,10 @@ class RecircSpec:
     subspace_complement: bool = False  # apply the change only in the orthogonal complement of `subspace`
 
     def __post_init__(self):
+        for name in ("source", "target"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):  # numpy's integers too
+                raise UserError(f"recirculation {name} depth must be an integer, got {v!r}")
         a = self.alpha
         if not isinstance(a, (int, float)) or isinstance(a, bool) or not (0.0 <= float(a) <= 1.0):
             raise UserError(f"recirculation alpha must be a number in [0, 1], got {a!r}")

@@ -47,7 +47,7 @@ n_layers)` validates the CLI value.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -61,6 +61,23 @@ from engine.inputs import check_inputs, check_stepwise
 from models.full_bandwidth import FullBandwidthLM, decoder_layers, positions_from_mask
 
 from engine.mixing import MODES, RecircSpec, mix, parse_recirculate  # noqa: F401  (the spec is part of this engine's API)
+
+
+def _columns(cols, T: int, distinct: bool = True) -> torch.Tensor:
+    """`cols` (None = all) as a 1-D long tensor of columns in 0..T-1, distinct unless told: the runs fill their
+    outputs column by column, so a column outside them (or the first of a repeat) would come back unfilled."""
+    if cols is None:
+        return torch.arange(T)
+    cols = torch.as_tensor(cols).reshape(-1)
+    if cols.is_floating_point() or cols.dtype == torch.bool:
+        raise UserError(f"columns must be integers in 0..{T - 1}, got {cols.dtype}")
+    cols = cols.long().cpu()
+    if cols.numel() and not (0 <= int(cols.min()) and int(cols.max()) < T):
+        raise UserError(f"columns must be in 0..{T - 1} (from the left, not offsets from the end), got "
+                        f"{cols.tolist()}")
+    if distinct and len(set(cols.tolist())) < cols.numel():
+        raise UserError(f"columns must be distinct, got {cols.tolist()}")
+    return cols
 
 
 # ----- the wrapper ------------------------------------------------------------------------------------------
@@ -238,7 +255,7 @@ class RecirculatedLM(nn.Module):
         self._check(input_ids, attention_mask)
         mix_mask = self._check_mix_mask(mix_mask, input_ids)
         B, T = input_ids.shape
-        cols = torch.arange(T) if cols is None else cols
+        cols = _columns(cols, T)
         want = {int(c): j for j, c in enumerate(cols.tolist())}
         pos_all = positions_from_mask(attention_mask, T)
         valid = attention_mask.bool()
@@ -357,7 +374,7 @@ class RecirculatedLM(nn.Module):
         block = T if block is None else int(block)
         if block < 1:
             raise UserError(f"block size must be >= 1, got {block}")
-        cols = torch.arange(T) if cols is None else cols
+        cols = _columns(cols, T)
         pos_all = positions_from_mask(attention_mask, T)
         valid = attention_mask.bool()
         alpha_all = self._masked_alpha(pos_all, valid, mix_mask)
@@ -445,7 +462,12 @@ class RecirculatedLM(nn.Module):
             raise UserError(f"unknown recirculation method {method!r} (sequential or blockwise)")
         self._check(input_ids, attention_mask)
         mix_mask = self._check_mix_mask(mix_mask, input_ids)
-        cols = torch.arange(input_ids.shape[1]) if cols is None else cols
+        cols = _columns(cols, input_ids.shape[1], distinct=False)
+        uniq, back = torch.unique(cols, return_inverse=True)
+        if len(uniq) < len(cols):  # a column asked for twice: computed once (the runs fill distinct columns)
+            out = self.prefill(input_ids, attention_mask, method, uniq, collect, passes, block, mix_mask)
+            return replace(out, logits=out.logits[:, back], top=out.top[:, back],
+                           resid=None if out.resid is None else out.resid[:, back])
         no_mixing = mix_mask is not None and not bool((mix_mask & attention_mask.bool()).any())
         if (self.spec.is_identity or no_mixing) and self.bypass_identity:
             return self._base(input_ids, attention_mask, cols, collect)

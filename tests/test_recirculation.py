@@ -184,6 +184,34 @@ def test_probe_hook_returns_prefill_result(base):
     assert (res.resid[:, -1, 2:] - std.resid[:, 0, 2:]).abs().max() > 1e-3
 
 
+def test_columns_are_checked_and_a_repeated_one_is_filled(base):
+    """The runs fill their outputs column by column from uninitialised buffers: a negative or out-of-range column
+    came back as garbage (9e26 off under alpha > 0, while alpha = 0 read -1 as the last column), and the first of
+    a repeated column too. Both are refused in one line now; prefill and positions take a repeat."""
+    ids, mask = pad_left([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14]])
+    T = ids.shape[1]
+    for alpha in (0.0, 0.4):
+        r = RecirculatedLM(base, RecircSpec(3, 1, alpha))
+        full = r.prefill(ids, mask, collect=True)
+        for method, kw in (("sequential", {}), ("blockwise", {"passes": T})):
+            for bad in ([-1], [T - 1, -1], [T], [0.5]):
+                with pytest.raises(UserError, match="columns must be"):
+                    r.prefill(ids, mask, method=method, cols=torch.tensor(bad), **kw)
+            twice = r.prefill(ids, mask, method=method, cols=torch.tensor([T - 1, 2, T - 1]), collect=True, **kw)
+            for j, c in enumerate((T - 1, 2, T - 1)):
+                assert (twice.logits[:, j] - full.logits[:, c]).abs().max() <= 1e-4, (alpha, method, j)
+                assert (twice.resid[:, j] - full.resid[:, c]).abs().max() <= 1e-4, (alpha, method, j)
+        with pytest.raises(UserError, match="distinct"):
+            r.sequential(ids, mask, cols=torch.tensor([2, 2]))
+        res = recirculated_prefill(base, r.spec, ids, mask, positions=(-1, -1))
+        assert torch.equal(res.logits[:, 0], res.logits[:, 1])
+        assert (res.logits[:, 0] - full.logits[:, -1]).abs().max() <= 1e-4
+    with pytest.raises(UserError, match="0 \\(padding\\) and 1"):  # positions are the mask's running sum
+        RecirculatedLM(base, RecircSpec(3, 1, 0.4)).prefill(ids, mask * 2)
+    with pytest.raises(UserError, match="source depth must be an integer"):
+        RecircSpec(2.5, 1, 0.1)
+
+
 @pytest.mark.parametrize("value,msg", [
     ("2:2:0.1", "deeper than the target"), ("1:3:0.1", "deeper than the target"),
     ("9:1:0.1", "out of range"), ("3:-1:0.1", "target depth"), ("3:1:1.5", "[0, 1]"), ("3:1:-0.1", "[0, 1]"),
