@@ -170,6 +170,13 @@ LABELS = (
 )
 
 
+def found_verdicts(studies, verdicts) -> str:
+    """The intro's words for the verdicts these runs found (not the ones the studies claim)."""
+    if len(verdicts) == 2 and verdicts[0] != verdicts[1] and set(verdicts) == {s.claim for s in studies}:
+        return f"give opposite verdicts: {verdicts[0]}, and {verdicts[1]}"
+    return "give these verdicts: " + "; ".join(f"{s.model}: {v}" for s, v in zip(studies, verdicts))
+
+
 def page(studies, results, demo_cmd: str) -> str:
     from probes.depth_curves import depth_curve_figure
 
@@ -199,10 +206,7 @@ def page(studies, results, demo_cmd: str) -> str:
             + f"<p>Full reports: <a href='{st.key}/causal_report.html'>causal report</a>, "
               f"<a href='{st.key}/depth_curves.html'>depth curves</a>, "
               f"<a href='{st.key}/causal_report.md'>markdown</a>.</p></div>")
-    verdicts = [v for _, _, _, (v, _), _ in results]  # the intro says what these runs found, not what they should
-    found = (f"give opposite verdicts: {verdicts[0]}, and {verdicts[1]}" if len(verdicts) == 2 and
-             {verdicts[0], verdicts[1]} == {s.claim for s in studies} and verdicts[0] != verdicts[1] else
-             "give these verdicts: " + "; ".join(f"{s.model}: {v}" for s, v in zip(studies, verdicts)))
+    found = found_verdicts(studies, [v for _, _, _, (v, _), _ in results])
     style = ("body{font-family:sans-serif;margin:1.5em;max-width:1500px} .cols{display:flex;gap:2em}"
              ".col{flex:1;min-width:0} table{border-collapse:collapse} td{border-bottom:1px solid #ddd;"
              "padding:3px 8px} .n{color:#666;font-size:90%} .verdict{font-size:120%} .ok b{color:#1a7f37}"

@@ -231,8 +231,12 @@ def main(argv=None):
             raise
         label_ids, no_lens = None, str(e)  # e.g. a plain HF tokenizer that merges the label words: no lens
     if args.erase is not None:  # against each erased mode's own stack (loop-R: its unrolling)
-        for m in map(parse_mode, modes):
-            if not m.is_recirculation and args.erase > m.depth(model):
+        erased = [m for m in map(parse_mode, modes) if not m.is_recirculation]
+        if not erased:  # a flag that would change nothing is refused, not dropped
+            raise UserError("--erase runs the patching engine, which recirculation modes are not on: add a mode "
+                            "such as standard, or drop the flag")
+        for m in erased:
+            if args.erase > m.depth(model):
                 raise UserError(f"--erase {args.erase}: {m.name}'s depths are 0..{m.depth(model)}")
     w_hash = weights_hash(model)
     out = out_arg if out_arg is not None else output_dir(default_output(model_name, task), "--out")

@@ -30,6 +30,16 @@ def test_judge_reads_each_verdict_from_its_numbers():
     assert judge(_k(ne=(0.9, 1.0), bypass_all=(0.3, 0.45), chance=1 / 3))[0] == "necessary and used"
 
 
+def test_the_intro_says_the_verdicts_found():
+    from analysis.demo import STUDIES, found_verdicts
+
+    a, b = STUDIES[0].claim, STUDIES[1].claim
+    assert found_verdicts(STUDIES, [a, b]) == f"give opposite verdicts: {a}, and {b}"
+    assert found_verdicts(STUDIES, [b, a]) == f"give opposite verdicts: {b}, and {a}"  # swapped, still opposite
+    assert found_verdicts(STUDIES, [a, a]) == f"give these verdicts: {STUDIES[0].model}: {a}; {STUDIES[1].model}: {a}"
+    assert "opposite" not in found_verdicts(STUDIES, [a, "neither rule holds"])
+
+
 def test_demo_end_to_end_on_small_studies(tmp_path, monkeypatch, capsys):
     import analysis.demo as demo
 

@@ -175,3 +175,19 @@ def test_a_mode_name_keeps_its_number_exactly(spec, name):
 
     m = parse_mode(spec)
     assert m.name == name and parse_mode(m.name).name == name and parse_mode(m.name) == m
+
+
+def test_a_position_asked_for_twice_is_filled_twice(tiny_model):
+    """prefill_many fills each column once: a repeated position left its first slot uninitialised under the
+    recurrent modes (1.5e30 off) and the standard pass's values under recurrent-1. Every mode now computes the
+    distinct positions once and hands each slot its column."""
+    from engine.prefill import pad_left, prefill_many
+
+    ids, mask = pad_left([[3, 4, 5, 6, 7, 8], [9, 10, 11, 12]])
+    modes = ["standard", "recurrent-1", "recurrent-full", "fused-2", "recirc-2:1:0.4"]
+    once = prefill_many(tiny_model, ids, mask, modes, positions=(-1, -3))
+    twice = prefill_many(tiny_model, ids, mask, modes, positions=(-1, -3, -1))
+    for m in modes:
+        assert twice[m].positions == (-1, -3, -1)
+        for a, b in ((twice[m].logits, once[m].logits), (twice[m].top, once[m].top), (twice[m].resid, once[m].resid)):
+            assert torch.equal(a[:, [0, 1]], b) and torch.equal(a[:, 2], b[:, 0]), m

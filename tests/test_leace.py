@@ -232,6 +232,17 @@ def test_an_explicit_control_model_under_standard_is_refused(tiny_ckpt, tmp_path
     assert not (tmp_path / "o").exists()
 
 
+def test_probes_cli_erase_refused_where_no_mode_would_erase(tiny_ckpt, tmp_path, capsys):
+    """Recirculation modes are not on the patching engine: --erase with only those would be dropped."""
+    from probes.run import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--task", "completion", "--model", str(tiny_ckpt), "--out", str(tmp_path / "p"), "--n-pairs", "20",
+              "--distractors", "8", "--no-progress", "--modes", "recirc-2:1:0.3", "--erase", "1"])
+    assert e.value.code == 2 and "--erase runs the patching engine" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
+
+
 def test_probes_cli_erase_depth_curve(tiny_ckpt, tmp_path):
     from probes.run import main
 

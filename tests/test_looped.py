@@ -308,13 +308,28 @@ def test_training_recipe_of_a_looped_model_is_checked_and_draws_r_per_step():
     model = build_model(cfg, 45)
     assert isinstance(model, LoopedLM) and model.spec == LoopSpec(2, 2, 2, 4, True) and not model.has_fusion
     assert "loop_core" in cfg.to_dict() and "loop_core" not in TrainConfig().to_dict()
-    for bad in (dict(loop_core=2, loop_prelude=5), dict(loop_core=2, objective="recurrent"),
-                dict(loop_core=2, schedule="60/40"), dict(loop_prelude=1), dict(loop_core=2, arch="gpt2"),
-                dict(loop_core=2, loop_prelude=1, loop_truncate=1, loop_inject=False),
-                dict(loop_core=2, loop_iterations=2, loop_truncate=4),  # a step runs at most 2r: truncates nothing
-                dict(loop_core=2, loop_iterations=129)):  # a step could draw 258 > MAX_ITERATIONS
-        with pytest.raises(UserError):
-            TrainConfig(**bad)
+    from models.looped import MAX_ITERATIONS
+    from training.config import INT_LIMITS
+
+    assert 2 * INT_LIMITS["loop_iterations"][1] == MAX_ITERATIONS  # a step draws up to 2r
+    ok = dict(loop_core=2, objective="multipass", schedule="1")  # a valid looped recipe: each case breaks one rule
+    TrainConfig(**ok, loop_iterations=2, loop_truncate=3)
+    TrainConfig(**ok, loop_prelude=1, loop_iterations=2, loop_truncate=1)
+    for bad, msg in ((dict(loop_prelude=5), "must be at most"), (dict(objective="recurrent"), "has no fusion"),
+                     (dict(schedule="60/40"), "has no fusion"), (dict(arch="gpt2"), "built from scratch as qwen3"),
+                     (dict(loop_prelude=1, loop_iterations=2, loop_truncate=1, loop_inject=False), "without injection"),
+                     (dict(loop_iterations=2, loop_truncate=4), "never truncates"),  # a step runs at most 2r
+                     (dict(loop_iterations=1, loop_truncate=1), "never truncates"),  # r = 1: every step draws 1
+                     (dict(loop_iterations=129), "loop_iterations")):  # a step could draw 258 > MAX_ITERATIONS
+        with pytest.raises(UserError, match=msg):
+            TrainConfig(**{**ok, **bad})
+    with pytest.raises(UserError, match="describe a looped model"):
+        TrainConfig(loop_prelude=1)
+    from training.config import parse_lr_legs
+
+    assert parse_lr_legs("3,6") == (3, 6)
+    with pytest.raises(UserError, match="--lr-legs"):  # Python's int() reads 10
+        parse_lr_legs("1_0")
 
 
 @pytest.mark.parametrize("prelude", [0, 1])

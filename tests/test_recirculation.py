@@ -250,6 +250,7 @@ def _cli(*args):
 @pytest.mark.parametrize("args,msg", [
     (["--pairs", "2:2"], "deeper than the target"),
     (["--pairs", "9:1"], "out of range"),
+    (["--pairs", "1_0:2"], "expected s:d"),  # Python's int() reads 10
     (["--alpha", "1.5"], "(0, 1]"),
     (["--alpha", "0"], "(0, 1]"),  # every heatmap cell and tuned candidate the base model: a tie picked as "best"
     (["--alphas", "0,0.1,2"], "[0, 1]"),

@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
-from common.cli import MAX_SEED, float_in, int_in
+from common.cli import MAX_SEED, ascii_int, float_in, int_in
 from common.errors import UserError
 
 
@@ -120,7 +120,7 @@ def parse_task_weights(s: str) -> tuple:
 
 def parse_lr_legs(s: str) -> tuple:
     try:
-        return tuple(int(x) for x in s.split(",") if x.strip())
+        return tuple(ascii_int(x) for x in s.split(",") if x.strip())
     except ValueError:
         raise UserError(f"--lr-legs must be comma-separated integers, got {s!r}") from None
 
@@ -315,9 +315,10 @@ class TrainConfig:
             if self.objective != "multipass" or self.schedule.strip() != "1":
                 raise UserError("a looped model has no fusion: train it with --objective multipass --schedule 1 (its "
                                 "feedback is in depth, not across positions)")
-            if self.loop_truncate >= 2 * self.loop_iterations:  # refused, not dropped: it would change nothing
-                raise UserError(f"--loop-truncate {self.loop_truncate} never truncates: a step runs at most "
-                                f"{2 * self.loop_iterations} iterations (2 x --loop-iterations); use less or 0")
+            most = 1 if self.loop_iterations == 1 else 2 * self.loop_iterations  # a step's largest draw (model.py)
+            if self.loop_truncate >= most:  # refused, not dropped: it would change nothing
+                raise UserError(f"--loop-truncate {self.loop_truncate} never truncates: a step runs at most {most} "
+                                f"iteration(s) at --loop-iterations {self.loop_iterations}; use less or 0")
             if self.loop_truncate and not self.loop_inject and self.loop_prelude:
                 raise UserError("--loop-truncate without injection would leave the prelude without gradient: keep "
                                 "--loop-inject or set --loop-prelude 0")

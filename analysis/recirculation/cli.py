@@ -22,7 +22,7 @@ from analysis.recirculation.targeted import DEFAULT_ALPHAS as TARGETED_ALPHAS, d
 from analysis.recirculation.perplexity import TINY, Evaluator, load
 from analysis.recirculation.study import Study
 from analysis.recirculation.text import ByteTokenizer, builtin_documents, file_documents, make_splits
-from common.cli import (DefaultsFormatter, Parser, add_device_flags, add_model_flag, add_output_flags,
+from common.cli import (DefaultsFormatter, Parser, ascii_int, add_device_flags, add_model_flag, add_output_flags,
                         add_plotly_flag, add_seed_flag, add_threads_flag, command_text, float_in, float_list,
                         given_flags, int_in, int_list, output_dir, refuse_idle_flags, safe_name)
 from common.errors import UserError, cli_entry
@@ -42,7 +42,7 @@ def _pairs(s: str) -> list[tuple[int, int]]:
     for part in s.split(","):
         try:
             a, b = part.split(":")
-            pair = (int(a), int(b))
+            pair = (ascii_int(a), ascii_int(b))
         except ValueError:
             raise UserError(f"--pairs: expected s:d[,s:d...], got {part!r}") from None
         RecircSpec(pair[0], pair[1], 0.1)  # s > d, d >= 0
