@@ -73,6 +73,10 @@ def commit_outputs(items, overwrite: bool) -> None:
     already placed are taken back. The temporaries are gone on every exit path."""
     placed = []
     try:
+        for path, _ in items:  # before anything moves: a folder where a file goes would stop it midway
+            if Path(path).is_dir() and not Path(path).is_symlink():
+                raise UserError(f"{path} is a folder where this run writes a file: move it or choose another "
+                                "output folder")
         for path, tmp in items:
             if overwrite:
                 os.replace(tmp, path)

@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from common.errors import UserError
 from common.io import current_umask, remove_owned
 
 
@@ -68,6 +69,10 @@ class Staged:
         return Path(tmp)
 
     def commit(self, remove=()) -> None:
+        for _, final in self.files:  # before anything moves: a folder where a file goes would stop it midway
+            if final.is_dir() and not final.is_symlink():
+                raise UserError(f"{final} is a folder where this run writes a file: move it or choose another "
+                                "output folder")
         for tmp, final in self.dirs:
             if final.exists() or final.is_symlink():
                 if final.is_dir() and not final.is_symlink():

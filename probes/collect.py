@@ -262,7 +262,6 @@ def collect_with_cache(collector: Collector, token_ids, samples, modes, tokenize
     from tasks import dataset_fingerprint
 
     modes = canonical_modes(modes)
-    shape = (len(token_ids), collector.n_layers + 1, collector.model.d_model)
     acts: dict[str, np.ndarray] = {}
     status: dict[str, str] = {}
     keys = {}
@@ -271,7 +270,7 @@ def collect_with_cache(collector: Collector, token_ids, samples, modes, tokenize
         ds, tk, cfg = dataset_fingerprint(samples), tokenization_hash(tokenizer), config_hash(collector.model)
         for m in modes:
             keys[m] = cache_key(weights, cfg, ds, tk, m)
-            hit = cache.get(keys[m], shape)
+            hit = cache.get(keys[m], (len(token_ids), collector.depth_of(m), collector.model.d_model))
             if hit is not None:
                 acts[m], status[m] = hit, "hit"
     missing = [m for m in modes if m not in acts]

@@ -404,7 +404,11 @@ def main(argv=None):
     html = output_file(args.html, "--html") if args.html else src.parent / "depth_curves.html"
     png = output_file(args.png, "--png") if args.png else None
     doc = load_results_doc(src, "probes.json")  # read once: a missing or bad file is one line, nothing written
-    write_depth_curves(doc, html, plotly=args.plotly)
+    try:
+        write_depth_curves(doc, html, plotly=args.plotly)
+    except (KeyError, TypeError) as e:  # a hand-made or truncated file: its page is drawn into a temporary first
+        raise UserError(f"{src} is not a probes.json this tool wrote ({type(e).__name__}: {e}): nothing "
+                        "written") from None
     print(f"wrote {html}")
     if png:
         print(f"wrote {write_png(doc, png)}")

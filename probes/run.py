@@ -99,7 +99,7 @@ def _check_out_dir(out: Path, run_sig: dict, overwrite: bool) -> None:
     try:
         old = json.loads(pj.read_text())
         old_sig = old["meta"]["run"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
         raise UserError(f"{pj} is not a readable probes.json of this tool; use --overwrite to replace it") from None
     if old_sig != run_sig:
         diff = sorted(k for k in set(old_sig) | set(run_sig) if old_sig.get(k) != run_sig.get(k))
@@ -163,7 +163,10 @@ def main(argv=None):
     if args.cache_dir is not None and str(args.cache_dir).strip() == "":
         raise UserError("--cache-dir is empty: give a directory")
     # like every output, under the current directory (or $FBPROBE_CACHE), never inside the installed package
-    default_cache = Path(os.environ.get("FBPROBE_CACHE", Path.cwd() / ".cache")) / "activations"
+    env = os.environ.get("FBPROBE_CACHE")
+    if env is not None and env.strip() == "":  # Path("") is the current directory: ./activations
+        raise UserError("FBPROBE_CACHE is set but empty: unset it or give a directory")
+    default_cache = Path(env if env is not None else Path.cwd() / ".cache") / "activations"
     cache_dir = default_cache if args.cache_dir is None else Path(args.cache_dir)
     if not args.no_cache:
         output_dir(cache_dir, "--cache-dir")
@@ -251,6 +254,8 @@ def main(argv=None):
         run_sig["mdl"] = False
     if args.fed_lens:  # only when used: a plain run keeps the signature of earlier plain runs
         run_sig["fed_lens"] = True
+    if args.save_activations:  # a rerun without it would delete the exported activations/: another run
+        run_sig["save_activations"] = True
     if placement.dtype != "float32":  # only when used: a float32 run keeps the signature of earlier runs
         run_sig["dtype"] = placement.dtype
     from common.distributed import Processes

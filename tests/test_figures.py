@@ -220,6 +220,20 @@ def test_plotly_flag_on_the_page_clis(tmp_path, capsys):
     assert (out.parent / "plotly.min.js").is_file()
 
 
+def test_a_hand_made_probes_json_missing_a_field_is_one_line(tmp_path, capsys):
+    from probes.depth_curves import main as dc_main
+
+    doc = fake_doc()
+    for r in doc["results"]:
+        del r["ci_low"]
+    (tmp_path / "probes.json").write_text(json.dumps(doc))
+    with pytest.raises(SystemExit) as e:
+        dc_main([str(tmp_path / "probes.json")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "'ci_low'" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["probes.json"]
+
+
 def test_a_failed_page_write_leaves_no_temporary(tmp_path, monkeypatch):
     import common.io
     from probes import depth_curves

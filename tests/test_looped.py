@@ -468,3 +468,21 @@ def test_config_hash_tells_loop_splits_and_fusion_eps_apart(tmp_path):
     other.fusion.norm.eps = 0.5
     assert weights_hash(fb) == weights_hash(other) and config_hash(fb) != config_hash(other)
     assert config_hash(fb.lm.config) == config_hash(fb.lm.config.to_dict())  # a bare config: as before
+
+
+def test_the_activation_cache_hits_a_loop_mode_at_another_r(tmp_path):
+    """The cache checked every entry against the trained r's depth count: a loop-R entry (another depth count)
+    never hit, and every run collected it again."""
+    from probes.collect import ActivationCache, Collector, collect_with_cache
+    from tasks import build_tokenizer, make_dataset, tokenize_samples
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    cfg = qwen3_config(len(tok.get_vocab()), n_layers=3, d_model=32, n_heads=2, n_kv_heads=1)
+    model = LoopedLM(AutoModelForCausalLM.from_config(cfg), LoopSpec(1, 1, 1, 2)).eval()
+    ids, samples = tokenize_samples(make_dataset("parity", 3, 4, seed=0), tok)
+    col, cache = Collector(model, progress=False), ActivationCache(tmp_path / "cache")
+    a, st = collect_with_cache(col, ids, samples, ["standard", "loop-5"], tok, cache)
+    assert st == {"standard": "miss", "loop-5": "miss"} and a["loop-5"].shape[1] == 1 + 5 + 1 + 1
+    b, st = collect_with_cache(col, ids, samples, ["standard", "loop-5"], tok, cache)
+    assert st == {"standard": "hit", "loop-5": "hit"} and np.array_equal(a["loop-5"], b["loop-5"])

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.errors import UserError
+
 FAST = ["--n-pairs", "20", "--distractors", "0", "--n-boot", "50", "--no-progress"]
 
 
@@ -160,8 +162,10 @@ def test_overwrite_removes_old_activations_but_keeps_causal_report(tiny_ckpt, tm
     assert (out / "activations").is_dir()
     (out / "causal_report.json").write_text('{"keep": 1}')
     before = _snapshot(out)
-    # a different run without --overwrite, or with a bad flag, is refused and modifies nothing
+    # a different run without --overwrite, or with a bad flag, is refused and modifies nothing; so is the same
+    # run without --save-activations (it deleted the exported activations/)
     assert "different run" in _probes_refused(base + ["--seed", "1"], capsys)
+    assert "differs in save_activations" in _probes_refused(base, capsys)
     _probes_refused(base + ["--seed", "1", "--overwrite", "--batch-size", "0"], capsys)
     _probes_refused(base + ["--seed", "1", "--overwrite", "--modes", "fused-99999"], capsys)
     assert _snapshot(out) == before
@@ -205,6 +209,41 @@ def test_write_depth_curves_leaves_no_tmp_on_interrupt(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         depth_curves.write_depth_curves({"meta": {}, "results": []}, tmp_path / "depth_curves.html")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_cache_variable_is_refused(tiny_ckpt, tmp_path, capsys, monkeypatch):
+    """FBPROBE_CACHE="" put the cache in ./activations of the current directory, silently."""
+    monkeypatch.setenv("FBPROBE_CACHE", " ")
+    monkeypatch.chdir(tmp_path)
+    base = ["--task", "completion", "--model", tiny_ckpt, "--out", tmp_path / "o", *FAST]
+    assert "FBPROBE_CACHE is set but empty" in _probes_refused(base, capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_where_a_file_goes_is_refused_before_anything_moves(tiny_ckpt, tmp_path, capsys):
+    """A folder named probes.json (or plotly.min.js) in --out was a traceback, and with --overwrite the page and
+    plotly.min.js were already replaced when it came: a new page beside the old results."""
+    from common.io import commit_outputs
+    from common.staged import Staged
+
+    out = tmp_path / "o"
+    (out / "probes.json").mkdir(parents=True)
+    base = ["--task", "completion", "--model", tiny_ckpt, "--out", out, "--no-cache", *FAST]
+    assert "not a readable probes.json" in _probes_refused(base, capsys)
+    (out / "depth_curves.html").write_text("old page")
+    assert "is a folder where this run writes a file" in _probes_refused(base + ["--overwrite"], capsys)
+    assert (out / "depth_curves.html").read_text() == "old page" and not (out / "plotly.min.js").exists()
+    assert _no_tmp(out) == []
+    with pytest.raises(UserError, match="is a folder"):
+        with Staged(out) as st:
+            st.file("a.txt", "new")
+            st.file("probes.json", "new")
+            st.commit()
+    assert not (out / "a.txt").exists()
+    tmp = tmp_path / "t"
+    tmp.write_text("x")
+    with pytest.raises(UserError, match="is a folder"):
+        commit_outputs([(out / "probes.json", tmp)], overwrite=True)
 
 
 def test_staged_restores_an_old_folder_when_the_commit_fails(tmp_path, monkeypatch):
