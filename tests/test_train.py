@@ -781,10 +781,28 @@ def test_a_multipass_flag_where_no_fused_pass_runs_is_refused(argv, bad):
     (["--curriculum-steps", "0", "--curriculum-max-n", "4"], "--curriculum-max-n", "no curriculum"),
     (["--no-packing", "--seq-len", "64"], "--seq-len", "unpacked rows"),
     (["--base", "tiny-base", "--untied"], "--tie-embeddings / --untied", "keeps its own arch"),
+    # found by a review (2026-12-07): each was read, logged and changed nothing
+    (["--task-weights", "1,1,8"], "--task-weights", "packed rows draw every task alike"),
+    (["--curriculum-steps", "5", "--curriculum-seq-len", "512"], "--curriculum-seq-len", "at most --seq-len"),
+    (["--curriculum-steps", "5", "--distractors", "8:1,32:1", "--curriculum-max-n", "4"], "--curriculum-max-n",
+     "keeps none of the N"),
+    (["--tasks", "memory,completion", "--all-answers"], "--all-answers", "the shell game is not trained"),
+    (["--preset", "tiny-loop-track", "--depth-scale", "--gate-std", "50"], "--depth-scale, --gate-std",
+     "a looped model has no fusion gate"),
 ])
 def test_a_flag_whose_option_does_nothing_is_refused(argv, bad, why):
     with pytest.raises(UserError, match=f"^{re.escape(bad)} would have no effect: .*{re.escape(why)}"):
         tcli.config_of(tcli.parse_args(["--preset", "smoke", *argv]))
+
+
+def test_a_reordered_task_list_keeps_each_tasks_share():
+    """The preset's shares follow their tasks by name: a reordered --tasks swapped them by position."""
+    cfg = tcli.config_of(tcli.parse_args(["--preset", "tiny-fbt-track", "--tasks", "shell_game,parity"]))
+    pre = get_preset("tiny-fbt-track")
+    assert dict(zip(cfg.tasks, cfg.task_weights)) == dict(zip(pre.tasks, pre.task_weights)) and cfg.tasks != pre.tasks
+    cfg = tcli.config_of(tcli.parse_args(["--preset", "smoke", "--tasks", "parity,completion", "--variants",
+                                          "uniform:1,hold:1", "--distractors", "8:1", "--all-answers"]))
+    assert cfg.all_answers  # a tracking task's variants read it: taken
 
 
 def test_the_same_flags_are_taken_where_they_act():

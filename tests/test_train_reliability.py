@@ -336,7 +336,12 @@ def test_a_locked_output_directory_is_refused(ckpt, tmp_path, capsys, case):
     (["--distractors", "0:inf,8:1"], "bad --distractors"),
     (["--distractors", "0:-1,8:1"], "bad --distractors"),
     (["--distractors", "5000:1"], "bad --distractors"),
-    (["--distractors", "0:0"], "distractors must map N in 0..1024 to finite non-negative weights with a positive sum"),
+    (["--distractors", "0:0"], "distractors must map N in 0..1024 to finite non-negative weights with a positive, "
+                               "finite sum"),
+    # a sum past the float range made every probability 0: numpy's traceback after the model was built
+    (["--distractors", "0:1e308,8:1e308"], "positive, finite sum"),
+    (["--schedule", "1e308/1e308"], "positive, finite sum"),
+    (["--tasks", "parity", "--distractors", "1:1", "--variants", "uniform:1e308,hold:1e308"], "positive, finite sum"),
     (["--batch-tokens", "1e12"], "argument --batch-tokens: must be an integer in 1..1000000"),
     (["--batch-tokens", "1000000000000"], "argument --batch-tokens"),
     (["--steps", "0"], "argument --steps"),

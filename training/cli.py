@@ -28,7 +28,7 @@ from common.cli import (Parser, add_device_flags, add_output_flags, add_progress
 from common.errors import UserError, cli_entry
 from common.placement import Placement
 from models.checkpoints import checkpoint_dir
-from tasks import ALL_TASKS
+from tasks import ALL_TASKS, TRACKING_TASKS
 from training.config import CHOICES, FLOAT_LIMITS, INT_LIMITS, MAX_STEPS, TrainConfig, bounds_text, float_flag, int_flag
 from training.loop import train
 from training.output import check_output
@@ -98,8 +98,9 @@ def config_of(args) -> TrainConfig:
         if v is not None:
             over[f.name] = v
     if args.tasks is not None and args.task_weights is None and cfg.task_weights is not None and \
-            len(over["tasks"]) != len(cfg.tasks):
-        # The preset's token shares are per task of ITS task list; keep a share only where the task stays.
+            tuple(over["tasks"]) != tuple(cfg.tasks):
+        # The preset's token shares are per task of ITS task list, by name (a reordered list keeps each task's
+        # share; by position it swapped them); a share only where the task stays.
         share = dict(zip(cfg.tasks, cfg.task_weights))
         over["task_weights"] = tuple(share.get(t, 1.0 / len(cfg.tasks)) for t in over["tasks"])
     if args.lr_legs is None and "steps" in over:
@@ -141,6 +142,18 @@ NO_OP_RULES = (
      lambda c: "there is no curriculum (--curriculum-steps 0)"),
     (("seq_len", "curriculum_seq_len"), lambda c: not c.packing,
      lambda c: "unpacked rows hold one sample each (--no-packing)"),
+    (("curriculum_seq_len",), lambda c: c.curriculum_seq_len >= c.seq_len,
+     lambda c: f"rows are at most --seq-len {c.seq_len} long, in the curriculum too"),
+    (("curriculum_max_n",), lambda c: c.curriculum_max_n < min(c.distractors) or c.curriculum_max_n >= max(c.distractors),
+     lambda c: f"it keeps {'none' if c.curriculum_max_n < min(c.distractors) else 'every one'} of the N in "
+               f"--distractors ({', '.join(map(str, sorted(c.distractors)))}), so the curriculum draws them all"),
+    (("task_weights",), lambda c: c.packing,
+     lambda c: "packed rows draw every task alike (task weights are for unpacked batches, --no-packing)"),
+    (("all_answers",), lambda c: "shell_game" not in c.tasks and not (
+        (c.variants is not None or c.heldout_split) and any(t in TRACKING_TASKS for t in c.tasks)),
+     lambda c: "the shell game is not trained and no tracking task draws variants (--variants, --heldout-split)"),
+    (("depth_scale", "gate_init", "gate_std", "init_offset"), lambda c: c.loop_core > 0,
+     lambda c: "a looped model has no fusion gate to initialize, and its blocks are not depth-scaled"),
 )
 
 

@@ -21,8 +21,8 @@ def parse_schedule(s: str) -> tuple[float, ...]:
         parts = [float(x) for x in str(s).split("/")]
     except ValueError:
         raise UserError(f"bad schedule {s!r}: use weights of 1, 2, 3... passes separated by '/', e.g. 75/22/3") from None
-    if not parts or any(p < 0 for p in parts) or sum(parts) <= 0 or any(p != p for p in parts):
-        raise UserError(f"bad schedule {s!r}: weights must be non-negative with a positive sum, e.g. 75/22/3")
+    if not parts or any(p < 0 for p in parts) or not 0 < sum(parts) < math.inf or any(p != p for p in parts):
+        raise UserError(f"bad schedule {s!r}: weights must be non-negative with a positive, finite sum, e.g. 75/22/3")
     total = sum(parts)
     return tuple(p / total for p in parts)
 
@@ -101,9 +101,9 @@ def parse_variants(s: str) -> dict:
     except ValueError:
         out = None
     if not out or any(k not in VARIANTS or not math.isfinite(v) or v < 0 for k, v in out.items()) \
-            or sum(out.values()) <= 0:
+            or not 0 < sum(out.values()) < math.inf:
         raise UserError(f"bad --variants {s!r}: use variant:weight pairs, variants {', '.join(VARIANTS)}, finite "
-                        "weights >= 0 with a positive sum, e.g. uniform:0.6,hold:0.2,periodic:0.2")
+                        "weights >= 0 with a positive, finite sum, e.g. uniform:0.6,hold:0.2,periodic:0.2")
     return out
 
 
@@ -344,9 +344,10 @@ class TrainConfig:
         except (TypeError, ValueError):
             raise UserError(f"distractors must map N to a weight, got {self.distractors!r}") from None
         if not self.distractors or any(not 0 <= k <= MAX_DISTRACTORS or not math.isfinite(v) or v < 0
-                                       for k, v in self.distractors.items()) or sum(self.distractors.values()) <= 0:
+                                       for k, v in self.distractors.items()) \
+                or not 0 < sum(self.distractors.values()) < math.inf:  # an infinite sum: every probability 0
             raise UserError(f"distractors must map N in 0..{MAX_DISTRACTORS} to finite non-negative weights with a "
-                            f"positive sum, got {self.distractors}")
+                            f"positive, finite sum, got {self.distractors}")
         from tasks import ALL_TASKS, TRACKING_TASKS
         self.tasks = tuple(self.tasks)
         bad = [t for t in self.tasks if t not in ALL_TASKS]
