@@ -284,7 +284,9 @@ def plan_traces(evals, modes=DEFAULT_MODES, model_modes=None, tasks=None):
                                 raise UserError(f"{model} {task} {label_mode} at N = {n}: {both}; a point is drawn "
                                                 "once: give each (model, task, mode, N) in one file")
                             by_n[n] = (d, r)
-                color = typed.index(label_mode) if label_mode in typed else first_typed.get(c, ki)
+                # a mode --modes does not name: a colour after theirs (its place among the model's curves could be
+                # a named mode's, and one model's curves share a dash)
+                color = typed.index(label_mode) if label_mode in typed else first_typed.get(c, len(typed) + ki)
                 color = color_of.setdefault((model, label_mode), PALETTE[color % len(PALETTE)])
                 traces[task].append(dict(model=model, mode=label_mode, canonical=c, dash=DASH[mi % len(DASH)],
                                           symbol=SYMBOLS[mi % len(SYMBOLS)], color=color,

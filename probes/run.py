@@ -83,8 +83,9 @@ def _json_dumps(doc) -> str:
     return json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n"
 
 
-def _check_out_dir(out: Path, run_sig: dict, overwrite: bool) -> None:
-    """Refuse (UserError) to overwrite results of a different run unless --overwrite."""
+def _check_out_dir(out: Path, run_sig: dict, overwrite: bool, save_activations: bool = False) -> None:
+    """Refuse (UserError) to overwrite results of a different run unless --overwrite; or to remove the exported
+    activations/ of an earlier run (a run without --save-activations replaces the folder's outputs without it)."""
     pj = out / "probes.json"
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
@@ -105,6 +106,10 @@ def _check_out_dir(out: Path, run_sig: dict, overwrite: bool) -> None:
         diff = sorted(k for k in set(old_sig) | set(run_sig) if old_sig.get(k) != run_sig.get(k))
         raise UserError(f"{out} holds results of a different run (differs in {', '.join(diff)}); "
                         f"use --overwrite to replace them or choose another --out")
+    if (out / "activations").exists() and not save_activations:
+        raise UserError(f"{out} holds activations/ (an earlier --save-activations), which this run would remove: "
+                        "pass --save-activations to write them again, --overwrite to drop them, or choose another "
+                        "--out")
 
 
 def _result_rows(task, model_name, mode, n, scores, writes=None):
@@ -254,15 +259,13 @@ def main(argv=None):
         run_sig["mdl"] = False
     if args.fed_lens:  # only when used: a plain run keeps the signature of earlier plain runs
         run_sig["fed_lens"] = True
-    if args.save_activations:  # a rerun without it would delete the exported activations/: another run
-        run_sig["save_activations"] = True
     if placement.dtype != "float32":  # only when used: a float32 run keeps the signature of earlier runs
         run_sig["dtype"] = placement.dtype
     from common.distributed import Processes
 
     # Every process checks the output (the same files, the same answer); under torchrun only rank 0 locks it,
     # scores and writes; the others collect their share of the batches and stop (common.distributed).
-    _check_out_dir(out, run_sig, args.overwrite)  # refuse early, before taking the lock ...
+    _check_out_dir(out, run_sig, args.overwrite, args.save_activations)  # refuse early, before taking the lock ...
     procs = Processes.start(placement.torch_device.type)
     try:
         return _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, modes, distractors,
@@ -288,7 +291,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
         from common.staged import Staged
 
         if main_rank:
-            _check_out_dir(out, run_sig, args.overwrite)  # again under the lock: another run may just have written
+            _check_out_dir(out, run_sig, args.overwrite, args.save_activations)  # again under the lock: another run may just have written
             remove_stale_tmp(out)  # temporaries of a killed earlier run (this process holds the lock)
         torch.manual_seed(args.seed)
         collector = Collector(model, batch_size=args.batch_size, pad_id=tok.pad_token_id or 0,

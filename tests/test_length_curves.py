@@ -209,3 +209,16 @@ def test_chance_is_one_over_the_custom_tasks_label_words(tmp_path, capsys):
     other = [{**custom[0], "label_words": ["A", "B"]}]
     clash = _write(tmp_path / "c.json", _rows("n", [("which4", 0, "std", 0.4)], {"custom_tasks": other}))
     assert "different label words" in _refused(main, [ev, clash], tmp_path, capsys)
+
+
+def test_two_curves_of_one_model_are_told_apart(tmp_path):
+    """A mode --modes does not name took its place among the model's curves as its colour, which could be a named
+    mode's: one model's standard and loop-1 were drawn in one colour and one dash."""
+    from analysis.length_curves import load_eval, plan_traces
+
+    loop = _eval(tmp_path / "l.json", "checkpoints/loop", {("parity", 8, m): 0.5 for m in ("std", "loop-1", "loop-8")})
+    std = _eval(tmp_path / "s.json", "checkpoints/std", {("parity", 8, "std"): 0.5})
+    _, _, traces = plan_traces([load_eval(loop), load_eval(std)], ["loop-8", "std"],
+                               model_modes={"loop": ("std", "loop-1")})
+    looks = [(t["color"], t["dash"]) for t in traces["parity"] if t["model"] == "loop"]
+    assert len(looks) == 2 and len(set(looks)) == 2

@@ -165,7 +165,7 @@ def test_overwrite_removes_old_activations_but_keeps_causal_report(tiny_ckpt, tm
     # a different run without --overwrite, or with a bad flag, is refused and modifies nothing; so is the same
     # run without --save-activations (it deleted the exported activations/)
     assert "different run" in _probes_refused(base + ["--seed", "1"], capsys)
-    assert "differs in save_activations" in _probes_refused(base, capsys)
+    assert "holds activations/" in _probes_refused(base, capsys)
     _probes_refused(base + ["--seed", "1", "--overwrite", "--batch-size", "0"], capsys)
     _probes_refused(base + ["--seed", "1", "--overwrite", "--modes", "fused-99999"], capsys)
     assert _snapshot(out) == before

@@ -699,6 +699,10 @@ def test_resume_from_other_architecture(runs, tmp_path, capsys):
     argv = ["--preset", "tiny-fbt", "--threads", "1", "--no-progress", "--out", str(out), "--resume"]
     _expect_error(argv, capsys, "another architecture")
     assert _snapshot(out) == before
+    # the same sizes with another window or context: what each position attends to changed silently before
+    for flags, key in ((["--attn-window", "16"], "sliding_window"), (["--max-len", "300"], "max_position_embeddings")):
+        _expect_error(FAST + ["--steps", "4", "--out", str(out), "--resume", *flags], capsys, f"{key}.* differ")
+        assert _snapshot(out) == before
 
 
 # The flags of the hand-written parser the derived one replaced: existing commands must still run.
@@ -1018,3 +1022,17 @@ def test_card_of_an_eval_on_whole_task_files(tmp_path):
     (run / "eval.json").write_text(json.dumps(ev))
     line = next(x for x in write_card(run, "cmd").splitlines() if "samples per cell" in x)
     assert "--n-pairs" not in line and f"(n = 30-{ev['results'][1]['n_samples']} samples per cell" in line
+
+
+def test_the_card_names_a_fused_sweep_only_where_every_pass_ran():
+    """fused-3 and fused-8 alone were drawn as one "min fused-1..8" column, their columns dropped."""
+    from training.card import eval_table, fused_sweep
+
+    row = lambda m, a: {"task": "memory", "n_distractors": 8, "mode": m, "accuracy": a}  # noqa: E731
+    two = [row("std", 1.0), row("fused-3", 0.5), row("fused-8", 0.75)]
+    assert fused_sweep(two) == []
+    table = eval_table(two, ["std", "fused-3", "fused-8"])
+    assert "min fused" not in table and "| memory | 8 | 1.000 | 0.500 | 0.750 |" in table
+    full = [row("std", 1.0)] + [row(f"fused-{k}", 1.0 - k / 10) for k in (1, 2, 3)]
+    assert fused_sweep(full) == [1, 2, 3]
+    assert "| memory | 8 | 1.000 | 0.900 | 0.700 |" in eval_table(full, ["std", "fused-1"])

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from common.cli import Parser
@@ -13,10 +14,17 @@ from engine.modes import EVAL_MODES as DEFAULT_EVAL_MODES
 from models.full_bandwidth import FullBandwidthLM
 
 
+def fused_sweep(rows: list[dict]) -> list[int]:
+    """[1..K] where the rows hold every fused-k of a sweep 1..K (K >= 2), else []: fused-3 and fused-8 alone are
+    two modes, not a sweep (their minimum is no "min fused-1..8")."""
+    ks = sorted({int(r["mode"].split("-")[1]) for r in rows if re.fullmatch(r"fused-\d+", r["mode"])})
+    return ks if len(ks) >= 2 and ks == list(range(1, ks[-1] + 1)) else []
+
+
 def eval_table(rows: list[dict], modes: list[str]) -> str:
     keys = list(dict.fromkeys((r["task"], r["n_distractors"]) for r in rows))
     by = {(r["task"], r["n_distractors"], r["mode"]): r for r in rows}
-    sweep = sorted({int(r["mode"].split("-")[1]) for r in rows if r["mode"].startswith("fused-")})
+    sweep = fused_sweep(rows)
     head = "| task | N | " + " | ".join(modes) + (f" | min fused-1..{sweep[-1]} |" if sweep else " |")
     lines = [head, "|" + "---|" * (len(modes) + 2 + bool(sweep))]
     for t, n in keys:
@@ -126,8 +134,8 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
             lines.append(f"- final training loss (mean of last {len(last)} steps): "
                          f"{sum(h['loss'] for h in last) / len(last):.4f}")
     if ev:
-        modes = [m for m in dict.fromkeys(r["mode"] for r in ev["results"])
-                 if not (m.startswith("fused-") and m != "fused-1")]
+        swept = {f"fused-{k}" for k in fused_sweep(ev["results"]) if k > 1}  # shown as their minimum
+        modes = [m for m in dict.fromkeys(r["mode"] for r in ev["results"]) if m not in swept]
         lines += ["", "## Label accuracy", "",
                   f"`python -m analysis.evaluate --model {path}"
                   + (f" --n-pairs {ev['meta']['n_pairs']}" if ev['meta'].get('n_pairs') is not None else "")

@@ -184,7 +184,9 @@ def load_resume(model, opt, cfg, out: Path):
     # a looped model saves its physical blocks (LoopedLM.physical_config); its live config counts the unrolled ones
     mine = model.physical_config() if hasattr(model, "physical_config") else model.lm.config.to_dict()
     keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads",
-            "num_key_value_heads", "n_embd", "n_layer", "n_head", "n_inner")  # n_*: GPT-2 spells its sizes so
+            "num_key_value_heads", "n_embd", "n_layer", "n_head", "n_inner",  # n_*: GPT-2 spells its sizes so
+            # what each position attends to and how far: a window dropped on resume made every layer full attention
+            "sliding_window", "layer_types", "max_position_embeddings", "n_positions")
     diff = [k for k in keys if saved["base_config"].get(k) != mine.get(k)]
     if diff:
         raise UserError(f"--resume: checkpoint in {out} has another architecture ({', '.join(diff)} differ; a run "
