@@ -32,7 +32,7 @@ setup: $(STAMP)
 
 smollm2: $(SMOLLM2_STAMP)
 
-# Both verdicts side by side (36 s on an idle 2-core machine): tiny-fbt on memory is decodable at depth 0 yet its fed
+# Both verdicts side by side (21-29 s on a 2-core machine): tiny-fbt on memory is decodable at depth 0 yet its fed
 # state is not used; tiny-fbt-track on parity needs its fed state and uses it. Page: figures/demo/index.html.
 demo: $(STAMP)
 	$(BIN)/python -m analysis.demo --overwrite
