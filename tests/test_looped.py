@@ -314,6 +314,7 @@ def test_training_recipe_of_a_looped_model_is_checked_and_draws_r_per_step():
     assert 2 * INT_LIMITS["loop_iterations"][1] == MAX_ITERATIONS  # a step draws up to 2r
     ok = dict(loop_core=2, objective="multipass", schedule="1")  # a valid looped recipe: each case breaks one rule
     TrainConfig(**ok, loop_iterations=2, loop_truncate=3)
+    TrainConfig(**{**ok, "schedule": "1/0"})  # one pass, spelled with a zero-weight second (it was refused)
     TrainConfig(**ok, loop_prelude=1, loop_iterations=2, loop_truncate=1)
     for bad, msg in ((dict(loop_prelude=5), "must be at most"), (dict(objective="recurrent"), "has no fusion"),
                      (dict(schedule="60/40"), "has no fusion"), (dict(arch="gpt2"), "built from scratch as qwen3"),

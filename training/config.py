@@ -312,7 +312,7 @@ class TrainConfig:
             if self.loop_prelude + self.loop_core > self.n_layers:
                 raise UserError(f"loop_prelude ({self.loop_prelude}) + loop_core ({self.loop_core}) must be at most "
                                 f"n_layers ({self.n_layers}); the rest is the coda")
-            if self.objective != "multipass" or self.schedule.strip() != "1":
+            if self.objective != "multipass" or any(parse_schedule(self.schedule)[1:]):  # '1/0': one pass too
                 raise UserError("a looped model has no fusion: train it with --objective multipass --schedule 1 (its "
                                 "feedback is in depth, not across positions)")
             most = 1 if self.loop_iterations == 1 else 2 * self.loop_iterations  # a step's largest draw (model.py)
