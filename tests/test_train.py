@@ -1036,3 +1036,13 @@ def test_the_card_names_a_fused_sweep_only_where_every_pass_ran():
     full = [row("std", 1.0)] + [row(f"fused-{k}", 1.0 - k / 10) for k in (1, 2, 3)]
     assert fused_sweep(full) == [1, 2, 3]
     assert "| memory | 8 | 1.000 | 0.900 | 0.700 |" in eval_table(full, ["std", "fused-1"])
+
+
+def test_a_batch_without_loss_targets_is_named_not_called_divergence(tmp_path, capsys):
+    """Rows shorter than one sample under --targets labels hold no target: 0 / 0 stopped the run as "diverged"."""
+    with pytest.raises(SystemExit) as e:
+        tcli.main(FAST + ["--steps", "2", "--targets", "labels", "--seq-len", "8", "--batch-tokens", "8",
+                          "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "holds no loss target" in err and "diverged" not in err
+    assert not (tmp_path / "o").exists()

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from common.errors import UserError
 from engine.prefill import fixed_point_top, recurrent_logits, shift_state
 from training.config import TrainConfig
 from training.data import FIXED_POINT, Batch, has_rows, rows_of
@@ -59,7 +60,11 @@ def ntp_loss(logits, ids, mask, label_weight: float, label_pos=None, skip_pos=No
     w = target_weights(ids, mask, label_weight, label_pos, skip_pos, labels_only)
     nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1),
                           reduction="none")
-    return (nll.view_as(w) * w).sum() / (w.sum() if total is None else total)
+    den = w.sum() if total is None else total
+    if not bool(den > 0):  # 0 / 0 would stop the run as "diverged"
+        raise UserError("a training batch holds no loss target (rows too short to hold a whole sample, e.g. "
+                        "--seq-len below one prompt under --targets labels): lengthen --seq-len")
+    return (nll.view_as(w) * w).sum() / den
 
 
 def fuse_positions(mask, fuse_from=None) -> torch.Tensor:
