@@ -65,7 +65,7 @@ position, K-class labels) keeps every field of version 1 and adds:
     results.interventions[*].position   -1 (= T) for the interventions at T; "all" for gate_bypass_all (e_t fed
                                 instead of the fused input at every fused position: the standard prefill)
     results.subspace.rows[*].position, results.dose.rows[*].position   -1
-    results.position_sweep      {mode, site "state", reference, positions [offsets t - T], position_names,
+    results.position_sweep      {mode, site "state", reference, positions [offsets, -1 = T], position_names,
                                 rows [{position, position_name, n_at_or_before_first_diff, <metrics>}],
                                 first_diff [per row offset of the pair's first differing token],
                                 by_first_diff [{relative = t - first_diff (+ 1 for the residual site), <metrics>}],
@@ -77,8 +77,9 @@ position, K-class labels) keeps every field of version 1 and adds:
                                 first_line_after {n_positions, <metrics>}: the swap at every row's first position
                                 of the line after its first differing token's line, recomputed to T (rows with
                                 line indices; not limited to the last P positions)}
-    results.layer_patching      positions now every position (names "T-k"), plus offsets [t - T] and reference;
-                                cells[mode][*] carry position (offset) and position_name
+    results.layer_patching      positions now every position (names "T-k"), plus offsets (-1 = T) and reference;
+                                cells[mode][*] carry position (offset) and position_name; top_depth {mode: L of
+                                its stack} (depth L at T is the donor's own output: normalized effect 1)
 <metrics> = n, n_groups, n_donor_rows, follows_donor, changed, ld_clean_mean, ld_ref_mean, ld_mean, accuracy,
 follows_donor_rate, changed_rate, normalized_effect and their *_ci (interventions.metrics). Standard as the mode under study has no fed state: interventions = [],
 subspace / dose / position_sweep = null.
@@ -126,10 +127,18 @@ def clean_json(x):
 
 def _f(x, nd=2, pct=False):
     """A rate as the tables print it (2 decimals), or as a percent of that same rounding: 0.975 (stored as
-    0.97499...) reads 0.97 and 97%, never 0.97 in the table and 98% in the sentence."""
+    0.97499...) reads 0.97 and 97%, never 0.97 in the table and 98% in the sentence. A value that rounds to zero
+    reads without a sign (-0.001 -> 0.00, not -0.00: a CI [0.00, -0.00] would read lo > hi)."""
     if x is None:
         return "n/a"
-    return f"{100 * float(f'{x:.2f}'):.0f}%" if pct else f"{x:.{nd}f}"
+    text = f"{100 * float(f'{x:.2f}'):.0f}%" if pct else f"{x:.{nd}f}"
+    return text[1:] if text.startswith("-") and not any(c in "123456789" for c in text) else text
+
+
+def _places(x, bar: float) -> int:
+    """2, or 3 where 2 places would round `x` onto the other side of a bar the verdict judges it by (0.5975
+    under 0.6 reads 0.598, not 0.60)."""
+    return 3 if x is not None and (x < bar) != (float(f"{x:.2f}") < bar) else 2
 
 
 def _ci(row, key, nd=2, pct=False):
@@ -162,26 +171,31 @@ def verdict(report: dict) -> tuple[str, str]:
     lo = ci[0] if ci else None
     if clean["accuracy"] is None or clean["accuracy"] < 0.6:
         label = "inconclusive (the model does not solve the task)"
+    elif ne is None or not ci:  # no estimate or no interval: nothing to judge by (not "not detectably used")
+        label = "inconclusive (the effect has no estimate or no CI)"
     elif ci and ne is not None and not ci[0] - (tol := 1e-9 * max(1.0, abs(ne))) <= ne <= ci[1] + tol:  # a percentile bootstrap of a ratio whose denominator
         # is near 0 in some resamples: its interval judges nothing (seen: 0.51 [0.69, 2.65] at --n-boot 20)
         label = "inconclusive (the effect's bootstrap CI does not contain its estimate)"
-    elif lo is not None and lo > 0.5:
+    elif lo > 0.5:
         label = "causally used"
-    elif lo is not None and lo > 0.05:
+    elif lo > 0.05:
         label = "partly used"
+    elif ci[1] < -0.05:  # a detected effect away from the donor: the answer moves, the other way
+        label = "used in reverse"
     else:
         label = "not detectably used"
     w = _words(res)
     s = (f"{_task_name(cfg)} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): {w['noun']} is "
          f"{label} (judged by the normalized effect's CI, unrounded: causally used where its lower end exceeds 0.5, "
-         f"partly used above 0.05, not detectably used below; inconclusive at a clean accuracy under 0.6 or a CI that "
-         f"misses its estimate): swapping "
+         f"partly used above 0.05, used in reverse where its upper end is below -0.05, not detectably used otherwise; "
+         f"inconclusive at a clean accuracy under 0.6 or a CI that misses its estimate): swapping "
          f"{w['site']} with the "
          f"paired sample's makes {_f(swap['follows_donor_rate'], pct=True)} "
          f"{_ci(swap, 'follows_donor_rate', pct=True)} of predictions follow the donor's label and changes "
          f"{_f(swap['changed_rate'], pct=True)} {_ci(swap, 'changed_rate', pct=True)}, normalized effect {_f(ne)} "
          f"{_ci(swap, 'normalized_effect')} (n={swap['n']}, {swap['n_groups']} groups; clean accuracy "
-         f"{_f(clean['accuracy'])} {_ci(clean, 'accuracy')}); " + _subspace_clause(res, sub, w) + ".")
+         f"{_f(clean['accuracy'], _places(clean['accuracy'], 0.6))} {_ci(clean, 'accuracy')}); "
+         + _subspace_clause(res, sub, w) + ".")
     return label, s + _path_clause(label, clean, _row(res, "gate_bypass_all"))
 
 
@@ -211,11 +225,16 @@ def _loop_clause(res: dict) -> str:
 
     def first(key):
         rows = [r for r in lp["rows"] if key == "swap_T" or r["iteration"] > 0]
-        for r in rows:
+        most = [(r[key]["follows_donor_rate"] or 0) > 0.5 for r in rows]
+        top = f"at most {_f(max(r[key]['follows_donor_rate'] or 0 for r in rows))}"
+        if not any(most):
+            return f"at no iteration ({top})"
+        if most[-1]:  # from the first iteration after which every one holds
+            r = rows[next(i for i in range(len(rows)) if all(most[i:]))]
             v = r[key]["follows_donor_rate"]
-            if v is not None and v > 0.5:
-                return f"from iteration {r['iteration']} ({_f(v)} {_ci(r[key], 'follows_donor_rate')})"
-        return f"at no iteration (at most {_f(max(r[key]['follows_donor_rate'] or 0 for r in rows))})"
+            return f"from iteration {r['iteration']} ({_f(v)} {_ci(r[key], 'follows_donor_rate')})"
+        its = [str(r["iteration"]) for r, m in zip(rows, most) if m]
+        return f"at iteration{'s' if len(its) > 1 else ''} {', '.join(its)} only, not the last ({top})"
 
     return (f"; the loop state ({lp['mode']}, {lp['iterations']} iterations) makes most predictions follow the "
             f"donor when swapped at T {first('swap_T')}, at every position {first('swap_all_positions')}")
@@ -229,15 +248,19 @@ def _resid_clause(res: dict) -> str:
     lp = res.get("layer_patching")
     if lp and lp.get("modes"):
         m = lp["modes"][0]
+        top = (lp.get("top_depth") or {}).get(m)
         best = None
         for i, d in enumerate(lp["depths"]):
             for j, name in enumerate(lp["positions"]):
                 v = lp[m]["normalized_effect"][i][j]
+                if d == top and name == "T":  # the donor's own last residual at T: its answer, 1 by construction
+                    continue
                 if v is not None and (best is None or v > best[0]):
                     best = (v, d, name)
         if best is not None:
             out.append(f"; layer patching: the largest normalized effect is {_f(best[0])} at depth {best[1]}, "
-                       f"position {best[2]}")
+                       f"position {best[2]}" + (f" (leaving out depth {top} at T, the donor's own output there)"
+                                                if top is not None else ""))
     sw = res.get("position_sweep")
     if sw and sw.get("after_first_diff"):
         a = sw["after_first_diff"]
@@ -267,14 +290,15 @@ def _path_clause(label: str, clean: dict, bypass: dict | None) -> str:
 def control_sentence(report: dict) -> str:
     c = report.get("control")
     if not c:
-        return "Negative control: not run."
+        return "Control model: not run."
     if c.get("skipped"):
-        return f"Negative control: skipped ({c['skipped']})."
+        return f"Control model: skipped ({c['skipped']})."
     if not c.get("interventions"):
-        return f"Negative control {c['model']}: {c.get('note', 'no interventions')}."
+        return f"{c.get('role', 'control').capitalize()} {c['model']}: {c.get('note', 'no interventions')}."
     sw = next(r for r in c["interventions"] if r["name"] == "state_swap")
     cl = c["clean"].get(report["config"]["mode"]) or c["clean"]["standard"]
-    return (f"Negative control {c['model']} (fusion never trained): the same swap gives normalized effect "
+    about = f" ({c['about']})" if c.get("about") else ""
+    return (f"{c.get('role', 'control').capitalize()} {c['model']}{about}: the same swap gives normalized effect "
             f"{_f(sw['normalized_effect'])} {_ci(sw, 'normalized_effect')}, follows donor "
             f"{_f(sw['follows_donor_rate'], pct=True)} {_ci(sw, 'follows_donor_rate', pct=True)}, changed "
             f"{_f(sw['changed_rate'], pct=True)} {_ci(sw, 'changed_rate', pct=True)} (clean accuracy "
@@ -452,7 +476,8 @@ def markdown(report: dict) -> str:
                   "interventions, subspace swaps or dose-response.", ""]
     else:
         lines += ["", f"## Interventions on {_words(res)['noun']} at T", ""]
-        lines.append(_table(res["interventions"] + sub["rows"] + _leace_rows(res, "state")))
+        lines.append(_table(res["interventions"] + sub["rows"]
+                            + [r for r in _leace_rows(res, "state") if r["position"] == -1]))  # others: LEACE table
     if sub is not None:
         if sub.get("skipped"):
             lines += ["", f"Probe subspace (rank {sub['rank']}): not run: {sub['skipped']}.", ""]
@@ -482,7 +507,7 @@ def markdown(report: dict) -> str:
         # t's own (identical while t < first_diff): `relative` counts from the last identical position either way
         lines += ["", f"## Position sweep: {'state' if state else 'residual'} swap "
                   f"at position t ({sw['mode']}), effect on the answer at T", "",
-                  f"The paired sample's {what} replaces the row's own, the rest of the run "
+                  f"{what[0].upper() + what[1:]} of the paired sample replaces the row's own, the rest of the run "
                   "is recomputed from it. Positions aligned from the end; rows whose own or paired columns "
                   "are padding are left out. `at/before diff` = rows whose pair's first differing token is "
                   + ("at or after t (their two states are identical there)." if state else
@@ -531,7 +556,7 @@ def markdown(report: dict) -> str:
     lines += _loop_markdown(res) + _das_markdown(res) + _attribution_markdown(res)
     c = report.get("control")
     if c and c.get("interventions"):
-        lines += ["## Negative control", "", _table(c["interventions"]), ""]
+        lines += [f"## {c.get('role', 'control').capitalize()}: {c['model']}", "", _table(c["interventions"]), ""]
     lines += ["", f"Wall time {report['timings_s']['total']:.1f} s."]
     return "\n".join(lines) + "\n"
 
@@ -592,7 +617,8 @@ def html_report(report: dict, plotly: str = "directory") -> str:
             "by position t - T", "by t - first differing token" + ("" if sw.get("site", "state") == "state" else " + 1")))
         for key in ("normalized_effect", "changed_rate"):
             rs = [r for r in sw["rows"] if r[key] is not None]
-            fig.add_trace(go.Scatter(x=[r["position"] for r in rs], y=[r[key] for r in rs], error_y=err(rs, key),
+            fig.add_trace(go.Scatter(x=[r["position"] + 1 for r in rs], y=[r[key] for r in rs],  # offset -1 is T: t - T = 0
+                                     error_y=err(rs, key),
                                      mode="lines+markers", name=key), row=1, col=1)
             rs = [r for r in sw["by_first_diff"] if r[key] is not None]
             fig.add_trace(go.Scatter(x=[r["relative"] for r in rs], y=[r[key] for r in rs], error_y=err(rs, key),
@@ -681,8 +707,8 @@ def write_report(report: dict, out: Path, overwrite: bool, plotly: str = "direct
     out.mkdir(parents=True, exist_ok=True)
     check_no_results(out, overwrite)
     report = clean_json(report)
-    texts = {"causal_report.json": json.dumps(report, indent=2, allow_nan=False),
-             "causal_report.md": markdown(report), "causal_report.html": html_report(report, plotly)}
+    texts = {"causal_report.md": markdown(report), "causal_report.html": html_report(report, plotly),
+             "causal_report.json": json.dumps(report, indent=2, allow_nan=False)}  # committed last: marks a complete run
     with Staged(out) as st:
         from common.plotlyjs import stage_plotly_js
 

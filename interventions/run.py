@@ -141,8 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "token embeddings to its paired sample's, M forwards and backwards (pairs of equal length; "
                         "default 0 = the plain gradient at the clean run)")
     p.add_argument("--control-model", default=None,
-                   help="negative-control model for the same swap (default: tiny-std when its checkpoint exists "
-                        "and shares the model's tokenizer; 'none' to skip)")
+                   help="control model for the same swap, another model than the one under study (default: "
+                        "tiny-std when its checkpoint exists and shares the model's tokenizer, except under "
+                        "recirculation, which trains nothing; 'none' to skip). The report calls it a negative "
+                        "control only where its training log shows a fusion that was never trained")
     add_tokenizer_flag(p)
     add_device_flags(p)
     add_output_flags(p, "./figures/<model>/<task>/ of the current directory, beside probes.run's probes.json",
@@ -187,6 +189,19 @@ def _resolve_control(arg, main_path: Path):
             return None, "the control is the model under study"
         return "tiny-std", None
     return arg, None
+
+
+def _control_role(parsed, path: Path) -> dict:
+    """What the control model is, as its training log says (models.checkpoints.fusion_trained): a negative
+    control only where its fusion was never trained and the mode runs that fusion."""
+    from models.checkpoints import fusion_trained
+
+    if parsed.is_recirculation:
+        return {"role": "control", "about": "the same training-free recirculation on another model"}
+    trained = fusion_trained(path)
+    if trained is False:
+        return {"role": "negative control", "about": "fusion never trained: every training step ran its standard pass"}
+    return {"role": "control", "about": {True: "its fusion was trained too", None: None}[trained]}
 
 
 def _parse_erase_depths(spec):
@@ -278,6 +293,10 @@ def _check_erase_positions(positions, mode: str, T: int) -> None:
 @cli_entry
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from common.distributed import env_place
+
+    if env_place()[0] > 1:  # each process would run the whole battery and race for --out
+        raise UserError("interventions.run runs in one process: start it with python, not torchrun")
     from common.placement import Placement
     from engine.modes import parse_mode
     from models.fingerprint import config_hash, weights_hash
@@ -340,7 +359,8 @@ def main(argv=None) -> int:
     probe_cfg = ProbeConfig(random_state=seed)
     # One class per word (the language tasks) is too many for grouped-CV probes: they fit each sample's role in
     # its pair instead (tasks.probe_labels); the metrics keep the answer.
-    probe_y, probe_label = probe_labels(samples, probe_cfg.n_splits)
+    probe_y, probe_label = probe_labels(samples, probe_cfg.n_splits,  # a user's task: its labels, or refused
+                                        roles=None if source.builtin else False)
     probe_labels_ = None if probe_label == ANSWER_PROBE_LABEL else probe_y
     if probe_labels_ is not None:
         say(f"{source.name}: {source.n_classes} answer classes are too many for grouped-CV probes; the probes fit "
@@ -406,6 +426,9 @@ def main(argv=None) -> int:
     cmodel = None
     if control_arg is not None and not feedback:  # the default control, where there is nothing to control
         control_arg, control_skip = None, "a control model tests a fed state; standard prefill has none"
+    if control_arg is not None and args.control_model is None and parsed.is_recirculation:
+        control_arg, control_skip = None, ("recirculation trains nothing, so no model holds an untrained version of "
+                                           "it; --control-model runs the same recirculation on another model")
     if control_arg is not None:  # loaded (and checked) before any work, used after the main suite
         cmodel, ctok, _ = _load(control_arg, placement)
         if ctok.get_vocab() != tok.get_vocab():
@@ -413,6 +436,11 @@ def main(argv=None) -> int:
                 cmodel, control_arg, control_skip = None, None, "tiny-std uses another tokenizer than the model"
             else:
                 raise UserError(f"control model {control_arg!r} uses another tokenizer than {args.model!r}")
+    if cmodel is not None and weights_hash(cmodel) == weights_hash(model):  # the same weights by another path
+        if args.control_model is not None:
+            raise UserError(f"--control-model {control_arg!r} has the weights of the model under study: a control "
+                            "is another model")
+        cmodel, control_arg, control_skip = None, None, "the control is the model under study"
     with DirLock(out):
         check_no_results(out, args.overwrite)  # again under the lock: another run may just have written
         from common.io import remove_stale_tmp
@@ -446,7 +474,8 @@ def main(argv=None) -> int:
         ctx = CausalContext(model, batch, modes=modes)
         if das_cfg is not None and das_site[0] == "resid" and das_site[1] > ctx.n_layers:
             raise UserError(f"--das-site depth {das_site[1]} is beyond {mode}'s depth 0..{ctx.n_layers}")
-        copies = copies_across_groups(samples)
+        copies = copies_across_groups(samples, [row[m.bool()].tolist() for row, m in  # the inputs, not the texts
+                                                 zip(batch.input_ids, batch.attention_mask)])
         if copies:  # every check passed; the probes' held-out accuracies (subspace, LEACE, DAS) see trained texts
             print(f"warning: {copies} of {len(samples)} samples have their exact text in another group: the probes' "
                   "held-out accuracies include texts they were trained on (too few distinct prompts at this N)",
@@ -469,6 +498,7 @@ def main(argv=None) -> int:
                 progress.stage(f"negative control {control_arg}", 3 if cmodel.has_fusion else 0)
                 cctx.on_run = progress.step
                 control = {"model": cname, "path": str(_model_path(control_arg)),
+                           **_control_role(parsed, _model_path(control_arg)),
                            **run_control(cctx, n_boot=n_boot, seed=seed)}
             else:
                 control = {"skipped": control_skip}

@@ -589,7 +589,8 @@ class Suite:
         positions = cap_positions(range(-T, 0), self.max_positions)
         depths = list(range(L + 1)) if depths is None else list(depths)
         out = {"modes": modes, "positions": [pos_name(p) for p in positions], "offsets": positions,
-               "depths": depths, "reference": "donor", "cells": {}}
+               "depths": depths, "reference": "donor", "cells": {},
+               "top_depth": {m: ctx.runners[m].L for m in modes}}
         for mode in modes:
             if max(depths) > ctx.runners[mode].L:  # a loop-R mode's stack is deeper than standard's (trained r)
                 raise UserError(f"layer patching depth {max(depths)} is beyond {mode}'s depth 0..{ctx.runners[mode].L}")

@@ -415,9 +415,11 @@ def test_cli_end_to_end_on_a_tiny_checkpoint(tmp_path, capsys):
     cfg = qwen3_config(len(tok.get_vocab()), n_layers=2, d_model=32, initializer_range=0.1)
     ckpt = tmp_path / "tiny"
     FullBandwidthLM.from_config(cfg, seed=0).save_pretrained(ckpt, tok)
+    ctrl = tmp_path / "ctrl"  # another model: the model under study is refused as its own control
+    FullBandwidthLM.from_config(cfg, seed=1).save_pretrained(ctrl, tok)
     out = tmp_path / "fig"
     argv = ["--model", str(ckpt), "--task", "memory", "--n-pairs", "10", "--distractors", "4", "--out", str(out),
-            "--control-model", str(ckpt), "--no-progress"]
+            "--control-model", str(ctrl), "--no-progress"]
     assert main(argv) == 0
     rep = json.loads((out / "causal_report.json").read_text())
     names = [r["name"] for r in rep["results"]["interventions"] + rep["results"]["subspace"]["rows"]]
@@ -429,6 +431,7 @@ def test_cli_end_to_end_on_a_tiny_checkpoint(tmp_path, capsys):
     assert len(lp["recurrent-1"]["normalized_effect"]) == 3 and lp["offsets"][-2:] == [-2, -1]
     assert len(lp["standard"]["normalized_effect"][0]) == len(lp["offsets"]) == rep["dataset"]["tokens_max"]
     assert rep["control"]["interventions"][0]["name"] == "state_swap"
+    assert (rep["control"]["role"], rep["control"]["about"]) == ("control", None)  # no training log: no claim
     assert "memory" in rep["verdict"]["sentence"]
     html = (out / "causal_report.html").read_text()
     # offline: the page loads the one plotly.min.js of its folder, written with the report
