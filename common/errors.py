@@ -19,7 +19,9 @@ def cli_entry(main):
         try:
             return main(argv)
         except UserError as e:  # one line whatever the message holds (a user's code may raise "a\nb")
-            if _says_it():
+            # said_elsewhere: rank 0 prints it (common.distributed.SaidElsewhere); said_here: a process's own
+            # environment, which no other process may share (an inconsistent torchrun environment)
+            if not getattr(e, "said_elsewhere", False) and (getattr(e, "said_here", False) or _says_it()):
                 print(f"error: {'; '.join(x.strip() for x in str(e).splitlines() if x.strip())}", file=sys.stderr)
             raise SystemExit(2)
         except KeyboardInterrupt:
@@ -34,6 +36,8 @@ def _says_it() -> bool:
     any of them joins the process group, so each would print the same line: the first process of each node says it for its node. Once the
     group is up, an error may be this process's own, and every process says its own."""
     if os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":  # one process a node (a node may differ)
+        return True
+    if os.environ.get("WORLD_SIZE", "").strip() in ("", "1"):  # one process whatever RANK says: it speaks
         return True
     dist = sys.modules.get("torch.distributed")  # never imported here just to ask
     return bool(dist is not None and dist.is_available() and dist.is_initialized())

@@ -124,36 +124,55 @@ class DirLock:
         self.created = False
         self.made: list[Path] = []  # the directories this lock made, innermost first
 
+    def _make(self) -> None:
+        """Make the missing directories one by one, outermost first, noting those this process made (another
+        run making one of them at the same moment is not an error, and its folder is not this lock's)."""
+        missing, d = [], self.dir.absolute()
+        while not d.exists() and d != d.parent:
+            missing.append(d)
+            d = d.parent
+        for m in reversed(missing):
+            try:
+                m.mkdir()
+            except FileExistsError:
+                continue
+            self.made.insert(0, m)
+        self.created = self.created or self.dir.absolute() in self.made
+
     def __enter__(self):
-        if not self.dir.exists():
-            missing, d = [], self.dir.absolute()
-            while not d.exists() and d != d.parent:
-                missing.append(d)
-                d = d.parent
-            self.dir.mkdir(parents=True)
-            self.created, self.made = True, missing
-        self.fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            self.fd = -1
-            raise UserError(f"another {self.what} is writing to {self.dir} right now; wait for it or choose "
-                            "another output directory") from None
-        return self
+        for _ in range(100):
+            self._make()
+            fd = os.open(self.dir, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise UserError(f"another {self.what} is writing to {self.dir} right now; wait for it or choose "
+                                "another output directory") from None
+            try:  # a failed run removes the empty folder it made: locked after that, this one would be gone
+                same = os.path.samestat(os.fstat(fd), os.stat(self.dir))
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                return self
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        raise UserError(f"{self.dir} keeps being removed while this {self.what} locks it; try again")
 
     def __exit__(self, exc_type, exc, tb):
-        if self.fd >= 0:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = -1
-        # A run that failed before writing anything leaves no empty directory it made itself.
+        # A run that failed before writing anything leaves no empty directory it made itself (removed while still
+        # locked: a run that opened it meanwhile sees it gone and makes its own).
         if exc_type is not None:
             for d in self.made:
                 try:
                     d.rmdir()
                 except OSError:  # not empty (or gone): it and its parents stay
                     break
+        if self.fd >= 0:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = -1
         return False
 
 

@@ -37,6 +37,12 @@ class Placement:
         p = cls(getattr(args, "device", "cpu"), getattr(args, "dtype", "float32"),
                 getattr(args, "device_map", "none"))
         p.torch_device  # refuse cuda without a GPU before anything loads
+        if p.device_map == "auto":
+            from common.distributed import env_place
+
+            if env_place()[0] > 1:
+                raise UserError("--device-map auto spreads one model over every GPU; under torchrun each process "
+                                "takes its own (LOCAL_RANK): drop the flag")
         if p.dtype == "float16" and p.torch_device.type == "cpu":
             raise UserError("--dtype float16 needs --device cuda (use bfloat16 on CPU)")
         return p
@@ -45,11 +51,16 @@ class Placement:
     def torch_device(self):
         import torch
 
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if self.device == "cuda" and not torch.cuda.is_available():
+        kind = ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
+        if kind == "cuda" and not torch.cuda.is_available():
             raise UserError("--device cuda: this torch sees no CUDA device (use --device cpu or auto)")
-        return torch.device(self.device)
+        if kind == "cuda":  # under torchrun, each process's own GPU (not every process on cuda:0)
+            from common.distributed import env_place
+
+            world, _, local = env_place()
+            if world > 1:
+                return torch.device("cuda", local)
+        return torch.device(kind)
 
     @property
     def torch_dtype(self):

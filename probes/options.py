@@ -98,7 +98,14 @@ def _parse_modes(s) -> list[str] | None:
     items = [x.strip() for x in s.split(",") if x.strip()]
     if not items:
         raise UserError("--modes is empty")
-    return canonical_modes(items)  # UserError on an unknown mode or an out-of-range fused-n / recurrent-k
+    modes = canonical_modes(items)  # UserError on an unknown mode or an out-of-range fused-n / recurrent-k
+    from engine.modes import parse_mode
+
+    adaptive = [m for m in modes if parse_mode(m).adaptive_exit is not None]
+    if adaptive:  # before any loading (the collector refuses it too, at its first batch)
+        raise UserError(f"--modes {adaptive[0]}: it runs every prompt to its own exit (a different stack per "
+                        "prompt), an evaluation mode; probe a fixed loop-R instead")
+    return modes
 
 
 def _default_modes(task, fusion=True) -> list[str]:

@@ -149,6 +149,9 @@ def _null_accuracy(y, groups, config) -> float:
 def main(argv=None):
     args = parse_args(argv)
     t0 = time.perf_counter()
+    from common.distributed import env_place
+
+    env_place()  # torchrun's environment, checked before any loading
     from tasks.custom import resolve_task
 
     # built-in name, .jsonl file or module:function (its code is imported by source.load(), after every other
@@ -179,7 +182,7 @@ def main(argv=None):
         raise UserError("--cache-dir names the activation cache, which --no-cache turns off: drop one of them")
 
     from stats.linear import ProbeConfig, check_groups
-    from tasks import probe_labels
+    from tasks import probe_labels, probe_target
 
     config = ProbeConfig(n_boot=args.n_boot, random_state=args.seed)
     placement = Placement.from_args(args)
@@ -195,12 +198,16 @@ def main(argv=None):
     distractors = _parse_distractors(args.distractors, source)
 
     # Everything cheap is validated before the model is loaded or anything is written.
-    datasets = {}
+    datasets = {n: source.make(n_pairs, n, args.seed) for n in distractors}
+    try:  # one target for every N (the pair roles where one N needs them); a user's task: its labels or refused
+        roles = probe_target(datasets.values(), config.n_splits, roles_allowed=source.builtin)
+    except UserError as e:
+        raise UserError(f"{task}: {e}") from None
     for n in distractors:
-        samples = source.make(n_pairs, n, args.seed)
+        samples = datasets[n]
         groups = np.array([s.group_id for s in samples])
         try:
-            y = np.array(probe_labels(samples, config.n_splits)[0])  # the labels, or the pair roles
+            y = np.array(probe_labels(samples, config.n_splits, roles)[0])  # the labels, or the pair roles
             if task == "multi_register":
                 for w in sorted({s.writes for s in samples}):
                     sel = np.array([s.writes == w for s in samples])
@@ -208,7 +215,6 @@ def main(argv=None):
         except UserError as e:
             size = f"--n-pairs {n_pairs}" if n_pairs is not None else f"{len(samples) // 2} pairs"
             raise UserError(f"{task} N={n} with {size}: {e}") from None
-        datasets[n] = samples
 
     from models.fingerprint import config_hash, weights_hash
     from probes.collect import tokenization_hash
@@ -232,7 +238,13 @@ def main(argv=None):
     # words are single tokens of this tokenizer, before anything is collected or written.
     tokenized = {n: source.tokenize(datasets[n], tok) for n in distractors}
     try:
-        label_ids = source.label_token_ids(tok, prompt=datasets[distractors[0]][0].text)  # the lens reads these
+        # the lens reads these: after every N's prompts (a custom file's may end differently from one N to another)
+        by_n = {n: source.label_token_ids(tok, prompt=datasets[n][0].text) for n in distractors}
+        label_ids = by_n[distractors[0]]
+        other = next((n for n in distractors if by_n[n] != label_ids), None)
+        if other is not None:
+            raise UserError(f"the label words are other tokens after the prompts of N={other} than after those of "
+                            f"N={distractors[0]}")
         no_lens = None
     except UserError as e:
         if not source.builtin:  # a custom task's label words must be single tokens: refused as before
@@ -253,6 +265,10 @@ def main(argv=None):
                "tokenizer": tokenization_hash(tok)}
     if not source.builtin:
         run_sig["task_source"] = source.describe()
+    if not source.builtin and not source.fixed:  # a generator's code can change under its name: its data decides
+        from tasks import dataset_fingerprint
+
+        run_sig["datasets"] = {str(n): dataset_fingerprint(datasets[n]) for n in distractors}
     if args.erase is not None:  # only when used: a plain run keeps the signature of earlier plain runs
         run_sig["erase"] = args.erase
     if args.no_mdl:
@@ -269,13 +285,13 @@ def main(argv=None):
     procs = Processes.start(placement.torch_device.type)
     try:
         return _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, modes, distractors,
-                    datasets, tokenized, label_ids, no_lens, config, cache_dir, w_hash, n_pairs)
+                    datasets, tokenized, label_ids, no_lens, config, cache_dir, w_hash, n_pairs, roles)
     finally:
         procs.end()
 
 
 def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, modes, distractors, datasets,
-         tokenized, label_ids, no_lens, config, cache_dir, w_hash, n_pairs):
+         tokenized, label_ids, no_lens, config, cache_dir, w_hash, n_pairs, roles):
     import contextlib
 
     import torch
@@ -283,16 +299,19 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
     from common.io import DirLock
     from probes.collect import ActivationCache, Collector, collect_with_cache, save_activations
     from tasks import TASKS, probe_labels, prompt_prefix_tokens
-    from tasks.samples import ANSWER_PROBE_LABEL
+    from tasks.samples import ANSWER_PROBE_LABEL, ROLE_PROBE_LABEL
 
     main_rank = procs.is_main
-    with DirLock(out) if main_rank else contextlib.nullcontext():
+    with contextlib.ExitStack() as held:
         from common.io import remove_stale_tmp
         from common.staged import Staged
 
-        if main_rank:
+        def take_out():  # rank 0 alone; a refusal here is every process's (Processes.together)
+            held.enter_context(DirLock(out))
             _check_out_dir(out, run_sig, args.overwrite, args.save_activations)  # again under the lock: another run may just have written
             remove_stale_tmp(out)  # temporaries of a killed earlier run (this process holds the lock)
+
+        procs.together(take_out)
         torch.manual_seed(args.seed)
         collector = Collector(model, batch_size=args.batch_size, pad_id=tok.pad_token_id or 0,
                               progress=not args.no_progress and main_rank)
@@ -303,11 +322,11 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
         extra = MethodFields(model, label_ids, config, not args.no_mdl, no_lens)
         for n in distractors:
             ids, samples = tokenized[n]
-            y = np.array(probe_labels(samples, config.n_splits)[0])  # as main() checked: labels or pair roles
+            y = np.array(probe_labels(samples, config.n_splits, roles)[0])  # as main() checked: labels or pair roles
             answers = np.array([s.label for s in samples])  # what the logit lens reads (the label words' index)
             groups = np.array([s.group_id for s in samples])
             lengths = [len(r) for r in ids]
-            copies = copies_across_groups(samples)
+            copies = copies_across_groups(samples, ids)  # the inputs the model reads, not the texts
             ds_meta[str(n)] = {"fingerprint": dataset_fingerprint(samples), "n_samples": len(samples),
                                "n_pairs": len({s.pair_id for s in samples}),  # used (meta.run.n_pairs: asked)
                                "n_groups": int(len(np.unique(groups))), "min_tokens": min(lengths),
@@ -374,7 +393,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
             "warnings": warnings,
             "wall_time_s": None,
         }
-        probe_label = probe_labels(datasets[distractors[-1]], config.n_splits)[1]  # what the probes fit
+        probe_label = ROLE_PROBE_LABEL if roles else ANSWER_PROBE_LABEL  # what the probes fit, at every N
         if task not in TASKS:  # the three original tasks' probes.json keep their exact earlier form
             meta["labels"] = {"words": list(source.label_words), "n_classes": source.n_classes,
                               "chance": source.chance}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import multiprocessing as mp
 import os
 from pathlib import Path
@@ -199,6 +200,7 @@ def test_cli_entry_prints_one_line_whatever_the_message(capsys):
 def test_a_refusal_under_torchrun_is_said_once_a_node(monkeypatch, capsys, rank, local, said):
     """torchrun's processes all check the same command line before the group is up: the first process of each node
     prints the refusal (a node may refuse what another accepts: no GPU there); every process still exits 2."""
+    monkeypatch.setenv("WORLD_SIZE", "4")  # torchrun sets it: one process alone always says its refusal
     for name, v in (("RANK", rank), ("LOCAL_RANK", local)):
         if v is None:
             monkeypatch.delenv(name, raising=False)
@@ -268,3 +270,124 @@ def test_an_empty_model_is_refused_by_name_everywhere(capsys):
         with pytest.raises(SystemExit):
             main(["  "] if positional else ["--model", ""])
         assert "is empty: give a shipped preset's name or a model directory" in capsys.readouterr().err
+
+
+def _lock_many(root, n, barrier, q):
+    from common.errors import UserError
+    from common.io import DirLock
+
+    barrier.wait()
+    errors = {"refused": 0, "other": []}
+    for i in range(n):
+        try:
+            with DirLock(f"{root}/p{i}/out"):
+                pass
+        except UserError:
+            errors["refused"] += 1
+        except Exception as e:  # noqa: BLE001 - what the test counts
+            errors["other"].append(repr(e))
+    q.put(errors)
+
+
+def test_two_runs_making_the_same_new_folders_at_once_never_crash():
+    """DirLock made its missing folders with one mkdir(parents=True): a second run making the same folder at the
+    same moment got FileExistsError (26 times in 600 tries). Each folder is made alone now, and another run's
+    making it is not an error."""
+    import multiprocessing as mp
+    import tempfile
+
+    root = tempfile.mkdtemp()
+    ctx = mp.get_context("fork")
+    barrier, q = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_lock_many, args=(root, 300, barrier, q)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert [r["other"] for r in results] == [[], []], results
+
+
+def test_a_lock_taken_on_a_folder_removed_meanwhile_is_taken_again_on_the_new_one(tmp_path, monkeypatch):
+    """A failed run removes the empty folder it made: a run that opened it just before holds a lock on a removed
+    folder, and would write into nothing. It notices and locks the folder as it is now."""
+    import os
+
+    from common.io import DirLock
+
+    d = tmp_path / "out"
+    real_open, calls = os.open, []
+
+    def racing_open(path, flags, *a):
+        fd = real_open(path, flags, *a)
+        if str(path) == str(d) and not calls:  # the first time: another run's cleanup removes it right after
+            calls.append(1)
+            os.rmdir(d)
+        return fd
+
+    monkeypatch.setattr(os, "open", racing_open)
+    with DirLock(d) as lock:
+        assert d.is_dir() and os.path.samestat(os.fstat(lock.fd), os.stat(d))
+
+
+@pytest.mark.parametrize("env, refusal", [
+    ({"RANK": "1"}, "RANK / LOCAL_RANK set (1 / None) without WORLD_SIZE"),  # was: rank 1 of 1, a run that wrote nothing
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 with RANK=None"),
+    ({"WORLD_SIZE": "x"}, "WORLD_SIZE='x' is not an integer"),
+    ({"WORLD_SIZE": "2", "RANK": "2"}, "WORLD_SIZE=2 with RANK=2"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1 is negative"),
+])
+def test_torchrun_s_environment_is_checked_and_refused_in_one_line(monkeypatch, capsys, env, refusal):
+    from common.distributed import env_place
+    from common.errors import UserError, cli_entry
+
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(UserError, match=re.escape(refusal)):
+        env_place()
+
+    @cli_entry
+    def main(argv=None):
+        env_place()
+
+    with pytest.raises(SystemExit) as e:  # said, even by a process whose RANK is not 0 (no torchrun: nobody else)
+        main([])
+    assert e.value.code == 2 and capsys.readouterr().err.startswith("error: ")
+
+
+def test_torchrun_s_places_and_a_refusal_said_by_rank_0(monkeypatch, capsys):
+    from common.distributed import SaidElsewhere, env_place
+    from common.errors import cli_entry
+
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    assert env_place() == (1, 0, 0)
+    monkeypatch.setenv("RANK", "0")
+    assert env_place() == (1, 0, 0)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    assert env_place() == (4, 3, 3)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert env_place() == (4, 3, 1)
+
+    @cli_entry
+    def main(argv=None):
+        raise SaidElsewhere("rank 0 says it")
+
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 2 and capsys.readouterr().err == ""
+
+
+def test_interventions_run_refuses_torchrun_before_any_work(monkeypatch, capsys, tmp_path):
+    from interventions.run import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "tiny-fbt", "--task", "parity", "--out", str(tmp_path / "o")])
+    assert e.value.code == 2 and "runs in one process" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -224,6 +224,7 @@ def test_interchange_is_refused_under_torchrun(monkeypatch, capsys):
     import training.cli as tcli
 
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")  # torchrun sets both
     monkeypatch.setattr(tcli, "train", lambda *a, **k: pytest.fail("work started"))
     argv = ["--preset", "tiny-fbt-track-iit", "--out", "unused-dir-never-made", "--no-progress"]
     with pytest.raises(SystemExit) as e:

@@ -72,3 +72,34 @@ def test_each_process_runs_only_its_batches(tiny_model):
         assert rows == [i for b in batches[rank::2] for i in b]
         assert np.array_equal(local["standard"], full[rows])
     assert sorted(handed[0][0] + handed[1][0]) == list(range(len(seqs)))
+
+
+@pytest.mark.parametrize("cli", ["probes.run", "training"])
+def test_a_refusal_at_rank_0s_lock_is_every_process_s_and_said_once(tiny_ckpt, tmp_path, cli):
+    """Only rank 0 takes --out's lock: its refusal (another run holds it) left rank 1 waiting in the next
+    collective until rank 0's exit broke it with a ~30-line gloo traceback. The refusal is now every process's,
+    printed once by rank 0; what torchrun prints of its own after a failed worker is its business."""
+    import fcntl
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed beside this Python")
+    out = tmp_path / "out"
+    out.mkdir()
+    args = (["-m", "probes.run", "--model", str(tiny_ckpt), *ARGS, "--cache-dir", str(tmp_path / "c")] if cli == "probes.run"
+            else ["-m", "training", "--preset", "smoke", "--steps", "2", "--no-progress"])
+    fd = os.open(out, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another run, writing there right now
+    try:
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+        r = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=2", *args, "--out", str(out)], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        os.close(fd)
+    assert r.returncode != 0
+    assert r.stderr.count("error: another ") == 1, r.stderr[-3000:]
+    assert "gloo" not in r.stderr and "Connection closed" not in r.stderr, r.stderr[-3000:]
+    ours = [ln for ln in r.stderr.splitlines()  # a frame of this repository's code (not torchrun's own report)
+            if ln.strip().startswith(f'File "{ROOT}/') and "/.venv/" not in ln]
+    assert not ours, r.stderr[-3000:]
+    assert list(out.iterdir()) == []

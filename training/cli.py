@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields, replace
 
-import os
 
 import torch
 
@@ -173,7 +172,9 @@ def main(argv=None):
     if not 0 < stop <= cfg.steps:
         raise UserError(f"--stop-at must be in 1..{cfg.steps} (the total steps), got {args.stop_at}")
     device = Placement.from_args(args).torch_device.type  # auto resolved; cuda refused without a GPU
-    cfg.check_world(int(os.environ.get("WORLD_SIZE", "1")))  # before any work; train() checks it again
+    from common.distributed import env_place
+
+    cfg.check_world(env_place()[0])  # torchrun's environment checked before any work; train() checks it again
     out = output_dir(args.out if args.out is not None else checkpoint_dir(args.preset), model_dir=True)
     staged = check_output(out, args.resume, args.overwrite)
     if args.threads:

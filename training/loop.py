@@ -10,6 +10,7 @@ be resumed on any number of processes.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from contextlib import nullcontext
@@ -141,12 +142,16 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
     model = build_model(cfg, len(tok), cfg.base).to(procs.device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    with RunOutput(out, staged, active=rank == 0, resume=resume) as dest:
+    with contextlib.ExitStack() as held:
+        dest = RunOutput(out, staged, active=rank == 0, resume=resume)  # the others' writes nothing
+        procs.together(lambda: held.enter_context(dest))  # a refusal at rank 0's lock is every process's
+        if not procs.is_main:
+            held.enter_context(dest)
         step, log = 0, {"config": cfg.to_dict(), "history": [], "evals": []}
         if resume:  # every process loads the whole state, whatever the number of processes that saved it
             # rank 0 looks before any process gets past the broadcast to move it: every process agrees
             finishing = procs.broadcast(pending_move(out))
-            step, log = load_resume(model, opt, cfg, out)
+            step, log = load_resume(model, opt, cfg, out, tok)
             if step >= stop and finishing:  # the last save's move, cut short by a kill, was all that was left
                 if rank == 0:
                     print(f"--resume: completed the move of step {step}'s checkpoint into {out}, which a kill had "

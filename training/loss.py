@@ -85,6 +85,21 @@ def window_positions(label_pos, mask, fuse_mask, width: int) -> torch.Tensor:
     return window & fuse_mask
 
 
+def _largest_everywhere(device):
+    """float -> its largest value over the processes (one process: itself), for a decision every process makes alike."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+
+    def reduce(x: float) -> float:
+        t = torch.tensor([x], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
+    return reduce
+
+
 def share_of(mb: Batch, cfg: TrainConfig, rank: int, world: int) -> Share:
     """The normalizers of process `rank`'s rows of the global micro-batch `mb` (computed from `mb` itself: every
     process holds the global batch, so no communication is needed)."""
@@ -158,7 +173,8 @@ def multipass_loss(model, ids, mask, k: int, cfg: TrainConfig, fuse_from=None, g
         n_window = (window.sum().clamp_min(1) if share is None else share.window) if cfg.consistency_window else None
     if k > 1 and warm == FIXED_POINT:
         top = fixed_point_top(model, ids, mask, shifted(top)[1], gate.detach(), tol=cfg.fixed_point_tol or None,
-                              start=top.detach())
+                              start=top.detach(), rows=None if share is None else share.total,
+                              reduce_max=None if share is None else _largest_everywhere(ids.device))
     elif k > 1 and warm > 0:
         with torch.no_grad():
             for _ in range(warm):
