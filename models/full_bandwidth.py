@@ -153,7 +153,7 @@ class FullBandwidthLM(nn.Module):
     def from_config(cls, base_config, fusion: bool = True, seed: int | None = None) -> "FullBandwidthLM":
         if seed is not None:
             torch.manual_seed(seed)
-        lm = AutoModelForCausalLM.from_config(base_config)
+        lm = AutoModelForCausalLM.from_config(base_config, dtype=torch.float32)  # see from_pretrained
         return cls(lm, fusion=fusion)
 
     @property
@@ -250,7 +250,12 @@ class FullBandwidthLM(nn.Module):
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, "base_config": self.lm.config.to_dict(),
+        base = self.lm.config.to_dict()
+        if "tie_word_embeddings" in base:  # what the weights are: an untied model loaded from a folder whose config
+            # said tied (HF keeps both tensors then) would load back with the head over the embedding
+            inp, outp = self.lm.get_input_embeddings(), self.lm.get_output_embeddings()
+            base["tie_word_embeddings"] = bool(outp is not None and inp.weight is outp.weight)
+        cfg = {"format": FORMAT, "format_version": FORMAT_VERSION, "base_config": base,
                "fusion": self.fusion_settings()}
         # Temporary names, then rename (common.io.atomic_write): a crash never leaves a half-written checkpoint,
         # and no temporary survives an error or an interrupt.
@@ -317,8 +322,9 @@ class FullBandwidthLM(nn.Module):
         if fusion["enabled"] and fusion.get("d_model", d_model) != d_model:
             raise UserError(f"corrupt checkpoint config {path / 'config.json'}: fusion.d_model "
                             f"{fusion.get('d_model')!r} differs from the base model's hidden size {d_model!r}")
-        try:
-            lm = AutoModelForCausalLM.from_config(base_config)
+        try:  # float32, whatever base_config.dtype says: load_state_dict would round the file's weights into
+            # it (bfloat16: 2e-3 off; float16: inf); Placement casts to the dtype asked for
+            lm = AutoModelForCausalLM.from_config(base_config, dtype=torch.float32)
         except Exception as e:  # a config HF accepts but cannot build (e.g. heads that do not divide the width)
             raise UserError(f"cannot build the model of {path} from its config.json: {one_line(e, 200)}") from None
         model = cls._from_parts(lm, cfg, path)
@@ -365,6 +371,16 @@ def load_weights(model: FullBandwidthLM, weights_file: Path) -> None:
     if ints:
         raise UserError(f"corrupt checkpoint weights {weights_file}: {len(ints)} tensor{'s' * (len(ints) > 1)} of a "
                         f"non-floating type, first {ints[0]} ({sd[ints[0]].dtype}); weights must be floating point")
+    # One tensor in the model under two names (tied by config.json), two different ones in the file: loading would
+    # keep whichever comes last (the head over the input embedding): not the model that was saved
+    by_storage: dict = {}
+    for k in sorted(own.keys() & sd.keys()):
+        by_storage.setdefault(storage(own[k]), []).append(k)
+    for ptr, names in by_storage.items():
+        if ptr is not None and len(names) > 1 and any(not torch.equal(sd[names[0]], sd[k]) for k in names[1:]):
+            raise UserError(f"checkpoint {weights_file.parent}: its config.json ties {' and '.join(names)} (one tensor, "
+                            "e.g. tie_word_embeddings), and the file holds different tensors for them: set "
+                            "tie_word_embeddings to false in its base_config if they are two")
     check_finite_weights(sd, str(weights_file))
     model.load_state_dict(sd, strict=False)
 
@@ -379,7 +395,10 @@ def non_float_weights(directory: Path) -> list[tuple[str, str]]:
     files = [directory / "model.safetensors"]
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = read_user_json(index, "corrupt weight index").get("weight_map", {})
+        data = read_user_json(index, "corrupt weight index")
+        if not isinstance(data, dict):
+            raise UserError(f"corrupt weight index {index}: a JSON object with a weight_map, not a {type(data).__name__}")
+        weight_map = data.get("weight_map", {})
         files = sorted({directory / f for f in weight_map.values()}) if isinstance(weight_map, dict) else []
     out = []
     for f in files:

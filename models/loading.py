@@ -34,7 +34,7 @@ def load_model(name_or_path: str, placement=None):
         return placement.place(model), tok, name
     # ---
     cfg_file = p / "config.json"
-    if '"full-bandwidth-lm"' in cfg_file.read_text(errors="replace"):
+    if _is_own_format(cfg_file):
         if placement.device_map != "none":
             raise UserError(f"--device-map is for plain HF models; {p} is a full-bandwidth checkpoint "
                             "(use --device)")
@@ -49,6 +49,18 @@ def load_model(name_or_path: str, placement=None):
     else:
         model = FullBandwidthLM(_load_hf_lm(p, **_hf_kw(placement)), fusion=False).eval()
     return placement.place(model), _load_tokenizer(p, model), p.name
+
+
+def _is_own_format(cfg_file: Path) -> bool:
+    """Whether config.json is this project's checkpoint format: its top-level "format" key, not the string
+    anywhere in the file (a plain HF config may mention it in a note)."""
+    from common.jsonio import read_user_json
+    from models.full_bandwidth import FORMAT
+
+    if f'"{FORMAT}"' not in cfg_file.read_text(errors="replace"):  # most configs: no parse needed
+        return False
+    cfg = read_user_json(cfg_file, "corrupt model config")
+    return isinstance(cfg, dict) and cfg.get("format") == FORMAT
 
 
 def model_dir(name_or_path: str) -> Path | None:
@@ -119,6 +131,14 @@ def _load_hf_lm(p: Path, **from_pretrained_kw):
         what = f"{len(missing)} missing weights, first {missing[0]}" if missing else \
             f"{len(mismatched)} weights of the wrong shape, first {mismatched[0][0]}"
         raise UserError(f"corrupt model weights in {p}: {what}")
+    # ... and drops weights the model built from config.json has no place for (a config of fewer layers than the
+    # file: a smaller model, run silently). Old checkpoints' saved buffers (causal masks, rotary frequencies) aside.
+    buffers = {name for name, _ in lm.named_buffers()}
+    extra = sorted(k for k in set(info.get("unexpected_keys") or ())
+                   if k not in buffers and not k.endswith((".masked_bias", ".attn.bias", "inv_freq")))
+    if extra:
+        raise UserError(f"{p}: {len(extra)} weights in its files have no place in the model its config.json describes, "
+                        f"first {extra[0]} (a config of fewer layers or another shape than the weights?)")
     check_finite_weights(lm, str(p))
     check_runs(lm, str(p))
     return lm

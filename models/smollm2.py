@@ -75,6 +75,19 @@ def convert(force: bool = False) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
+    # A conversion resumes only what an interrupted conversion of this same GGUF file wrote (its pending stamp);
+    # --force, another GGUF file (an upgraded package) or files of unknown origin start over.
+    pending = out / "converting_from.json"
+    try:
+        resumable = not force and json.loads(pending.read_text()) == _stamp(f)
+    except (json.JSONDecodeError, OSError):
+        resumable = False
+    if not resumable:
+        stamp_file.unlink(missing_ok=True)
+        for old in out.iterdir():
+            if old.is_file() and old.name != pending.name:
+                old.unlink()
+        pending.write_text(json.dumps(_stamp(f)))
     try:
         # The model first (about 30 s: dequantizing), then the tokenizer (minutes: GGUF -> fast tokenizer);
         # each is saved as soon as it exists, so an interrupted conversion resumes where it stopped.
@@ -92,6 +105,7 @@ def convert(force: bool = False) -> Path:
     except (OSError, ValueError, ImportError) as e:
         raise UserError(f"cannot convert {f}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     stamp_file.write_text(json.dumps(_stamp(f)))  # written last: a crash leaves no valid stamp
+    pending.unlink(missing_ok=True)
     return out
 
 
@@ -105,8 +119,12 @@ def load_smollm2(**from_pretrained_kw):
 
     d = convert()
     kw = {"dtype": torch.float32, **from_pretrained_kw}
-    lm = AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, **kw)
-    tok = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, **kw)
+        tok = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+    except Exception as e:  # a truncated or edited file in the cache: SafetensorError, OSError, ValueError ...
+        raise UserError(f"cannot load the converted SmolLM2 in {d} ({str(e).splitlines()[0] if str(e) else type(e).__name__}): "
+                        "reconvert it with `python -m models.smollm2 --force`") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return FullBandwidthLM(lm, fusion=False).eval(), tok, NAME

@@ -15,6 +15,7 @@ from common.errors import cli_entry
 from engine.prefill import recurrent_logits
 from tasks import ALL_TASKS, label_token_ids, prompt_ids, prompt_prefix, resolve_task
 from models.loading import load_model
+from models.tokenizers import resolve_tokenizer
 
 
 MAX_N = 1024  # interventions.run's --distractors bound
@@ -22,6 +23,7 @@ MAX_N = 1024  # interventions.run's --distractors bound
 
 def run(model_path: str, task: str, n: int, n_pairs: int = 60) -> None:
     model, tok, _ = load_model(model_path)
+    tok = resolve_tokenizer(model, tok, model_path)  # none of its own: one line, not a TypeError later
     model = model.float().eval()
     words = torch.tensor(label_token_ids(tok, task))
     right, rows, said = Counter(), Counter(), Counter()

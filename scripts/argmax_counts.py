@@ -15,6 +15,7 @@ from engine.prefill import pad_left, prefill_many
 from tasks import ALL_TASKS
 from tasks.custom import resolve_task
 from models.loading import load_model
+from models.tokenizers import resolve_tokenizer
 
 
 def predictions(model, tok, task: str, n: int, mode: str = "recurrent-full", n_pairs: int = 100):
@@ -34,6 +35,7 @@ MAX_N = 1024  # analysis.evaluate's --distractors bound
 
 def run(model_path: str, task: str, n: int, mode: str = "recurrent-full", n_pairs: int = 100) -> None:
     model, tok, _ = load_model(model_path)
+    tok = resolve_tokenizer(model, tok, model_path)  # none of its own: one line, not a TypeError later
     said, samples = predictions(model, tok, task, n, mode, n_pairs)
     labels = Counter(s.answer for s in samples)
     print(f"{task}, N = {n}, {mode}, {len(samples)} samples: answered " +

@@ -15,6 +15,7 @@ from interventions.core import Batch, CausalContext
 from interventions.suite import Suite, first_line_after_positions
 from tasks import ALL_TASKS, resolve_task
 from models.loading import load_model
+from models.tokenizers import resolve_tokenizer
 
 
 MAX_N = 1024  # interventions.run's --distractors bound
@@ -22,6 +23,7 @@ MAX_N = 1024  # interventions.run's --distractors bound
 
 def run(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:
     model, tok, _ = load_model(model_path)
+    tok = resolve_tokenizer(model, tok, model_path)  # none of its own: one line, not a TypeError later
     model = model.float().eval()
     source = resolve_task(task)
     samples = source.make(n_pairs, n, 0)

@@ -17,6 +17,7 @@ from interventions.core import Batch, CausalContext
 from interventions.suite import first_line_after_positions
 from tasks import ALL_TASKS, resolve_task
 from models.loading import load_model
+from models.tokenizers import resolve_tokenizer
 
 
 MAX_N = 1024  # interventions.run's --distractors bound
@@ -26,6 +27,7 @@ MAX_PAIRS = 5000  # interventions.run's --n-pairs bound
 
 def run(model_path: str, task: str, n: int, line: int = 0, positions: int = 16, n_pairs: int = 50) -> None:
     model, tok, _ = load_model(model_path)
+    tok = resolve_tokenizer(model, tok, model_path)  # none of its own: one line, not a TypeError later
     source = resolve_task(task)
     rows = [s for s in source.make(n_pairs, n, 0) if s.diff_line == line]
     if not rows:

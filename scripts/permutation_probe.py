@@ -76,6 +76,7 @@ def main(argv=None) -> int:
     from engine.modes import parse_mode
     from engine.prefill import pad_left, prefill_many
     from models.loading import load_model
+    from models.tokenizers import resolve_tokenizer
     from stats.linear import ProbeConfig
     from tasks import make_dataset, prompt_ids, prompt_prefix
     from tasks.groups import N_CUPS, permutation_index, running_permutations
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
     if mode != "recurrent-full" and not mode.startswith("recurrent-"):
         raise UserError(f"--mode {mode}: the fed state h_{{T-1}} exists under recurrent-K modes")
     model, tok, _ = load_model(args.model)
+    tok = resolve_tokenizer(model, tok, args.model)  # none of its own: one line, not a TypeError later
     samples = make_dataset(args.task, args.n_pairs, args.distractors, args.seed)
     perms = [running_permutations(s)[-1] for s in samples]
     y_label = np.array([s.label for s in samples])

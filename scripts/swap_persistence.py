@@ -21,6 +21,7 @@ from common.errors import cli_entry
 from engine.prefill import recurrent_logits
 from tasks import ALL_TASKS, label_token_ids, prompt_ids, prompt_prefix, resolve_task
 from models.loading import load_model
+from models.tokenizers import resolve_tokenizer
 
 
 MAX_N = 1024  # interventions.run's --distractors bound
@@ -28,6 +29,7 @@ MAX_N = 1024  # interventions.run's --distractors bound
 
 def run(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:
     model, tok, _ = load_model(model_path)
+    tok = resolve_tokenizer(model, tok, model_path)  # none of its own: one line, not a TypeError later
     model = model.float().eval()
     samples = resolve_task(task).make(n_pairs, n, 0)
     words = torch.tensor(label_token_ids(tok, task))

@@ -177,7 +177,7 @@ def check_resume_files(out: Path) -> None:
         raise UserError(f"--resume: no {STATE_FILE} in {out}{hint}")
 
 
-def load_resume(model, opt, cfg, out: Path):
+def load_resume(model, opt, cfg, out: Path, tok=None):
     check_resume_files(out)
     finish_pending(out)  # the newest complete checkpoint, if a kill cut its move short
     saved = FullBandwidthLM.read_config(out)
@@ -191,6 +191,13 @@ def load_resume(model, opt, cfg, out: Path):
     if diff:
         raise UserError(f"--resume: checkpoint in {out} has another architecture ({', '.join(diff)} differ; a run "
                         "started from --base resumes with the same --base)")
+    if tok is not None:  # another --base of the same shape with other token ids: the run would go on in other words
+        from models.tokenizers import load_tokenizer_dir
+
+        theirs = load_tokenizer_dir(out)
+        if theirs is not None and theirs.get_vocab() != tok.get_vocab():
+            raise UserError(f"--resume: the run in {out} was trained with another tokenizer (other token ids) than "
+                            "this one's; a run started from --base resumes with the same --base")
     try:
         meta, tensors = read_trainer_state(out)
         for name, digest in (("model.safetensors", meta["model_sha256"]), (LOG_FILE, meta["log_sha256"])):
