@@ -8,7 +8,7 @@ differing only in what determines the label; ``group_id`` is the cross-validatio
 """
 from .generators import dataset_fingerprint, make_dataset
 from .samples import (ALL_TASKS, DISTRACTOR_COUNTS, LABEL_WORDS, LANGUAGE_TASKS, TASKS, TRACKING_TASKS, Sample,
-                      copies_across_groups, pair_roles, probe_labels)
+                      copies_across_groups, pair_roles, probe_labels, probe_target)
 from .tokenizer import (build_tokenizer, key_token_positions, label_token_ids, prompt_ids, prompt_prefix,
                         prompt_prefix_tokens, tokenize_samples)
 from .custom import TaskSource, resolve_task  # bring-your-own tasks (docs/tasks.md)
@@ -33,4 +33,5 @@ __all__ = [
     "key_token_positions",
     "pair_roles",
     "probe_labels",
+    "probe_target",
 ]

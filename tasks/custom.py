@@ -167,11 +167,14 @@ class TaskSource:
         from .tokenizer import tokenize_samples
 
         try:
-            return tokenize_samples(samples, tokenizer)
+            seqs, out = tokenize_samples(samples, tokenizer)
         except UserError as e:
             if self.builtin:
                 raise
             raise UserError(f"task {self.spec}: {e}") from None
+        if not self.builtin:
+            _check_one_answer_per_input(seqs, out, self.spec)
+        return seqs, out
 
     def label_token_ids(self, tokenizer, prompt: str | None = None) -> list[int]:
         """Token id of each label word as it follows a prompt (index = label).
@@ -211,6 +214,22 @@ class TaskSource:
 
 
 # ----------------------------------------------------------------------------------------------------------
+def _check_one_answer_per_input(seqs, samples, spec) -> None:
+    """One input, one answer, under the tokenizer that will read them: two texts that differ only where it does
+    not see (whitespace a word-level tokenizer drops) are one prompt; with two labels (a pair's members, or two
+    pairs) the probes and swaps would score a contradiction."""
+    label_of: dict = {}
+    for ids, s in zip(seqs, samples):
+        key = (s.n_distractors, tuple(ids))
+        first = label_of.setdefault(key, s)
+        if first.label != s.label:
+            what = "the two members of one pair are" if first.pair_id == s.pair_id else "two samples are"
+            raise UserError(f"task {spec}: {what} the same input under this tokenizer (N={s.n_distractors}; texts "
+                            f"{first.text[-40:]!r} and {s.text[-40:]!r} at their ends) with labels {first.label} "
+                            f"and {s.label}: one prompt cannot have two answers (texts that differ only in "
+                            "whitespace?)")
+
+
 def _check_answer_sep(sep, where: str) -> str:
     """The text joining prompt and answer: "" or whitespace (a digit after a byte-level BPE prompt ending in a space
     is one token, its spaced form two)."""
@@ -538,7 +557,7 @@ def resolve_task(spec) -> TaskSource:
                                                           default_distractors=LANGUAGE_DISTRACTORS.get(spec)),
                           min_distractors=LANGUAGE_N_RANGE[spec][0] if spec in LANGUAGE_N_RANGE
                           else int(spec in TRACKING_TASKS))
-    if "@" in spec and spec.split("@")[0] in TRACKING_TASKS:
+    if "@" in spec and spec.split("@")[0] in TRACKING_TASKS and not (spec.endswith(".jsonl") and Path(spec).is_file()):
         from .tracking import VARIANTS
 
         task, variant = spec.split("@", 1)

@@ -109,33 +109,48 @@ ANSWER_PROBE_LABEL = "the answer (the label)"
 ROLE_PROBE_LABEL = "the pair role (tasks.pair_roles)"
 
 
-def probe_labels(samples, n_splits: int) -> tuple[list[int], str]:
+def probe_labels(samples, n_splits: int, roles: bool | None = None) -> tuple[list[int], str]:
     """(what a probe fits, its name): the labels where grouped cross-validation with `n_splits` folds can score
     them; for a task with more than 3 answer classes whose classes fall in too few groups (the language tasks:
     one class per word), each sample's role in its pair (``pair_roles``). UserError (one line) where neither
-    works (too few pairs). probes.run and interventions.run both choose this way."""
+    works (too few pairs). probes.run and interventions.run both choose this way. `roles`: None = choose so;
+    True = the pair roles; False = the labels or a refusal (a user's task: its pair order means nothing)."""
     from stats.linear import check_groups
 
     from common.errors import UserError
 
     y, groups = [s.label for s in samples], [s.group_id for s in samples]
-    try:
-        check_groups(y, groups, n_splits)
-        return y, ANSWER_PROBE_LABEL
-    except UserError as e:
-        if len(set(y)) <= 3 or "label" not in str(e):
-            raise
+    if not roles:
+        try:
+            check_groups(y, groups, n_splits)
+            return y, ANSWER_PROBE_LABEL
+        except UserError as e:
+            if roles is False or len(set(y)) <= 3 or "label" not in str(e):
+                raise
     roles = pair_roles(samples)
     check_groups(roles, groups, n_splits)
     return roles, ROLE_PROBE_LABEL
 
 
-def copies_across_groups(samples) -> int:
+def probe_target(sample_sets, n_splits: int, roles_allowed: bool = True) -> bool:
+    """Whether a run of several datasets (one per N) probes the pair roles: one target for all of them (where
+    one N needs the roles, every N fits them), so that every row of a run probes one thing against one chance
+    level. `roles_allowed` False (a user's task): never, and a dataset whose labels cannot be scored is refused."""
+    if not roles_allowed:
+        for s in sample_sets:
+            probe_labels(s, n_splits, roles=False)
+        return False
+    return any(probe_labels(s, n_splits)[1] == ROLE_PROBE_LABEL for s in sample_sets)
+
+
+def copies_across_groups(samples, keys=None) -> int:
     """How many samples have their exact text in another group. Grouped cross-validation holds whole groups out so
     that no probe is scored on its training data; a text in two groups breaks that (short tracking prompts: parity
     at N = 8 has 2**8 texts, and 106 of 96 pairs' 192 samples recur across groups; at N <= 4 all do). probes.run
-    and interventions.run record the count and say so where it is not 0."""
+    and interventions.run record the count and say so where it is not 0. `keys`: what makes two prompts one
+    (default the text; the token rows, where whitespace the tokenizer drops makes two texts one input)."""
+    keys = [s.text for s in samples] if keys is None else [tuple(k) for k in keys]
     groups_of: dict = {}
-    for s in samples:
-        groups_of.setdefault(s.text, set()).add(s.group_id)
-    return sum(len(groups_of[s.text]) > 1 for s in samples)
+    for k, s in zip(keys, samples):
+        groups_of.setdefault(k, set()).add(s.group_id)
+    return sum(len(groups_of[k]) > 1 for k in keys)
