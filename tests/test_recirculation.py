@@ -465,3 +465,65 @@ def test_mediation_takes_a_task_file_and_a_generator(tmp_path):
     r = _cli("--model", str(tmp_path / "m"), "--mediation-only", "--mediation-task", str(data / "last_write.jsonl"),
              "--mediation-distractors", "7", "--out", str(tmp_path / "y"))
     assert r.returncode == 2 and "task file" in r.stderr and "has N = 1, 2" in r.stderr, r.stderr
+
+
+def test_the_cost_section_times_the_prefill_alone(monkeypatch):
+    """(e) timed each run with its scoring (a log-softmax over the vocabulary at every temperature, the KL): on
+    SmolLM2 that doubled a plain forward's time. The prefill is timed and memory-sampled in a pass of its own."""
+    import types
+
+    import analysis.recirculation.cost as cost_mod
+
+    calls = []
+
+    class Model:
+        def __call__(self, ids, mask):
+            calls.append("forward")
+            return types.SimpleNamespace(logits=None)
+
+    E = types.SimpleNamespace(model=Model(), _batches=lambda: iter([(0, torch.ones(2, 5, dtype=torch.long))]))
+    seconds, peak, threads = cost_mod._prefill_cost(E, None, None, {})
+    assert calls == ["forward"] and seconds >= 0 and threads == torch.get_num_threads()
+
+    class R:
+        def prefill(self, ids, mask, method, **kw):
+            calls.append((method, kw))
+
+    _, _, threads = cost_mod._prefill_cost(E, R(), "sequential", {})
+    assert calls[-1] == ("sequential", {}) and threads == 1  # its one-token steps: sequential_threads
+
+
+def test_a_held_out_chunk_never_repeats_a_tuning_chunk_and_a_text_is_given_once(tmp_path):
+    """The pydoc topics `if` and `else` are one text: in opposite halves, a held-out chunk could be a tuned-on
+    one; `--text a.txt a.txt` made the two splits the same text."""
+    from analysis.recirculation.text import ByteTokenizer, builtin_documents, file_documents, make_splits
+    from common.errors import UserError
+
+    docs = builtin_documents()
+    texts = [t for _, t in docs]
+    assert len(texts) > len(set(texts))  # the duplicate is there
+    tok = ByteTokenizer(256)
+    for seed in range(4):
+        tune, test = make_splits(docs, tok, 16, 600, 600, seed)
+        assert not {tuple(r) for r in tune.tolist()} & {tuple(r) for r in test.tolist()}, seed
+    f = tmp_path / "a.txt"
+    f.write_text("some words " * 50)
+    with pytest.raises(UserError, match="holds the same text as"):
+        file_documents([str(f), str(f)])
+    with pytest.raises(UserError, match="is a folder"):
+        file_documents([str(tmp_path)])
+
+
+def test_the_study_refuses_what_it_cannot_hold_or_measure(tmp_path):
+    from analysis.recirculation.perplexity import Evaluator
+    from common.errors import UserError
+
+    r = _cli("--model", "tiny-random-qwen3", "--out", str(tmp_path / "o"), "--seq-len", "2")
+    assert r.returncode == 2 and "3..4096" in r.stderr and not (tmp_path / "o").exists(), r.stderr
+
+    import types
+
+    head = types.SimpleNamespace(weight=types.SimpleNamespace(shape=(10**11, 1)))  # a vocabulary past any machine
+    M = types.SimpleNamespace(lm=types.SimpleNamespace(get_output_embeddings=lambda: head))
+    with pytest.raises(UserError, match="log-probs kept for the KL would need"):
+        Evaluator(M, torch.zeros(2, 64, dtype=torch.long), 1, [1.0])

@@ -80,8 +80,10 @@ def parse_args(argv=None):
     add_output_flags(p, "./figures/<model>/recirculation under the current directory; with --mediation-only "
                         "./figures/<model>/mediation-<task>, with --targeted-only ./figures/<model>/targeted-<task>")
     add_plotly_flag(p)
-    p.add_argument("--seq-len", type=int_in(2, MAX_SEQ_LEN), default=64,
-                   help=f"tokens per chunk (one chunk = one sequence), 2..{MAX_SEQ_LEN}")
+    p.add_argument("--seq-len", type=int_in(3, MAX_SEQ_LEN), default=64,
+                   help=f"tokens per chunk (one chunk = one sequence), 3..{MAX_SEQ_LEN}; perplexity scores the "
+                        "prediction of every token after the first (column 0's prediction too, which no "
+                        "recirculation reaches: at 2 tokens nothing could change)")
     p.add_argument("--n-tune", type=int_in(1, MAX_CHUNKS), default=4,
                    help=f"chunks in the tuning split, 1..{MAX_CHUNKS}")
     p.add_argument("--n-test", type=int_in(1, MAX_CHUNKS), default=4,

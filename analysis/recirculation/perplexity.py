@@ -61,6 +61,17 @@ class Evaluator:
     """Runs configurations over fixed chunks; caches the base model's log-probs for KL."""
 
     def __init__(self, model, data: torch.Tensor, batch: int, temps: list[float]):
+        # the base model's log-probs are kept for the KL: [chunks, T - 1, vocab] float32, refused where they
+        # would take a large share of the machine (1000 chunks of 4096 tokens under SmolLM2: about 19 GB a split;
+        # two splits, a quarter each)
+        head = getattr(model, "lm", model).get_output_embeddings()
+        vocab = head.weight.shape[0] if head is not None else model.config.vocab_size
+        need = data.shape[0] * (data.shape[-1] - 1) * vocab * 4
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if need > 0.25 * total:
+            raise UserError(f"{data.shape[0]} chunks of {data.shape[-1]} tokens: the base model's log-probs kept for "
+                            f"the KL would need {need / 2**30:.1f} GiB, more than a quarter of this machine's "
+                            f"{total / 2**30:.0f} GiB: lower --seq-len, --n-tune or --n-test")
         # chunks past the context (GPT-2's position table: an IndexError) are refused before the baseline runs
         try:
             check_inputs(model, data, torch.ones_like(data))

@@ -27,10 +27,13 @@ def file_documents(paths: list[str]) -> list[tuple[str, str]]:
     for p in paths:
         f = Path(p)
         if not f.is_file():
-            raise UserError(f"--text: no such file {p}")
+            raise UserError(f"--text: {p} is a folder, not a text file" if f.is_dir() else f"--text: no such file {p}")
         text = f.read_text(errors="replace")
         if not text.strip():
             raise UserError(f"--text: {p} is empty")
+        twin = next((name for name, t in docs if t == text), None)
+        if twin is not None:  # one text in both splits: the held-out perplexity would score tuned-on text
+            raise UserError(f"--text: {p} holds the same text as {twin}; give each text once")
         docs.append((str(f), text))
     return docs
 
@@ -57,7 +60,11 @@ def make_splits(docs, tokenizer, seq_len: int, n_tune: int, n_test: int, seed: i
             halves[i % 2] += chunks
     for h in halves:
         rng.shuffle(h)
-    tune, test = halves[0][:n_tune], halves[1][:n_test]
+    tune = halves[0][:n_tune]
+    # two documents of one text (the pydoc topics `if` and `else`) can fall into both halves: a held-out chunk
+    # identical to a tuning chunk would score tuned-on text, so it is skipped
+    tuned = {tuple(c) for c, _ in tune}
+    test = [c for c in halves[1] if tuple(c[0]) not in tuned][:n_test]
     n_unk = sum(c.count(unk) for c, unspelled in tune + test if unspelled)
     if n_unk:  # a perplexity of text the model cannot read measures nothing (the task words' tokenizer on pydoc
         # text: 85% [UNK], perplexity 1.8e7); only the chunks measured count
