@@ -95,6 +95,11 @@ def main(argv=None) -> None:
     if a.worker:
         return worker(a)
     a.threads = a.threads or set_threads(0)  # 0: torch's own default, resolved here for the launched workers
+    from engine.modes import canonical_modes
+    from models.loading import model_dir
+
+    canonical_modes([m.strip() for m in a.modes.split(",")])  # here, in one line: not in every worker's traceback
+    model_dir(a.model)
     res = {n: launch(a, n) for n in PROCS}
     med = {n: statistics.median(r["times"]) for n, r in res.items()}
     tok = res[1]["tokens"]

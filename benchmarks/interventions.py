@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         cli = ["--model", args.model, "--task", args.task, "--n-pairs", str(args.n_pairs), "--distractors",
                str(args.distractors), "--out", tmp, "--no-progress", "--mode", args.mode, "--max-positions",
                str(args.max_positions), "--budget", args.budget]
-        if args.control_model:
+        if args.control_model is not None:  # '' goes on to interventions.run, which refuses it
             cli += ["--control-model", args.control_model]
         t = time.perf_counter()
         rc = run_main(cli)

@@ -5,7 +5,7 @@ Measured side by side in one run, on a randomly initialised tiny Qwen3-style mod
 d_model 128, vocab 64, batch 1):
 
   1. recurrent-full at T=short and T=long (median of --repeats); ratio time(long)/time(short).
-     Linear scaling gives long/short (4.0 for 1024/256); goal <= 4.5. Beside them, recurrent-full at T=long with
+     Linear scaling gives long/short (4.0 for 1024/256); goal <= 1.125 x linear (4.5 there). Beside them, recurrent-full at T=long with
      HF's own one-token step (models.lean_step switched off): the lean step's share of the speed.
   2. speed-up of recurrent-full over the naive full-prefix recompute at T=long (for every t: a full forward
      on tokens[:t+1] with the previously computed top states fed back; O(T^2)). Goal >= 5x.
@@ -27,7 +27,7 @@ d_model 128, vocab 64, batch 1):
      checkpoints/tiny-fbt-track: every layer attends to 64 columns): recurrent-full at T=--window-short and
      T=--window-long (default 1024 and 4096) with the window cache and with the full cache (every column kept,
      the engine before it), interleaved; ratio time(long)/time(short) for each. Linear is long/short (4.0);
-     goal <= 4.4 with the window cache. --window-model none skips it.
+     goal <= 1.1 x linear (4.4) with the window cache, logits agreeing. --window-model none skips it.
   5. on the same model, the standard pass at T=--window-long in chunks over the window cache
      (`prefill_many(chunked=True)`, what analysis.evaluate runs) against the one full pass, interleaved:
      time(full) / time(chunked), and the largest logit difference.
@@ -54,14 +54,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from common.cli import (DefaultsFormatter, Parser, add_device_flags, add_seed_flag, add_threads_flag,  # noqa: E402
                         int_in, set_threads)
 from common.cpus import available_cpus  # noqa: E402
-from common.errors import cli_entry  # noqa: E402
+from common.errors import UserError, cli_entry  # noqa: E402
 from common.placement import Placement  # noqa: E402
 from models.configs import qwen3_config  # noqa: E402
 from models.full_bandwidth import FullBandwidthLM  # noqa: E402
 from models.lean_step import enabled as lean_step_enabled  # noqa: E402
 from engine.prefill import prefill_many  # noqa: E402
 
-GOAL_SCALING, GOAL_SPEEDUP, GOAL_OVERHEAD, GOAL_WINDOW = 4.5, 5.0, 1.15, 4.4
+# The scaling goals are relative to linear (4.5 and 4.4 at the default 4x lengths): a fixed 4.5 passed quadratic
+# growth (4.0) at 2x. Outputs of arms that claim the same work must agree to AGREE_TOL, or the figure fails.
+GOAL_SCALING_FACTOR, GOAL_SPEEDUP, GOAL_OVERHEAD, GOAL_WINDOW_FACTOR = 1.125, 5.0, 1.15, 1.1
+AGREE_TOL = 1e-4
 
 
 def parse_args(argv=None):
@@ -88,8 +91,8 @@ def parse_args(argv=None):
     p.add_argument("--naive", choices=("sample", "full"), default="sample",
                    help="'sample': time the naive step at --naive-samples positions and sum the interpolated "
                         "per-position costs over all T; 'full': time the whole naive recompute once")
-    p.add_argument("--naive-samples", type=int_in(1, 100_000), default=16,
-                   help="positions timed with --naive sample, 1..100000")
+    p.add_argument("--naive-samples", type=int_in(2, 100_000), default=16,
+                   help="positions timed with --naive sample (the first and last among them), 2..100000")
     p.add_argument("--window-model", default="checkpoints/tiny-fbt-track",
                    help="a windowed checkpoint (every layer sliding-window) for the window-cache figure; 'none' "
                         "skips it")
@@ -153,6 +156,8 @@ def main(argv=None) -> dict:
     CLOCK = time.perf_counter if a.clock == "wall" else time.process_time
     set_threads(a.threads)
     device = Placement.from_args(a).torch_device
+    # the windowed checkpoint is loaded and checked first: refused at the end, it lost the whole run
+    wmodel = window_model(a, Placement.from_args(a)) if a.window_model.lower() != "none" else None
     cfg = qwen3_config(a.vocab, n_layers=a.layers, d_model=a.d_model, n_heads=a.heads, n_kv_heads=a.heads // 2,
                        max_len=max(2048, a.long))
     model = FullBandwidthLM.from_config(cfg, seed=a.seed).eval().to(device)
@@ -187,11 +192,12 @@ def main(argv=None) -> dict:
     rf_short, rf_long = statistics.median(t_short), statistics.median(t_long)
     lean_ratio = statistics.median(lean / hf for lean, hf in zip(t_long, t_long_hf))
     scaling = rf_long / rf_short
+    goal_scaling = GOAL_SCALING_FACTOR * a.long / a.short
     scaling_pairs = statistics.median(lo / sh for sh, lo in zip(t_short, t_long))
     print(f"recurrent-full  T={a.short:5d}: {rf_short * 1e3:9.1f} ms   T={a.long:5d}: {rf_long * 1e3:9.1f} ms   "
           f"(median of {a.repeats}; {rf_long / a.long * 1e3:.2f} ms/token at T={a.long})")
     print(f"  scaling time(T={a.long})/time(T={a.short}) = {scaling:.2f}  (ratio of medians; median of per-pair ratios "
-          f"{scaling_pairs:.2f}; linear = {a.long / a.short:.2f}, goal <= {GOAL_SCALING})  {'PASS' if scaling <= GOAL_SCALING else 'FAIL'}")
+          f"{scaling_pairs:.2f}; linear = {a.long / a.short:.2f}, goal <= {goal_scaling:.2f})  {'PASS' if scaling <= goal_scaling else 'FAIL'}")
     print(f"  with HF's own one-token step (models.lean_step off) T={a.long}: {statistics.median(t_long_hf) * 1e3:9.1f} ms;"
           f" lean / HF's step = {lean_ratio:.3f} (median of per-pair ratios)")
 
@@ -229,10 +235,12 @@ def main(argv=None) -> dict:
         naive_how = (f"extrapolated: one naive step timed at {len(ts)} of {T} positions (median of {a.repeats}), "
                      f"per-position costs linearly interpolated and summed over all {T}")
     speedup = naive_s / rf_long
+    speedup_pass = speedup >= GOAL_SPEEDUP and max_diff <= AGREE_TOL
     print(f"naive full-prefix recompute T={T}: {naive_s:9.2f} s  [{naive_how}]")
-    print(f"  agrees with recurrent-full to max |diff| {max_diff:.1e} on the top states it computed")
-    print(f"  speed-up of recurrent-full over naive = {speedup:.1f}x  (goal >= {GOAL_SPEEDUP}x)  "
-          f"{'PASS' if speedup >= GOAL_SPEEDUP else 'FAIL'}")
+    print(f"  agrees with recurrent-full to max |diff| {max_diff:.1e} on the top states it computed (must be <= "
+          f"{AGREE_TOL:g})")
+    print(f"  speed-up of recurrent-full over naive = {speedup:.1f}x  (goal >= {GOAL_SPEEDUP}x, outputs agreeing)  "
+          f"{'PASS' if speedup_pass else 'FAIL'}")
 
     # 3. recurrent-1 vs standard at T=long, recurrent-1 with HF's own one-token step (models.lean_step off), and
     # the plain HF floor of the same work: interleaved rounds, each round's order shuffled (seeded), since a pass
@@ -266,7 +274,7 @@ def main(argv=None) -> dict:
               f"HF prefill {faults['hf']:.0f}, HF prefill + step {faults['hf1']:.0f} (pages the "
               "kernel maps and zeroes: glibc gives freed memory back, see docs/benchmarks.md)")
 
-    window = window_figure(a, device, Placement.from_args(a)) if a.window_model.lower() != "none" else None
+    window = window_figure(a, device, wmodel) if wmodel is not None else None
 
     result = {
         "model": {"family": "qwen3", "layers": a.layers, "d_model": a.d_model, "heads": a.heads, "vocab": a.vocab},
@@ -275,9 +283,9 @@ def main(argv=None) -> dict:
         "T_short": a.short, "T_long": a.long,
         "recurrent_full_s": {str(a.short): rf_short, str(a.long): rf_long},
         "recurrent_full_hf_step_s": {str(a.long): statistics.median(t_long_hf)}, "recurrent_full_lean_over_hf_step": lean_ratio,
-        "scaling_ratio": scaling, "scaling_ratio_pairs": scaling_pairs, "scaling_goal_max": GOAL_SCALING, "scaling_pass": scaling <= GOAL_SCALING,
+        "scaling_ratio": scaling, "scaling_ratio_pairs": scaling_pairs, "scaling_goal_max": goal_scaling, "scaling_pass": scaling <= goal_scaling,
         "naive_s": naive_s, "naive_method": a.naive, "naive_note": naive_how, "naive_max_abs_diff": max_diff,
-        "speedup_vs_naive": speedup, "speedup_goal_min": GOAL_SPEEDUP, "speedup_pass": speedup >= GOAL_SPEEDUP,
+        "speedup_vs_naive": speedup, "speedup_goal_min": GOAL_SPEEDUP, "speedup_pass": speedup_pass,
         "standard_s": std_s, "recurrent_1_s": r1_s,
         "recurrent_1_over_standard": overhead, "recurrent_1_over_standard_ratio_of_medians": r1_s / std_s,
         "recurrent_1_over_standard_ratio_of_minima": min(t_r1) / min(t_std), "overhead_goal_max": GOAL_OVERHEAD,
@@ -309,17 +317,26 @@ def hf_floor(lm, ids):
     return prefill, prefill_and_step
 
 
-@torch.no_grad()
-def window_figure(a, device, placement) -> dict:
-    """4.: recurrent-full on a windowed checkpoint at two lengths, window cache vs full cache, interleaved."""
+def window_model(a, placement):
+    """The --window-model checkpoint, loaded and checked (every layer windowed) before any timing."""
     from engine.cache import model_windows
-    from engine.prefill import recurrent_run
     from models.loading import load_model
 
     model, _, _ = load_model(a.window_model, placement)
     windows = model_windows(model)
     if not windows or any(w is None for w in windows):
-        raise SystemExit(f"--window-model {a.window_model}: not every layer is windowed ({windows})")
+        raise UserError(f"--window-model {a.window_model}: not every layer is windowed ({windows}); give a "
+                        "windowed checkpoint or 'none'")
+    return model
+
+
+@torch.no_grad()
+def window_figure(a, device, model) -> dict:
+    """4.: recurrent-full on a windowed checkpoint at two lengths, window cache vs full cache, interleaved."""
+    from engine.cache import model_windows
+    from engine.prefill import recurrent_run
+
+    windows = model_windows(model)
     g = torch.Generator().manual_seed(a.seed)
     ids = torch.randint(2, model.config.vocab_size, (a.window_batch, a.window_long), generator=g).to(device)
     lengths = (a.window_short, a.window_long)
@@ -339,6 +356,8 @@ def window_figure(a, device, placement) -> dict:
     short, long_ = lengths
     ratio = {full: med[long_, full] / med[short, full] for full in (False, True)}
     diff = float((run(short, False).logits - run(short, True).logits).abs().max())
+    goal = GOAL_WINDOW_FACTOR * long_ / short
+    ok = ratio[False] <= goal and diff <= AGREE_TOL
 
     from engine.prefill import prefill_many
 
@@ -358,16 +377,16 @@ def window_figure(a, device, placement) -> dict:
         name = "full cache  " if full else "window cache"
         print(f"  {name} T={short}: {med[short, full]:7.2f} s   T={long_}: {med[long_, full]:7.2f} s   "
               f"ratio {ratio[full]:.2f}  (median of {a.window_repeats}; linear = {long_ / short:.2f})")
-    print(f"  window / full at T={long_}: {med[long_, False] / med[long_, True]:.2f}; goal ratio <= {GOAL_WINDOW} with "
-          f"the window cache: {'PASS' if ratio[False] <= GOAL_WINDOW else 'FAIL'}; logits agree to {diff:.1e}")
+    print(f"  window / full at T={long_}: {med[long_, False] / med[long_, True]:.2f}; goal ratio <= {goal:.2f} with "
+          f"the window cache and logits agreeing to {AGREE_TOL:g}: {'PASS' if ok else 'FAIL'}; logits agree to {diff:.1e}")
     print(f"  standard pass T={long_}: full {std_med[False]:.2f} s, chunked over the window cache {std_med[True]:.2f} s: "
           f"{std_med[False] / std_med[True]:.2f}x (medians of {a.window_repeats + 1}); logits agree to {std_diff:.1e}")
     return {"model": a.window_model, "windows": sorted(set(windows)), "batch": a.window_batch,
             "repeats": a.window_repeats,
             "T_short": short, "T_long": long_,
             "window_s": {str(T): med[T, False] for T in lengths}, "full_s": {str(T): med[T, True] for T in lengths},
-            "window_ratio": ratio[False], "full_ratio": ratio[True], "goal_max": GOAL_WINDOW,
-            "pass": ratio[False] <= GOAL_WINDOW, "window_over_full_long": med[long_, False] / med[long_, True],
+            "window_ratio": ratio[False], "full_ratio": ratio[True], "goal_max": goal,
+            "pass": ok, "standard_chunked_agree": std_diff <= AGREE_TOL, "window_over_full_long": med[long_, False] / med[long_, True],
             "max_abs_logit_diff": diff, "standard_full_s": std_med[False], "standard_chunked_s": std_med[True],
             "standard_full_over_chunked": std_med[False] / std_med[True], "standard_max_abs_logit_diff": std_diff}
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from anywhere without an install
 
 from common.cli import Parser, int_in  # noqa: E402
-from common.errors import cli_entry  # noqa: E402
+from common.errors import UserError, cli_entry  # noqa: E402
 
 BASELINE = "7e5b62d"
 GOAL = 1.15
@@ -78,9 +78,17 @@ def main(argv=None):
     args = a.probes_args or DEFAULT_ARGS
     worktree = None
     if a.baseline_dir is not None:
+        if not str(a.baseline_dir).strip() or not Path(a.baseline_dir).is_dir():
+            raise UserError(f"--baseline-dir {a.baseline_dir!r} is not a folder (give a checkout of the baseline)")
         base = Path(a.baseline_dir).resolve()
+        if not (base / "probes" / "run.py").is_file():
+            raise UserError(f"--baseline-dir {base} holds no probes/run.py: not a checkout of this project")
         label = str(base)
     else:
+        known = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
+                                f"{a.baseline_commit}^{{commit}}"], capture_output=True)
+        if known.returncode != 0:  # before the worktree folder exists: nothing left behind
+            raise UserError(f"--baseline-commit {a.baseline_commit!r} names no commit of this repository")
         worktree = Path(tempfile.mkdtemp(prefix="probes_run_baseline."))
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), a.baseline_commit],
                        check=True, capture_output=True)

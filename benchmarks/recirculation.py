@@ -76,7 +76,7 @@ def main(argv=None):
     set_threads(a.threads)
     model = _load(a.model)
     L = model.n_layers
-    spec = parse_recirculate(a.recirculate or f"{L}:{max(1, L // 4)}:0.1:convex", L)
+    spec = parse_recirculate(f"{L}:{max(1, L // 4)}:0.1:convex" if a.recirculate is None else a.recirculate, L)
     r = RecirculatedLM(model, spec)
     V = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
@@ -103,7 +103,8 @@ def main(argv=None):
     runs += [(f"blockwise-{p}", (lambda p=p: r.prefill(x, xm, "blockwise", passes=p))) for p in passes]
     pre = {}
     for name, fn in runs:
-        s = statistics.median(_time(fn) for _ in range(a.repeats))
+        with torch.no_grad():  # every arm without autograd (the standard forward recorded a graph, slowing it)
+            s = statistics.median(_time(fn) for _ in range(a.repeats))
         pre[name] = {"seconds": s, "tokens_per_s": a.prefill_len / s}
         print(f"prefill T={a.prefill_len} {name:12s} {s:8.3f}s {a.prefill_len / s:9.1f} tok/s", flush=True)
     seq = pre["sequential"]["seconds"]

@@ -295,6 +295,8 @@ def output_file(value: str | Path | None, flag: str = "--out") -> Path:
     if path.is_dir():
         raise UserError(f"{flag} {path} is a directory, not a file")
     _refuse_model_dir(path, flag)  # a model's own files (config.json, weights) above all
+    if path.exists() and not path.is_file():  # an atomic write would replace a device or FIFO with a file
+        raise UserError(f"{flag} {path} exists and is not a regular file (a device, FIFO or socket)")
     if path.exists() and not os.access(path, os.W_OK):
         raise UserError(f"{flag} {path} is not writable")
     if not path.exists():
@@ -305,7 +307,7 @@ def output_file(value: str | Path | None, flag: str = "--out") -> Path:
 def page_outputs(out: str | Path, png: str | None, overwrite: bool) -> tuple[Path, Path | None]:
     """A figure CLI's page (`--out`) and optional PNG (`--png`), checked as output_file, each refused when it exists
     without `overwrite`."""
-    paths = (output_file(out), output_file(png, "--png") if png else None)
+    paths = (output_file(out), output_file(png, "--png") if png is not None else None)  # '': refused
     for f in paths:
         if f is not None and f.exists() and not overwrite:
             raise UserError(f"{f} exists; pass --overwrite to replace it")
@@ -431,9 +433,14 @@ def add_output_flags(p, default_text: str | None, *, kind: str = "directory", ou
                                  help=_with_default(f"{SHARED_HELP['--out']} {kind}", out_extra, default_text)),
                   "--out")
     if overwrite:
-        _shared(p.add_argument("--overwrite", action="store_true",
-                               help=SHARED_HELP["--overwrite"] + (overwrite_extra or "")), "--overwrite")
+        add_overwrite_flag(p, overwrite_extra)
     return out
+
+
+def add_overwrite_flag(p, help_extra: str | None = None):
+    """--overwrite, in the shared words (add_output_flags declares it beside --out)."""
+    return _shared(p.add_argument("--overwrite", action="store_true",
+                                  help=SHARED_HELP["--overwrite"] + (help_extra or "")), "--overwrite")
 
 
 def add_device_flags(p, *, device: bool = True, dtype: bool = True, device_map: bool = True,

@@ -91,6 +91,8 @@ def read_user_json(path: str | Path, what: str = ""):
     """`loads_user` of a file's contents; an unreadable file is one UserError line too."""
     path = Path(path)
     where = f"{what} {path}".strip()
+    if path.exists() and not path.is_file():  # a FIFO waits forever, /dev/zero reads until memory runs out
+        raise UserError(f"{where} is not a regular file")
     try:
         data = path.read_bytes()
     except OSError as e:

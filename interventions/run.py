@@ -179,6 +179,8 @@ def _load(name_or_path: str, placement=None, tokenizer=None):
 
 
 def _resolve_control(arg, main_path: Path):
+    if arg is not None and not arg.strip():  # not the current directory
+        raise UserError("--control-model is empty: give a model, or 'none' to skip the control")
     if arg is not None and arg.lower() == "none":
         return None, "disabled with --control-model none"
     if arg is None:

@@ -392,17 +392,23 @@ def write_png(doc_or_path, png_path: str | Path, title: str | None = None) -> Pa
 
 @cli_entry
 def main(argv=None):
-    from common.cli import Parser, add_plotly_flag, output_file
+    from common.cli import Parser, add_overwrite_flag, add_plotly_flag, output_file
 
     p = Parser(prog="python -m probes.depth_curves", description=__doc__)
     p.add_argument("probes_json")
-    p.add_argument("--html", help="output HTML (default: depth_curves.html beside the JSON)")
-    p.add_argument("--png", help="also write a PNG (needs headless Chromium)")
+    p.add_argument("--html", help="output HTML (default: depth_curves.html beside the JSON, which a redraw "
+                                  "replaces; a --html file that exists only with --overwrite)")
+    p.add_argument("--png", help="also write a PNG (needs headless Chromium); an existing file only with --overwrite")
+    add_overwrite_flag(p, "; here: an existing --html or --png file (the default page beside the JSON is always "
+                          "redrawn)")
     add_plotly_flag(p)
     args = p.parse_args(argv)
     src = Path(args.probes_json)
-    html = output_file(args.html, "--html") if args.html else src.parent / "depth_curves.html"
-    png = output_file(args.png, "--png") if args.png else None
+    html = output_file(args.html, "--html") if args.html is not None else src.parent / "depth_curves.html"
+    png = output_file(args.png, "--png") if args.png is not None else None
+    for given, path in ((args.html, html), (args.png, png)):
+        if given is not None and path.exists() and not args.overwrite:
+            raise UserError(f"{path} exists; pass --overwrite to replace it")
     doc = load_results_doc(src, "probes.json")  # read once: a missing or bad file is one line, nothing written
     try:
         write_depth_curves(doc, html, plotly=args.plotly)

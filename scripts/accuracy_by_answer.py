@@ -6,6 +6,11 @@ Samples as `interventions.run --task TASK --distractors N --n-pairs 60` (seed 0)
 (K-1)/K can be one that never gives one of the answers: training pairs whose answers leave one label out (the
 shell game's, before `--all-answers`) make exactly that plateau.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not whatever the venv's install points to
+
 from collections import Counter
 
 import torch

@@ -6,6 +6,11 @@ Samples, batching and the full-vocabulary argmax at the final prompt token are a
 100 pairs = 200 samples by default), so the counts explain an eval.json cell: an accuracy of exactly 1/K can be
 a model that gives one answer to every prompt, and an accuracy of 0 one whose answer is not a label word.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not whatever the venv's install points to
+
 from collections import Counter
 
 from analysis.evaluate import EVAL_SEED

@@ -6,6 +6,11 @@ Samples as `interventions.run --task TASK --distractors N --n-pairs 50` (seed 0)
 share of rows whose answer follows the donor's after the fed state is swapped at the row's first position of
 the line after its first differing token (the report's overall figure first, as a check).
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not whatever the venv's install points to
+
 import numpy as np
 import torch
 

@@ -9,6 +9,11 @@ report's `first_line_after` position, and the first of the next POSITIONS (defau
 makes the answer follow the donor. The report's per-bin figures are means over rows; this shows whether a bin's
 50% is every row at a tie or half the rows flipping outright.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not whatever the venv's install points to
+
 import numpy as np
 
 from common.cli import Parser, add_model_flag, add_task_flags, int_in

@@ -1,6 +1,6 @@
 """Is the whole group element decodable, or only the tracked cup? Grouped-CV probes of the running permutation.
 
-    python scripts/permutation_probe.py checkpoints/tiny-fbt-group s5 [--distractors 64] [--n-pairs 600]
+    python scripts/permutation_probe.py s5 [--model checkpoints/tiny-fbt-group] [--distractors 64] [--n-pairs 600]
 
 For the S5 / A5 word problems (tasks.groups) the answer is one cup (5 classes), but a recurrence that tracks it
 at every length must carry more than the answer: the ball's cup after the next line depends only on the ball's
@@ -42,7 +42,11 @@ def heldout_predictions(X: np.ndarray, y: np.ndarray, groups: np.ndarray, config
     with warnings.catch_warnings():  # 120 classes: some have fewer members than folds (stratification is best effort)
         warnings.simplefilter("ignore", UserWarning)
         for tr, te in cv.split(X, y, groups):
-            probe = LinearProbe(config).fit(X[tr], y[tr], groups[tr])
+            try:
+                probe = LinearProbe(config).fit(X[tr], y[tr], groups[tr])
+            except ValueError as e:  # sklearn: a class with fewer members than the inner folds
+                raise UserError(f"too few samples a class for the probes' folds ({e}): raise --n-pairs "
+                                f"(120 permutations: 600 pairs fit)") from None
             pred[te] = probe.predict(X[te])
     return pred
 

@@ -74,7 +74,7 @@ draw() {
     causal_smollm2_ioi)  # the causal page of SmolLM2 on ioi under recirculation (its plotly.min.js is docs/'s)
       local out="$FIGURES/smollm2-135m/ioi-recirc-20:2:0.1:residual"
       "$PY" -m interventions.run --task ioi --model smollm2-135m --mode recirc-20:2:0.1:residual --n-pairs 48 \
-        --control-model none --out "$out" --no-progress
+        --control-model none --out "$out" --overwrite --no-progress
       cp "$out/causal_report.html" docs/causal_smollm2_ioi.html ;;
   esac
 }

@@ -12,14 +12,19 @@ differing line the two always differ: both tasks' updates are bijections). A mod
 in the fed vector follows the donor at every k; one that recovers its own value from the cached columns shows
 where it does so.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not whatever the venv's install points to
+
 from collections import defaultdict
 
 import torch
 
 from common.cli import Parser, add_model_flag, add_task_flags, int_in
-from common.errors import cli_entry
+from common.errors import UserError, cli_entry
 from engine.prefill import recurrent_logits
-from tasks import ALL_TASKS, label_token_ids, prompt_ids, prompt_prefix, resolve_task
+from tasks import TRACKING_TASKS, label_token_ids, prompt_ids, prompt_prefix, resolve_task
 from models.loading import load_model
 from models.tokenizers import resolve_tokenizer
 
@@ -65,9 +70,12 @@ def run(model_path: str, task: str, n: int, n_pairs: int = 50) -> None:
 def main(argv=None) -> None:
     p = Parser(prog="python scripts/swap_persistence.py", description=__doc__)
     add_model_flag(p, positional=True)
-    add_task_flags(p, ALL_TASKS, positional=True)
+    add_task_flags(p, TRACKING_TASKS, positional=True)  # the running value at every line end: tracking tasks
     p.add_argument("n", metavar="N", type=int_in(0, MAX_N), help=f"distractor lines per prompt, 0..{MAX_N}")
     a = p.parse_args(argv)
+    if a.task.split("@")[0] not in TRACKING_TASKS:  # no running value to read at the line ends
+        raise UserError(f"task {a.task!r}: the running value is read at every update line's end, which the tracking "
+                        f"tasks have ({', '.join(TRACKING_TASKS)})")
     run(a.model, a.task, a.n)
 
 

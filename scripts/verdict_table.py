@@ -91,11 +91,18 @@ def main(argv=None) -> None:
                 raise UserError(f"{path} holds no targeted-vs-uniform results (run --targeted)")
             print("\n".join(targeted_rows(res)) + "\n")
         return
+    rows = []  # every file read and checked before the table starts
+    for path in a.reports:
+        report = read_user_json(_file(path, "causal_report.json"), "causal report")
+        try:
+            rows.append(row_of(report))
+        except (KeyError, TypeError, IndexError, AttributeError) as e:
+            raise UserError(f"{path} is not a causal_report.json of interventions.run ({type(e).__name__}: "
+                            f"{e})") from None
     print("| task | mode | N | n | clean acc (standard / mode) | state swap at T | sweep after the first diff "
           "(pooled) | largest sweep cell | verdict |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for path in a.reports:
-        print(row_of(read_user_json(_file(path, "causal_report.json"), "causal report")))
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ SCRIPT_FOLDERS = ("benchmarks", "scripts", "examples")
 ENTRY_POINTS = {
     "probes/run.py": {"--task", "--model", "--tokenizer", "--seed", "--out", "--overwrite", "--no-progress",
                       "--device", "--dtype", "--device-map"},
-    "probes/depth_curves.py": {"--plotly"},
+    "probes/depth_curves.py": {"--plotly", "--overwrite"},
     "interventions/run.py": {"--task", "--model", "--tokenizer", "--seed", "--out", "--overwrite", "--no-progress",
                              "--device", "--dtype", "--device-map", "--plotly"},
     "analysis/evaluate.py": {"--tasks", "--model", "--tokenizer", "--seed", "--out", "--overwrite", "--no-progress",

@@ -344,9 +344,9 @@ def test_erase_on_samples_that_skip_a_label_word(tiny_ckpt, tmp_path):
     """--erase on a 3-word file whose first pairs use words 0 and 2 only: LEACE's one-hot spans the word indices
     (it crashed: 'Class values must be smaller than num_classes')."""
     lines = [{"label_words": ["0", "1", "2"], "name": "gap"}]
-    for p, (a, b) in enumerate([(0, 2)] * 12 + [(1, 0)] * 2):
-        lines += [_sample(a, p, text=f"state = {p % 2}\n# final state:"),
-                  _sample(b, p, text=f"state = {1 - p % 2}\n# final state:")]
+    for p, (a, b) in enumerate([(0, 2)] * 12 + [(1, 0)] * 2):  # one text per answer: one input, one answer
+        lines += [_sample(a, p, text=f"state = {a}\n# final state:"),
+                  _sample(b, p, text=f"state = {b}\n# final state:")]
     path = tmp_path / "gap.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     from probes.run import main

@@ -296,13 +296,18 @@ def test_shipped_tiny_fbt_memory_erasure(tmp_path):
     assert rows["leace_resid_d6"]["follows_donor_rate"] > 0.3
 
 
-def test_probes_cli_erase_fits_the_labels_the_clean_curve_fits(tiny_ckpt, tmp_path):
+def test_probes_cli_erase_fits_the_labels_the_clean_curve_fits(tiny_ckpt, tmp_path, monkeypatch):
     """Ten answers are too many classes for grouped CV: the clean probes fit the pair role (tasks.probe_labels),
     and so must --erase (it erased and probed the 10-way answer: 0.10 at the erased depth, ~1.0 above, drawn on
-    the role curve's axes). Erased at depth 1, the role reads at chance there."""
+    the role curve's axes). Erased at depth 1, the role reads at chance there. (The built-in language tasks take
+    the roles; a user's file is refused instead since 2026-12-07, so the file here is let through as one.)"""
     import random
 
+    import tasks
     from probes.run import main
+
+    real = tasks.probe_target
+    monkeypatch.setattr(tasks, "probe_target", lambda sets, k, roles_allowed=True: real(sets, k, True))
 
     rng = random.Random(0)
     lines = [{"label_words": [str(d) for d in range(10)], "name": "many"}]

@@ -162,18 +162,37 @@ def _cell_sizes(rows) -> str:
     return str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
 
 
+def own_notes(card: Path) -> str:
+    """The Notes section of an existing card (what write_card appends after '## Notes'), or ''."""
+    if not card.is_file():
+        return ""
+    text = card.read_text(encoding="utf-8", errors="replace")
+    head = "\n## Notes\n"
+    if head not in text:
+        return ""
+    rest = text.split(head, 1)[1]
+    return rest.split("\n## ", 1)[0].strip()
+
+
 @cli_entry
 def main(argv=None):
     p = Parser(prog="python -m training.card", description=__doc__)
     p.add_argument("path", help="checkpoint dir")
     p.add_argument("--command", required=True, help="the exact command that reproduces the checkpoint")
-    p.add_argument("--notes", help="markdown file with recipe notes to append")
+    p.add_argument("--notes", help="markdown file with recipe notes to append (default: the card's own Notes "
+                                   "section, kept as it is)")
     a = p.parse_args(argv)
-    notes = ""
-    if a.notes:
+    if not a.command.strip():
+        raise UserError("--command is empty: give the command that reproduces the checkpoint")
+    if a.notes is not None:
         if not Path(a.notes).is_file():
             raise UserError(f"--notes {a.notes}: no such file")
-        notes = Path(a.notes).read_text()
+        try:
+            notes = Path(a.notes).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"--notes {a.notes}: cannot read it as UTF-8 text ({e})") from None
+    else:  # rewriting the card kept nothing of its notes before (65 lines of tiny-fbt's gone)
+        notes = own_notes(Path(a.path) / "MODEL_CARD.md")
     print(write_card(Path(a.path), a.command, notes))
 
 

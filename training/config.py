@@ -86,10 +86,21 @@ def parse_mixture(s: str) -> dict:
     """'0:0.3,8:0.7' -> {0: 0.3, 8: 0.7}: N in 0..MAX_DISTRACTORS, finite weights >= 0."""
     n_of, w_of = int_in(0, MAX_DISTRACTORS), float_in(0.0)
     try:
-        return {n_of(k): w_of(v) for k, v in (part.split(":") for part in s.split(",") if part.strip())}
+        pairs = [(n_of(k), w_of(v)) for k, v in (part.split(":") for part in s.split(",") if part.strip())]
     except (ValueError, argparse.ArgumentTypeError):
         raise UserError(f"bad --distractors {s!r}: use N:weight pairs, N in 0..{MAX_DISTRACTORS} and finite weights "
                         ">= 0, e.g. 0:0.3,8:0.3,32:0.3,128:0.1") from None
+    return _once(pairs, "--distractors", s)
+
+
+def _once(pairs, flag: str, s: str) -> dict:
+    """{key: weight} of key:weight pairs, each key once: a repeated key kept only its last weight."""
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1}, key=str)
+    if twice:
+        raise UserError(f"bad {flag} {s!r}: {', '.join(map(str, twice))} given more than once; give each once "
+                        "with its whole weight")
+    return dict(pairs)
 
 
 def parse_variants(s: str) -> dict:
@@ -97,9 +108,10 @@ def parse_variants(s: str) -> dict:
     from tasks.tracking import VARIANTS
 
     try:
-        out = {k.strip(): float(v) for k, v in (part.split(":") for part in s.split(",") if part.strip())}
+        pairs = [(k.strip(), float(v)) for k, v in (part.split(":") for part in s.split(",") if part.strip())]
     except ValueError:
-        out = None
+        pairs = None
+    out = None if pairs is None else _once(pairs, "--variants", s)
     if not out or any(k not in VARIANTS or not math.isfinite(v) or v < 0 for k, v in out.items()) \
             or not 0 < sum(out.values()) < math.inf:
         raise UserError(f"bad --variants {s!r}: use variant:weight pairs, variants {', '.join(VARIANTS)}, finite "
@@ -126,7 +138,9 @@ def parse_lr_legs(s: str) -> tuple:
 
 
 def parse_base(s: str) -> str | None:
-    return s or None  # '' = no override: the preset's base (as the hand-written flag had it)
+    if not s.strip():  # read as "the preset's base" before: a user asking for none got one
+        raise UserError("--base is empty: give a model folder or preset name (leave the flag out for the preset's)")
+    return s
 
 
 def opt(default=None, help: str = "", *, factory=None, parse=None):
@@ -350,6 +364,10 @@ class TrainConfig:
                             f"positive, finite sum, got {self.distractors}")
         from tasks import ALL_TASKS, TRACKING_TASKS
         self.tasks = tuple(self.tasks)
+        twice = sorted({t for t in self.tasks if self.tasks.count(t) > 1})
+        if twice:  # each name a share of the mixture: a repeat silently doubled its share
+            raise UserError(f"--tasks lists {', '.join(twice)} more than once; give each task once (--task-weights "
+                            "sets the shares)")
         bad = [t for t in self.tasks if t not in ALL_TASKS]
         if bad or not self.tasks:
             raise UserError(f"unknown task(s) {', '.join(map(str, bad)) or '(none)'}; valid tasks: {', '.join(ALL_TASKS)}")
