@@ -216,7 +216,7 @@ def main(argv=None):
     if any(t <= 0 for t in temps):
         raise UserError("--temps must be positive")
     passes_list = int_list(a.passes, "--passes", 1, MAX_PASSES)
-    pairs = _pairs(a.pairs) if a.pairs else None
+    pairs = _pairs(a.pairs) if a.pairs is not None else None  # '' is refused there, not read as the default
     from tasks import ALL_TASKS, resolve_task
     try:  # a built-in task, a JSONL file or module:function (its code runs only once every other check passed)
         a.mediation_source = resolve_task(a.mediation_task)
