@@ -142,7 +142,7 @@ def test_recirculation_bad_numbers(tmp_path, capsys, args, flag):
 def test_help_documents_the_ranges(capsys):
     for main, needles in ((evaluate_main(), ["1..5000", "0..16384", "1..4096", "1..1000"]),
                           (stability_main(), ["1..1000", "0..1024"]), (gains_main(), ["1..5000", "0..1024"]),
-                          (recirculation_main(), ["2..4096", "1..1000", "0..1024", "[0, pi]"])):
+                          (recirculation_main(), ["3..4096", "1..1000", "0..1024", "[0, pi]"])):
         with pytest.raises(SystemExit) as e:
             main(["--help"])
         assert e.value.code == 0
