@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
 from datetime import timedelta
 
 import numpy as np
@@ -31,17 +30,18 @@ def env_place() -> tuple[int, int, int]:
         try:
             return int(v)
         except ValueError:
-            raise BadEnvironment(f"{name}={v!r} is not an integer (torchrun sets it; unset it to run one process)") from None
+            raise BadEnvironment(f"{name}={v!r} is not an integer (torchrun sets it; unset it to run one "
+                                 "process)") from None
 
     world, rank, local = read("WORLD_SIZE"), read("RANK"), read("LOCAL_RANK")
     if world is None:
         if rank not in (None, 0) or local not in (None, 0):
-            raise BadEnvironment(f"RANK / LOCAL_RANK set ({rank} / {local}) without WORLD_SIZE: start several processes "
-                            "with torchrun, or unset them to run one")
+            raise BadEnvironment(f"RANK / LOCAL_RANK set ({rank} / {local}) without WORLD_SIZE: start several "
+                                 "processes with torchrun, or unset them to run one")
         return 1, 0, 0
     if world < 1 or rank is None and world > 1 or rank is not None and not 0 <= rank < world:
-        raise BadEnvironment(f"WORLD_SIZE={world} with RANK={rank}: start several processes with torchrun (it sets "
-                        "both), or unset them to run one")
+        raise BadEnvironment(f"WORLD_SIZE={world} with RANK={rank}: start several processes with torchrun (it "
+                             "sets both), or unset them to run one")
     rank = rank or 0
     local = rank if local is None else local
     if local < 0:
@@ -112,7 +112,8 @@ class Processes:
         its outcome: a refusal there is raised on every rank (said once, by rank 0), where the others would
         otherwise wait in the next collective until rank 0's exit breaks it with a traceback."""
         if self.world == 1:
-            return step()
+            step()
+            return
         refusal = None
         if self.is_main:
             try:
