@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common.cli import Parser, add_output_flags, add_plotly_flag, add_task_flags, add_tokenizer_flag, int_in, output_dir
+from common.cli import (Parser, add_output_flags, add_plotly_flag, add_progress_flag, add_task_flags, add_tokenizer_flag,
+                        int_in, output_dir)
 from common.errors import UserError, cli_entry
 from common.io import fresh_output, json_text
 from common.paths import figures_dir
@@ -180,6 +181,7 @@ def main(argv=None):
                    help=f"held-out pairs per task, 1..{MAX_PAIRS} (default 16)")
     add_output_flags(p, "./figures/stability under the current directory")
     add_plotly_flag(p)
+    add_progress_flag(p)
     a = p.parse_args(argv)
     # --- everything that can be refused is checked before any model loads
     tasks = parse_tasks(a.tasks, [a.distractors])
@@ -209,7 +211,7 @@ def main(argv=None):
             loaded[name] = (model, tok, {t: task_ids(tok, t, a.distractors, a.n_pairs) for t in tasks})
             weights[name], prefixes[name] = weights_hash(model), prompt_prefix_tokens(tok)
         results, gates = {}, {}
-        for name in tqdm(models, desc="models"):
+        for name in tqdm(models, desc="models", disable=a.no_progress):
             model, tok, prompts = loaded.pop(name)
             results[name] = [r for t in tasks
                              for r in stability_curve(model, *prompts[t], t, a.distractors, passes, keep)]

@@ -29,7 +29,7 @@ ENTRY_POINTS = {
     "analysis/evaluate.py": {"--tasks", "--model", "--tokenizer", "--seed", "--out", "--overwrite", "--no-progress",
                              "--device", "--dtype", "--device-map"},
     "analysis/gains.py": {"--tasks", "--tokenizer", "--out", "--overwrite", "--no-progress", "--plotly"},
-    "analysis/stability.py": {"--tasks", "--tokenizer", "--out", "--overwrite", "--plotly"},
+    "analysis/stability.py": {"--tasks", "--tokenizer", "--out", "--overwrite", "--plotly", "--no-progress"},
     "analysis/length_curves.py": {"--out", "--overwrite", "--plotly"},
     "analysis/where_state.py": {"--out", "--overwrite", "--plotly"},
     "analysis/fixed_point.py": {"MODEL", "--tokenizer"},
