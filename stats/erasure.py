@@ -62,6 +62,11 @@ def fit_eraser(X, labels, n_classes: int):
 
     x = torch.as_tensor(np.asarray(X) if not torch.is_tensor(X) else X).double()
     y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    if not torch.isfinite(x).all():
+        raise UserError("cannot fit an eraser: the values contain NaN or infinite entries")
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= n_classes):
+        raise UserError(f"cannot fit an eraser: labels must be class indices 0..{n_classes - 1} "
+                        f"(got {int(y.min())}..{int(y.max())})")
     if len(x) < 2 or len(torch.unique(y)) < 2:
         return None
     z = torch.nn.functional.one_hot(y, n_classes).double()  # [n, K]
@@ -122,6 +127,25 @@ def _ci(correct, groups, config):
     return group_bootstrap_ci(correct, groups, config.n_boot, config.random_state)
 
 
+# A held-out decision within this share of the training decisions' scale of a tie is one: erased rows that all sit
+# on the class means' common point get decisions of float round-off (~1e-16), whose sign followed the label (a
+# perfect erasure read 1.00 where the probe cannot tell the rows apart). Scored as the expected accuracy of a random
+# tie-break instead.
+TIE = 1e-9
+
+
+def _tie_aware_correct(probe, X_train, X_test, y_test) -> np.ndarray:
+    """Per test row: 1 / 0 for a right / wrong prediction, 1/m where the m top classes tie (within TIE)."""
+    classes = probe.classes_
+    scale = float(np.abs(probe.decision_function(X_train)).max())
+    dec = probe.decision_function(X_test)
+    if dec.ndim == 1:  # binary: the logit of classes_[1]
+        dec = np.stack([-dec, dec], axis=1) / 2
+    tied = dec >= dec.max(1, keepdims=True) - TIE * max(scale, np.finfo(float).tiny)  # [n, K]
+    hit = tied[np.arange(len(y_test)), np.searchsorted(classes, y_test)] & np.isin(y_test, classes)
+    return np.where(hit, 1.0 / tied.sum(1), 0.0)
+
+
 def heldout_accuracy(train_X, test_X, labels, groups, folds, config: ProbeConfig, rows=None) -> dict:
     """Pooled held-out accuracy of LinearProbe per fold f: fitted on train_X(f)[train rows], scored on
     test_X(f)[test rows] (callables giving [B, D] arrays); `rows`: boolean mask of the rows used."""
@@ -135,7 +159,7 @@ def heldout_accuracy(train_X, test_X, labels, groups, folds, config: ProbeConfig
             continue
         Xtr, Xte = np.asarray(train_X(f), dtype=np.float64), np.asarray(test_X(f), dtype=np.float64)
         probe = LinearProbe(config).fit(Xtr[tr], y[tr], groups[tr])
-        c = (probe.predict(Xte[te]) == y[te]).astype(np.float64)
+        c = _tie_aware_correct(probe, Xtr[tr], Xte[te], y[te])
         correct[te] = c
         folds_acc.append(float(c.mean()))
     done = ~np.isnan(correct)
@@ -150,7 +174,9 @@ def probe_check(X: torch.Tensor, labels, groups, fe: FoldErasers, config: ProbeC
     erased rows (module doc); chance = 1/K."""
     Xn = X.detach().double().numpy()
     folds = fe.folds
-    erased = [fe.by_fold(X, f).double().numpy() for f in range(len(folds))]
+    # erased in float64 (not cast back to X's dtype): the cast's rounding around a shared value follows the label,
+    # and a standardized probe scales it up to unit spread (a perfect float32 erasure read 1.00 after it)
+    erased = [fe.by_fold(X.double(), f).numpy() for f in range(len(folds))]
     out = {
         "before": heldout_accuracy(lambda f: Xn, lambda f: Xn, labels, groups, folds, config, rows),
         "after": heldout_accuracy(lambda f: erased[f], lambda f: erased[f], labels, groups, folds, config, rows),

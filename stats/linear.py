@@ -25,14 +25,17 @@ grouped CV, C selection, control and bootstrap; chance is 1/K (``ProbeScore.chan
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from sklearn import config_context
-from sklearn.exceptions import NotFittedError
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.exceptions import DataConversionWarning, NotFittedError
 from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
+from sklearn.utils.multiclass import type_of_target
 
 from stats.bootstrap import ClusterBootstrap, percentile_ci
 from common.errors import UserError
@@ -58,8 +61,8 @@ class ProbeConfig:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                 raise UserError(f"ProbeConfig.{name} must be an integer >= {lo} (got {v!r})")
         if isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)) \
-                or self.random_state < 0:
-            raise UserError(f"ProbeConfig.random_state must be a non-negative integer (got {self.random_state!r})")
+                or not 0 <= self.random_state < 2 ** 32:  # numpy's seeds (the folds') are 32-bit
+            raise UserError(f"ProbeConfig.random_state must be an integer in [0, 2**32) (got {self.random_state!r})")
         try:
             cs = tuple(float(c) for c in self.Cs)
         except (TypeError, ValueError):
@@ -74,19 +77,46 @@ class ProbeConfig:
         return d
 
 
+class InputError(UserError, ValueError):
+    """Bad X / y / groups: one line for this project's CLIs, the ValueError scikit-learn's tools expect."""
+
+
+class _TypeInputError(InputError, TypeError):
+    """X that is not numbers: scikit-learn raises a TypeError there."""
+
+
 def _as_xy(X, y, groups=None):
-    X = np.asarray(X, dtype=np.float64)
+    if hasattr(X, "tocsr") or hasattr(X, "toarray"):
+        raise InputError("sparse input is not supported: pass a dense array X [samples, features]")
+    try:
+        X = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise _TypeInputError(f"X must be a 2-D array of numbers [samples, features]: {e}") from None
+    if y is None:
+        raise InputError("LinearProbe requires y to be passed, but the target y is None")
     y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:  # a column vector, as scikit-learn estimators take it
+        warnings.warn("A column-vector y was passed when a 1d array was expected: used as [samples]", DataConversionWarning, stacklevel=3)
+        y = y.ravel()
     if X.ndim != 2:
-        raise UserError(f"X must be 2-D [samples, features] (got shape {X.shape})")
+        raise InputError(f"X must be 2-D [samples, features] (got shape {X.shape})")
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise InputError(f"X is empty: {X.shape[0]} sample(s) and {X.shape[1]} feature(s) (shape={X.shape}) "
+                         f"while a minimum of 1 is required.")
     if y.ndim != 1 or len(y) != len(X):
-        raise UserError(f"y must be 1-D with one label per row of X ({len(X)}), got shape {y.shape}")
+        raise InputError(f"y must be 1-D with one label per row of X ({len(X)}), got shape {y.shape}")
     if not np.isfinite(X).all():
-        raise UserError("X contains NaN or infinite values")
+        raise InputError("X contains NaN or infinite values")
+    try:
+        kind = type_of_target(y, raise_unknown=True)
+    except ValueError as e:
+        raise InputError(f"y must hold class labels: {e}") from None
+    if kind not in ("binary", "multiclass"):
+        raise InputError(f"y must hold class labels (integers or strings), got {kind} values")
     if groups is not None:
         groups = np.asarray(groups)
         if groups.shape != y.shape:
-            raise UserError(f"groups must have one entry per sample ({len(y)}), got shape {groups.shape}")
+            raise InputError(f"groups must have one entry per sample ({len(y)}), got shape {groups.shape}")
     return X, y, groups
 
 
@@ -95,7 +125,9 @@ def _inner_splits(y, groups, config):
     StratifiedKFold without groups; None if it cannot run (fewer than 2 groups, or a class too small)."""
     k = config.inner_splits
     if groups is not None:
-        k = min(k, len(np.unique(groups)))
+        # StratifiedGroupKFold refuses more folds than the largest class has samples (not one fold could hold
+        # each class): fewer folds then, as with fewer groups
+        k = min(k, len(np.unique(groups)), int(np.unique(y, return_counts=True)[1].max()))
         if k < 2:
             return None
         cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=config.random_state)
@@ -134,7 +166,7 @@ def fold_fits(X, y, splits, Cs, max_iter: int):
         yield te, [(clf, clf._decision(Xte)) for clf in clfs]
 
 
-class LinearProbe:
+class LinearProbe(ClassifierMixin, BaseEstimator):
     """``Pipeline([StandardScaler(), RowSpaceLogisticRegression()])`` (binary, or balanced multinomial for K > 2
     classes) whose ``C`` is chosen from ``config.Cs`` by an inner grouped CV on the training data only: the C that
     ``GridSearchCV`` over those folds with the :func:`_n_correct` scorer picks, computed without its per-fit
@@ -145,25 +177,31 @@ class LinearProbe:
     left out. ``C`` ties go to the smallest (strongest regularization). If the inner CV cannot run (fewer than 2
     groups, or a class too small), ``C`` falls back to the middle of ``Cs``. Fitted: ``pipeline_``,
     ``scaler_`` / ``clf_`` (its two steps), ``chosen_C_``, ``classes_``, ``n_features_in_``.
+
+    A conforming scikit-learn classifier (``check_estimator``; clone, ``get_params``, Pipelines,
+    ``cross_val_score``): its one parameter is ``config`` (None = ``ProbeConfig()``). scikit-learn's tools hand
+    ``groups`` to the splitter only, so the inner CV is then ungrouped, unless metadata routing passes them to
+    ``fit`` too (``set_fit_request(groups=True)``).
     """
 
-    def __init__(self, config: ProbeConfig = ProbeConfig()):
-        if not isinstance(config, ProbeConfig):
-            raise UserError("LinearProbe needs a ProbeConfig")
-        self.config = config
+    def __init__(self, config: ProbeConfig | None = None):
+        self.config = config  # None = ProbeConfig(); checked by fit, as scikit-learn estimators do
 
-    def _pipeline(self, C):
-        return Pipeline([("scale", StandardScaler()),
-                         ("logreg", RowSpaceLogisticRegression(C=C, max_iter=self.config.max_iter))])
+    @staticmethod
+    def _pipeline(C, max_iter):
+        return Pipeline([("scale", StandardScaler()), ("logreg", RowSpaceLogisticRegression(C=C, max_iter=max_iter))])
 
     def fit(self, X, y, groups=None, _inner=None) -> "LinearProbe":
         """Fit; ``_inner`` (internal) = precomputed inner splits, so many depths share one split computation."""
+        if self.config is not None and not isinstance(self.config, ProbeConfig):
+            raise UserError(f"LinearProbe needs a ProbeConfig (got {type(self.config).__name__})")
+        config = self.config if self.config is not None else ProbeConfig()
         X, y, groups = _as_xy(X, y, groups)
         classes = np.unique(y)
         if len(classes) < 2:
-            raise UserError(f"cannot fit a probe: the training labels have a single class ({classes.tolist()})")
-        Cs = self.config.Cs
-        splits = None if len(Cs) == 1 else (_inner if _inner is not None else _inner_splits(y, groups, self.config))
+            raise InputError(f"cannot fit a probe: the training labels have one class ({classes.tolist()})")
+        Cs = config.Cs
+        splits = None if len(Cs) == 1 else (_inner if _inner is not None else _inner_splits(y, groups, config))
         # X was checked finite above: skip scikit-learn's repeated finiteness and parameter checks in the inner fits.
         with config_context(assume_finite=True, skip_parameter_validation=True):
             if len(Cs) == 1:
@@ -178,13 +216,13 @@ class LinearProbe:
                     # the fold's one standardization and SVD (fold_fits); the first best, i.e. the smallest tied C.
                     order = sorted(Cs)
                     correct = np.zeros(len(order))
-                    for te, fits in fold_fits(X, y, usable, order, self.config.max_iter):
+                    for te, fits in fold_fits(X, y, usable, order, config.max_iter):
                         correct += [np.sum(clf._predict_from(dec) == y[te]) for clf, dec in fits]
                     C, pipe = order[int(np.argmax(correct))], None
                 else:  # no inner fold can be scored: every C ties, the smallest wins
                     C, pipe = min(Cs), None
             if pipe is None:
-                pipe = self._pipeline(C).fit(X, y)
+                pipe = self._pipeline(C, config.max_iter).fit(X, y)
         self.chosen_C_ = float(C)
         self.pipeline_ = pipe
         self.scaler_, self.clf_ = pipe[0], pipe[-1]

@@ -341,3 +341,35 @@ def test_a_perfect_erasure_leaves_no_round_off_for_the_probe_to_read():
         pc = probe_check(X, y, g, fe, cfg)
         assert pc["before"]["accuracy"] == 1.0 and pc["after"]["accuracy"] == 0.5
         assert pc["clean_on_erased"]["accuracy"] == 0.5
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e-3, 0.37, 7.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_perfect_erasure_around_a_shared_value_reads_chance(dtype, offset):
+    """Rows that the label fully determines, offset from 0: the erasure maps every row to the class means' common
+    point, up to rounding. The float32 cast's rounding around that point followed the label and the refitted
+    standardized probe scaled it up ('after' read 1.00); the clean probe's decisions there were round-off whose
+    sign picked the label ('clean_on_erased' read 1.00 or 0.00). A perfect erasure reads chance on all of them."""
+    cfg = ProbeConfig(n_boot=50)
+    y = np.tile([0, 1], 40)
+    g = np.repeat(np.arange(40), 2)
+    X = np.zeros((len(y), 3))
+    X[np.arange(len(y)), y] = 3.0
+    X += offset
+    X[:, 2] = 1.0 + offset
+    X = torch.from_numpy(X).to(dtype)
+    fe = FoldErasers(X, y, grouped_folds(y, g, cfg), 2)
+    pc = probe_check(X, y, g, fe, cfg)
+    assert pc["before"]["accuracy"] == 1.0
+    assert pc["after"]["accuracy"] == 0.5 and pc["clean_on_erased"]["accuracy"] == 0.5
+
+
+def test_fit_eraser_refuses_non_finite_values_and_labels_outside_the_classes():
+    from common.errors import UserError
+
+    X = torch.randn(8, 3, dtype=torch.float64)
+    with pytest.raises(UserError, match="NaN or infinite"):
+        fit_eraser(torch.where(torch.arange(3) == 1, torch.nan, X), [0, 1] * 4, 2)
+    for labels in ([1, 2] * 4, [-1, 1] * 4):
+        with pytest.raises(UserError, match="class indices 0..1"):
+            fit_eraser(X, labels, 2)

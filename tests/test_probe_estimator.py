@@ -1,9 +1,11 @@
 """stats.estimator.RowSpaceLogisticRegression: a conforming scikit-learn classifier that finds sklearn's optimum,
-and composes with Pipeline / GridSearchCV over grouped folds into what LinearProbe fits."""
+and composes with Pipeline / GridSearchCV over grouped folds into what LinearProbe fits; LinearProbe itself is a
+conforming scikit-learn classifier too (clone, get_params, cross_val_score, Pipeline)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import sklearn
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV, GroupKFold
 from sklearn.pipeline import Pipeline
@@ -17,7 +19,8 @@ from stats.linear import LinearProbe, ProbeConfig
 # Every check passes, so nothing is listed as expected to fail. row_space=True sends the checks' (narrow) data
 # through the SVD path as well. Skipped by scikit-learn itself here: the pandas and array-API checks (neither
 # pandas nor SCIPY_ARRAY_API is installed / set in this environment).
-@parametrize_with_checks([RowSpaceLogisticRegression(), RowSpaceLogisticRegression(row_space=True)],
+@parametrize_with_checks([RowSpaceLogisticRegression(), RowSpaceLogisticRegression(row_space=True), LinearProbe(),
+                          LinearProbe(ProbeConfig(Cs=(1.0,)))],
                          expected_failed_checks=lambda est: {}, xfail_strict=True)
 def test_sklearn_conformance(estimator, check):
     check(estimator)
@@ -86,3 +89,40 @@ def test_pipeline_and_grid_search_over_groups_reproduce_linear_probe():
     assert probe.chosen_C_ == search.best_params_["logreg__C"]
     assert np.array_equal(probe.decision_function(X), search.decision_function(X))
     assert np.array_equal(probe.clf_.coef_, search.best_estimator_[-1].coef_)
+
+
+def test_linear_probe_clones_and_cross_validates_as_a_scikit_learn_estimator():
+    from sklearn.base import clone
+    from sklearn.model_selection import cross_val_score
+
+    X, y = _data(60, 5, 2, 0)
+    groups = np.arange(60) // 2
+    config = ProbeConfig(Cs=(0.1, 1.0), random_state=3)
+    probe = LinearProbe(config)
+    assert clone(probe).get_params() == {"config": config}
+    assert LinearProbe().set_params(config=config).get_params()["config"] is config
+    folds = list(GroupKFold(5).split(X, y, groups))
+    # scikit-learn hands `groups` to the splitter only: the probe's inner CV is then ungrouped ...
+    scores = cross_val_score(probe, X, y, groups=groups, cv=GroupKFold(5))
+    assert np.allclose(scores, [LinearProbe(config).fit(X[tr], y[tr]).score(X[te], y[te]) for tr, te in folds])
+    # ... and grouped where metadata routing passes them to fit as well
+    with sklearn.config_context(enable_metadata_routing=True):
+        routed = cross_val_score(LinearProbe(config).set_fit_request(groups=True), X, y, cv=GroupKFold(5),
+                                 params={"groups": groups})
+    assert np.allclose(routed, [LinearProbe(config).fit(X[tr], y[tr], groups[tr]).score(X[te], y[te])
+                                for tr, te in folds])
+    assert not np.allclose(routed, scores)  # the inner CV's grouping shows
+    piped = Pipeline([("s", StandardScaler()), ("p", LinearProbe(config))]).fit(X, y)
+    assert np.allclose(piped.decision_function(X), LinearProbe(config).fit(X, y).decision_function(X))  # scaled twice
+
+
+def test_inner_cv_with_fewer_samples_per_class_than_folds_falls_back_to_fewer_folds():
+    # four classes of two samples each, in two groups each: three inner folds cannot hold every class; scikit-learn
+    # refused them (a traceback) where the docstring promises fewer folds
+    rng = np.random.default_rng(0)
+    y = np.array([0, 1, 2, 0, 1, 2, 3, 3])
+    groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    X = rng.normal(size=(8, 4)) + 3 * np.eye(4)[y]
+    probe = LinearProbe().fit(X, y, groups)
+    assert probe.chosen_C_ in ProbeConfig().Cs
+    assert (probe.predict(X) == y).mean() == 1.0
