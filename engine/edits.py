@@ -17,8 +17,10 @@ reads the *patched* run's value there (an earlier patch has propagated into it).
     RowSwap(rows, donor)          row r (where rows[r]) takes row donor[r]'s base: a swap inside the run
     Lambda(fn)                    fn(base)
 
-Each keeps its tensors on the CPU until the patcher moves it (`to(device, dtype)`); the math runs in float32 and
-returns the base's dtype.
+Each keeps its tensors on the CPU until the patcher moves it (`to(device, dtype)`) and returns the base's dtype;
+the subspace edits compute in float32 (at least), the others in the base's dtype. Shapes are taken as written: a
+per-row value is exactly [batch, width] (no broadcasting of a [1, width], [width] or [batch, 1] tensor into it);
+only `Mean` and `Add` take one vector for every row, [width] or [1, width].
 """
 from __future__ import annotations
 
@@ -71,8 +73,24 @@ class Edit(ABC):
         return replace(self, **moved) if moved else self
 
 
-def _rows(v: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    return v.to(base.device, base.dtype).expand_as(base)
+def _rows(v: torch.Tensor, base: torch.Tensor, what: str) -> torch.Tensor:
+    """`v`, one row per row of `base` [batch, width], exactly: torch would broadcast a [1, width], [width], [batch, 1]
+    or scalar tensor into every row, a silent misfit (a forgotten `[donor]` or `.mean(0)`)."""
+    if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(base.shape):
+        got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+        raise UserError(f"{what} must be one row per row of this site's value, shape {tuple(base.shape)} "
+                        f"[batch, width] (got {got})")
+    return v.to(base.device, base.dtype)
+
+
+def _one_vector(v: torch.Tensor, base: torch.Tensor, what: str) -> torch.Tensor:
+    """`v` [width] or [1, width] (one vector for every row) as [1, width]; [batch, width] where `per_row`."""
+    width = base.shape[-1]
+    if not isinstance(v, torch.Tensor) or v.ndim not in (1, 2) or v.shape[-1] != width \
+            or (v.ndim == 2 and v.shape[0] != 1):
+        got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+        raise UserError(f"{what} must be one vector [{width}] (or [1, {width}]) for this site, got {got}")
+    return v.to(base.device, base.dtype).reshape(1, width)
 
 
 @dataclass(frozen=True)
@@ -80,7 +98,7 @@ class Replace(Edit):
     source: torch.Tensor  # [batch, width]
 
     def forward(self, base):
-        return _rows(self.source, base)
+        return _rows(self.source, base, "Replace's source")
 
 
 @dataclass(frozen=True)
@@ -91,12 +109,10 @@ class Zero(Edit):
 
 @dataclass(frozen=True)
 class Mean(Edit):
-    mean: torch.Tensor  # [width]
+    mean: torch.Tensor  # [width] or [1, width]
 
     def forward(self, base):
-        if self.mean.ndim > 2 or (self.mean.ndim == 2 and self.mean.shape[0] != 1):
-            raise UserError(f"Mean needs one vector [width] (or [1, width]), got {tuple(self.mean.shape)}")
-        return _rows(self.mean.reshape(1, -1), base)
+        return _one_vector(self.mean, base, "Mean's mean").expand_as(base)
 
 
 @dataclass(frozen=True)
@@ -104,34 +120,46 @@ class Add(Edit):
     vector: torch.Tensor  # [width] or [batch, width]
 
     def forward(self, base):
-        if self.vector.ndim not in (1, 2):  # a flat [batch * width] is not one vector per row
-            raise UserError(f"Add needs a vector [width] or one per row [batch, width], got {tuple(self.vector.shape)}")
-        return base + _rows(self.vector.reshape(1, -1) if self.vector.ndim == 1 else self.vector, base)
+        if isinstance(self.vector, torch.Tensor) and self.vector.ndim == 2 and self.vector.shape[0] != 1:
+            return base + _rows(self.vector, base, "Add's vector")  # one per row
+        return base + _one_vector(self.vector, base, "Add's vector (or one per row [batch, width])")
 
 
 @dataclass(frozen=True)
 class Scale(Edit):
     factor: float
 
+    def __post_init__(self):
+        f = self.factor
+        if isinstance(f, torch.Tensor) and f.numel() == 1:
+            f = f.item()
+        if isinstance(f, bool) or not isinstance(f, (int, float)):
+            raise UserError(f"Scale's factor must be one real number, got {type(self.factor).__name__}"
+                            + (f" of shape {tuple(self.factor.shape)}" if isinstance(self.factor, torch.Tensor) else ""))
+        object.__setattr__(self, "factor", float(f))
+
     def forward(self, base):
-        return base * float(self.factor)
+        return base * self.factor
 
 
 def _check_basis(U: torch.Tensor) -> None:
     """U [width, k] must have orthonormal columns: x U U^T is then the projection onto span(U); with any other U it
-    is not (ProjectOut twice would differ from once). Checked where it is cheap to trust: a float32 / float64
-    basis without autograd (a basis trained through an orthogonal parametrization, interventions.das, is
-    orthonormal by construction; a lower-precision copy is a cast of a checked one, Edit.to)."""
+    is not (ProjectOut twice would differ from once). Checked in float64 whatever U's dtype or autograd (a k x k
+    product), within 1e-3 or 4 of U's dtype's epsilons (a bfloat16 cast of an orthonormal basis is off by ~1.5e-3);
+    a NaN or inf entry fails."""
+    if not isinstance(U, torch.Tensor) or not U.is_floating_point():
+        raise UserError(f"a subspace basis U must be a float tensor [width, k], got {type(U).__name__}")
     if U.ndim != 2:
-        raise ValueError(f"a subspace basis U must be [width, k], got shape {tuple(U.shape)}")
-    if U.requires_grad or U.dtype not in (torch.float32, torch.float64) or U.shape[1] == 0:
+        raise UserError(f"a subspace basis U must be [width, k], got shape {tuple(U.shape)}")
+    if U.shape[1] == 0:
         return
     with torch.no_grad():
-        err = float((U.T.double() @ U.double() - torch.eye(U.shape[1], dtype=torch.float64, device=U.device))
-                    .abs().max())
-    if err > 1e-3:
-        raise ValueError(f"a subspace basis U must have orthonormal columns (max |U^T U - I| = {err:.3g}): "
-                         "orthonormalize it first, e.g. torch.linalg.qr(U).Q")
+        V = U.detach().double()
+        err = float((V.T @ V - torch.eye(U.shape[1], dtype=torch.float64, device=U.device)).abs().max())
+    tol = max(1e-3, 4 * torch.finfo(U.dtype).eps)
+    if not err <= tol:  # NaN fails too
+        raise UserError(f"a subspace basis U must have finite orthonormal columns (max |U^T U - I| = {err:.3g}): "
+                        "orthonormalize it first, e.g. torch.linalg.qr(U).Q")
 
 
 def _proj(x: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
@@ -170,7 +198,8 @@ class SubspaceInterchange(Edit):
         _check_basis(self.U)
 
     def forward(self, base):
-        return base.float() + _proj(_rows(self.source, base).float() - base.float(), self.U)
+        return base.float() + _proj(_rows(self.source, base, "SubspaceInterchange's source").float() - base.float(),
+                                    self.U)
 
 
 @dataclass(frozen=True)
@@ -181,6 +210,15 @@ class RowSwap(Edit):
     donor: torch.Tensor  # [batch] long
 
     def forward(self, base):
+        B = base.shape[0]
+        if not isinstance(self.rows, torch.Tensor) or self.rows.dtype != torch.bool or tuple(self.rows.shape) != (B,):
+            raise UserError(f"RowSwap's rows must be a bool mask [batch={B}]")
+        if not isinstance(self.donor, torch.Tensor) or self.donor.is_floating_point() or self.donor.is_complex() \
+                or self.donor.dtype == torch.bool or tuple(self.donor.shape) != (B,):
+            raise UserError(f"RowSwap's donor must be integer row indices [batch={B}]")
+        if B and (int(self.donor.min()) < 0 or int(self.donor.max()) >= B):
+            raise UserError(f"RowSwap's donor rows must lie in 0..{B - 1} "
+                            f"(got {int(self.donor.min())}..{int(self.donor.max())})")
         return torch.where(self.rows.to(base.device)[:, None], base[self.donor.to(base.device)], base)
 
 

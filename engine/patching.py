@@ -22,7 +22,7 @@ A state/fused patch matters only where the mode fuses (the fuse mask: previous a
 of the row); a patch at a padding column of a row has no effect on that row.
 
 Modes (engine.modes.parse_mode; canonical names)
-    standard        one parallel forward; resid sites only (no fusion runs)
+    standard        one parallel forward; resid and block sites (no fusion runs)
     recurrent-k     standard prefill of all T columns with a KV cache, then columns r0 = T - min(k, T-1) .. T-1
                     recomputed one token at a time, each fused with the previous column's top state.
                     recurrent-full = recurrent-(T-1). state/fused sites exist at columns >= r0.
@@ -61,7 +61,7 @@ from common.errors import UserError
 from engine.cache import new_cache
 from engine.edits import Edit, Lambda, apply
 from engine.hooks import Hooks, ResidualRecorder, blocks_addressable, on_depth, patched, put_columns
-from engine.inputs import check_stepwise
+from engine.inputs import check_inputs, check_stepwise
 from engine.modes import Mode
 from engine.prefill import (cache_prefix, iter_fused, jacobi_pass, positions_from_mask, recurrent_run, recurrent_start,
                             recurrent_steps, shift_state)
@@ -100,10 +100,17 @@ class Patch:
     def __post_init__(self):
         if self.site not in SITES:
             raise UserError(f"unknown patch site {self.site!r} (use one of {', '.join(SITES)})")
+        if not isinstance(self.value, (torch.Tensor, Edit)):
+            raise UserError(f"a patch value is a torch tensor [batch, width] or an engine.edits object, got "
+                            f"{type(self.value).__name__}")
+        if isinstance(self.value, torch.Tensor) and self.value.ndim != 2:
+            raise UserError(f"a patch value tensor must be [batch, width], got shape {tuple(self.value.shape)}")
         if isinstance(self.pos, bool) or not isinstance(self.pos, int) or self.pos >= 0:
             raise UserError(f"patch position must be a negative column offset (-1 = T), got {self.pos!r}")
-        if self.pass_ is not None and (not isinstance(self.pass_, int) or self.pass_ < 0):
-            raise UserError(f"patch pass must be a non-negative integer, got {self.pass_!r}")
+        for name in ("depth", "layer", "head", "pass_"):  # an int, not a float or a bool (True would be 1)
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise UserError(f"patch {name.rstrip('_')} must be a non-negative integer, got {v!r}")
         if (self.site in BLOCK_SITES) != (self.layer is not None) or (self.site == "head") != (self.head is not None):
             raise UserError("attn_out / mlp_out / head patches need `layer` (head patches also `head`); other "
                             "sites take neither")
@@ -157,13 +164,30 @@ class Patcher:
             raise UserError(f"patch position {p.pos} out of range for prompts of {self.T} columns")
         return c
 
+    def run(self, patches) -> torch.Tensor:
+        """Logits at T [B, V] of the run with `patches` applied, each checked first (`check`): a patch this
+        mechanism cannot apply is one UserError, never dropped or misplaced silently."""
+        patches = list(patches)
+        for p in patches:
+            self.check(p)
+        return self._run(patches)
+
+    def _run(self, patches) -> torch.Tensor:
+        """The mechanism's patched run of checked `patches` (each subclass's own)."""
+        raise NotImplementedError
+
     def check(self, p: Patch) -> None:
         """Refuse (UserError) a patch this mechanism cannot apply: its own `check_site`, then a fed site the run
         never reaches (the patch would be dropped and the clean logits returned as its effect: a new mechanism's
-        patcher gets this guard whatever its `check_site` says)."""
+        patcher gets this guard whatever its `check_site` says), then a value or row mask not of this batch."""
         self.check_site(p)
         if p.site in ("state", "fused") and p.pos not in self._fed_offsets:
             raise UserError(f"{self.mode.name} takes no fed state at {pos_name(p.pos)}: no {p.site} site there")
+        B, width = self.ids.shape[0], self.value_width(p)
+        if isinstance(p.value, torch.Tensor) and tuple(p.value.shape) != (B, width):
+            raise UserError(f"patch value must be [batch={B}, {width}], got {tuple(p.value.shape)}")
+        if p.rows is not None and tuple(p.rows.shape) != (B,):
+            raise UserError(f"patch rows must be a bool mask [batch={B}], got shape {tuple(p.rows.shape)}")
 
     @functools.cached_property
     def _fed_offsets(self) -> frozenset:
@@ -243,7 +267,7 @@ class StandardPatcher(Patcher):
                               last_logits=True,
                               position_ids=self.positions[:, c0:]).logits[:, -1]
 
-    def run(self, patches) -> torch.Tensor:
+    def _run(self, patches) -> torch.Tensor:
         # Columns before the first patched one are the clean run's (causal attention): start from its cache
         # there, as the recurrent runner does, so a patch near T costs a few columns, not a whole forward. Each
         # patch enters the suffix as a shift by (value - clean value). The suffix is the patched forward up to float
@@ -315,7 +339,7 @@ class RecurrentPatcher(Patcher):
     def resid(self, pass_=None):
         return self.clean.resid
 
-    def run(self, patches) -> torch.Tensor:
+    def _run(self, patches) -> torch.Tensor:
         model, ids, mask, T = self.model, self.ids, self.mask, self.T
         cols = [self.col(p) for p in patches]
         t0 = min(cols)
@@ -408,7 +432,7 @@ class FusedPatcher(Patcher):
                 self._resid[k] = rec.take()
         return self._resid[k]
 
-    def run(self, patches) -> torch.Tensor:
+    def _run(self, patches) -> torch.Tensor:
         by_pass: dict[int, list] = {}
         for p in patches:
             by_pass.setdefault(self.pass_of(p), []).append(p)
@@ -530,7 +554,7 @@ class RecircPatcher(Patcher):
         limit = p.depth if p.site == "resid" else p.layer + 1
         return limit <= self.spec.target or self.col(p) == self.T - 1
 
-    def run(self, patches) -> torch.Tensor:
+    def _run(self, patches) -> torch.Tensor:
         if all(self._no_op(p) for p in patches):  # the clean logits, bit for bit (the identity invariant)
             return self.clean.logits
         if self.spec.is_identity and all(p.site not in ("state", "fused") for p in patches):
@@ -542,7 +566,7 @@ class RecircPatcher(Patcher):
             if self._standard is None:
                 self._standard = StandardPatcher(self.rlm.base, self.ids, self.mask, Mode("standard"))
             # the recirculation branch of a column before T is the one stream there
-            return self._standard.run([replace(p, site="resid") if p.site == "rresid" else p for p in live])
+            return self._standard._run([replace(p, site="resid") if p.site == "rresid" else p for p in live])
         T, d = self.T, self.spec.target
         cols = [self.col(p) for p in patches]
         t0 = min(cols) if self.cache is not None else 0
@@ -616,16 +640,19 @@ class LoopPatcher(StandardPatcher):
 
         return looping(self._looped, self._r)
 
-    def run(self, patches) -> torch.Tensor:
+    def _run(self, patches) -> torch.Tensor:
         with self.stack():
-            return super().run(patches)
+            return super()._run(patches)
 
 
 PATCHERS = {"standard": StandardPatcher, "loop": LoopPatcher, "recurrent": RecurrentPatcher, "fused": FusedPatcher, "recirc": RecircPatcher}
 
 
 def patcher(mode: Mode, model: FullBandwidthLM, ids: torch.Tensor, mask: torch.Tensor) -> Patcher:
-    """The patcher of `mode` on a batch: its clean run (kept) and `run(patches)`, the logits at T."""
+    """The patcher of `mode` on a batch: its clean run (kept) and `run(patches)`, the logits at T. The batch is
+    checked first (left-padded [batch, T] ids within the vocabulary and the context: engine.inputs.check_inputs):
+    a right-padded row would be read at a padding column."""
+    check_inputs(model, ids, mask)
     return PATCHERS[mode.kind](model, ids, mask, mode)
 
 
@@ -644,7 +671,7 @@ def record_at_T(runner: Patcher, run, patches) -> tuple[torch.Tensor, torch.Tens
         rec.cols = torch.tensor([-1])
         logits = run()
         resid = rec.take()[:, 0] if rec.recorded else runner.resid()[:, -1].to(logits.device).clone()
-    for p in patches:
-        if p.site == "resid" and p.pos == -1:
+    for p in patches:  # fused-n: only the recorded (last) pass's own patches; an earlier pass's was recomputed over
+        if p.site == "resid" and p.pos == -1 and runner.is_clean_pass(p.pass_):
             resid[:, p.depth] = apply(p.value, resid[:, p.depth])
     return logits, resid

@@ -18,11 +18,13 @@ class PrefillResult:
     iterations: torch.Tensor | None = None  # [batch] loop-R:TOL only: the iterations each prompt ran (its exit)
 
 
-def require_finite(logits: torch.Tensor, where: str) -> None:
+def require_finite(logits: torch.Tensor, where: str, cause: str | None = None) -> None:
     """UserError where any row of `logits` [batch, ..., vocab] holds a NaN or inf: a model whose forward overflows
-    (or diverges) has no accuracy or logit difference there, and a number computed from it would be wrong."""
+    (or diverges) has no accuracy or logit difference there, and a number computed from it would be wrong.
+    `cause`: what the message blames (default: the forward overflows in the logits' dtype; a caller that has moved
+    the logits to float32 names the model's own dtype)."""
     bad = ~torch.isfinite(logits).reshape(logits.shape[0], -1).all(-1)  # [batch]
     if bool(bad.any()):
-        raise UserError(f"{where}: the model's logits are NaN or inf in {int(bad.sum())} of {len(bad)} rows (its "
-                        f"forward overflows or diverges in {logits.dtype}): no accuracy or logit difference is "
-                        "defined there")
+        cause = cause or f"its forward overflows or diverges in {logits.dtype}"
+        raise UserError(f"{where}: the model's logits are NaN or inf in {int(bad.sum())} of {len(bad)} rows "
+                        f"({cause}): no accuracy or logit difference is defined there")

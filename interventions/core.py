@@ -14,7 +14,8 @@ import torch
 
 from common.errors import UserError
 from engine.modes import Mode, parse_mode
-from engine.patching import Patch, RunOut, patcher
+from engine.inputs import check_inputs
+from engine.patching import Patch, RunOut, patcher, pos_name
 from engine.result import require_finite
 from models.full_bandwidth import FullBandwidthLM
 
@@ -42,6 +43,7 @@ class CausalContext:
         w = next(model.parameters())
         self.device, self.dtype = w.device, w.dtype
         ids, mask = batch.input_ids.to(self.device), batch.attention_mask.to(self.device)
+        check_inputs(model, ids, mask)  # before anything runs on them (an id past the vocabulary, a hole in the mask)
         ctx = getattr(model.config, "max_position_embeddings", None)
         if ctx is not None and int(mask.sum(-1).max()) > ctx:
             raise UserError(f"prompts of {int(mask.sum(-1).max())} tokens exceed the model's context ({ctx})")
@@ -61,11 +63,19 @@ class CausalContext:
         self.clean = {m: RunOut(_host(r.clean.logits), _host(r.clean.top), _host(r.clean.resid))
                       for m, r in self.runners.items()}
         for m, r in self.clean.items():  # an overflowing model: no metric is defined (and no engine check)
-            require_finite(r.logits, f"clean {m} run")
+            require_finite(r.logits, f"clean {m} run", self._non_finite_cause())
         # the depth of the mode under study's stack (a loop-R mode unrolls a looped model's core R times)
         self.n_layers = self.runners[self.mode].L
         if check_engine:
             self._check_engine()
+
+    def _non_finite_cause(self) -> str:
+        """What a NaN / inf in this model's logits means (the logits come back as float32: name the model's dtype)."""
+        cause = f"its forward overflows or diverges in {self.dtype}"
+        if self.dtype == torch.float64 and not bool(self.batch.attention_mask.all()):
+            cause += ("; in float64, eager attention turns a left-padded row's masked queries into NaN: run the "
+                      "model in float32")
+        return cause
 
     @property
     def h_prev(self) -> torch.Tensor:
@@ -105,16 +115,18 @@ class CausalContext:
         """Run `mode` on the whole batch with `patches`; logits at T."""
         r = self.runner(mode)
         patches = list(patches)
-        for p in patches:
+        for p in patches:  # before the values move (the run checks them again: cheap)
             r.check(p)
-            width = r.value_width(p)
-            if isinstance(p.value, torch.Tensor) and tuple(p.value.shape) != (self.batch.size, width):
-                raise UserError(f"patch value must be [batch={self.batch.size}, {width}], got {tuple(p.value.shape)}")
         if not patches:
             return RunOut(self.clean[r.mode.name].logits)
         patches = [replace(p, value=p.value.to(self.device, self.dtype)) for p in patches]
         with torch.no_grad():
             out = RunOut(_host(r.run(patches)))
+        # a NaN / inf the patch brought in (a mean of no rows, an infinite steering vector) has no metric: one line
+        # naming it, not a report of None effects
+        require_finite(out.logits, f"the {r.mode.name} run patched at "
+                       + ", ".join(f"{p.site} {pos_name(p.pos)}" for p in patches),
+                       f"a patch value holds NaN or inf, or {self._non_finite_cause()}")
         if self.on_run is not None:
             self.on_run()
         return out

@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from common.errors import UserError
 from engine.mixing import RecircSpec
 from interventions.batch import Batch, Patch
 from interventions.core import CausalContext
@@ -231,9 +232,9 @@ def test_edit_objects_against_hand_written_formulas():
     assert Replace(src)(base.double()).dtype == torch.float64  # the base's dtype
     # a basis that is not orthonormal would make x U U^T no projection: refused, for each subspace edit
     for make in (KeepSubspace, ProjectOut, lambda W: SubspaceInterchange(src, W)):
-        with pytest.raises(ValueError, match="orthonormal columns"):
+        with pytest.raises(UserError, match="orthonormal columns"):
             make(2.0 * U)
-        with pytest.raises(ValueError, match=r"\[width, k\]"):
+        with pytest.raises(UserError, match=r"\[width, k\]"):
             make(U[:, 0])
         make(U).to(dtype=torch.bfloat16)  # a cast of a checked basis is taken as it is
         make(U[:, :0])  # the empty subspace: keep nothing, project out nothing
