@@ -658,6 +658,10 @@ def _expect_error(argv, capsys, match):
     (["--task-weights", "0.3,x,0.6"], "bad --task-weights '0.3,x,0.6'"),
     (["--task-weights", "1,2"], "task_weights needs one positive weight per task"),
     (["--task-weights", "1,0,2"], "task_weights needs one positive weight per task"),
+    # a warm-up past the run never reached the learning rate (tiny-fbt's 50 steps under --steps 10); a batch below
+    # one packed row trained a whole row
+    (["--preset", "tiny-fbt", "--steps", "10"], r"warmup \(50 steps\) is longer than the run \(steps 10\)"),
+    (["--batch-tokens", "1"], r"batch_tokens \(1\) is less than one packed row \(seq_len 128\)"),
 ])
 def test_bad_recipe_is_a_one_line_error_and_overwrites_nothing(runs, tmp_path, capsys, argv, match):
     out = tmp_path / "ckpt"
@@ -1046,3 +1050,19 @@ def test_a_batch_without_loss_targets_is_named_not_called_divergence(tmp_path, c
     err = capsys.readouterr().err
     assert e.value.code == 2 and "holds no loss target" in err and "diverged" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_the_card_lists_only_the_objective_settings_that_ran():
+    """A 1-pass or recurrent run listed warm passes, state noise and a prefix mixin its recipe carried unused, and a
+    dense-target run said "loss on the label tokens only"; warm passes run in warm_prob * (1 - fixed_point_prob)
+    of the multi-pass batches (the fixed-point start replaces them)."""
+    from training.card import _objective
+
+    common = dict(noise=0.02, prefix_mix=0.5, warm_passes=16, warm_prob=0.5, lam=1.0, targets="labels",
+                  depth_scale=False)
+    one_pass = " ".join(_objective(dict(common, schedule="1"), None))
+    assert "warm no-grad" not in one_pass and "noise U" not in one_pass and "prefix" not in one_pass
+    recurrent = " ".join(_objective(dict(common, schedule="1", objective="recurrent", dense_targets=True), None))
+    assert "warm no-grad" not in recurrent and "label tokens only" not in recurrent and "running value" in recurrent
+    multi = " ".join(_objective(dict(common, schedule="60/25/15", fixed_point_prob=0.5), None))
+    assert "1-16 warm no-grad passes in 0.25 of the multi-pass batches" in multi and "noise U[-0.02, 0.02]" in multi

@@ -65,6 +65,63 @@ def _attention(base: dict) -> str:
     return f"; sliding-window attention ({base.get('sliding_window')} tokens) in {where}"
 
 
+def _fused_passes(tc: dict) -> bool:
+    """Whether the multi-pass objective ran fused passes (a schedule with weight past one pass)."""
+    if tc.get("objective") == "recurrent":
+        return False
+    try:
+        weights = [float(w) for w in str(tc.get("schedule", "1")).split("/")]
+    except ValueError:
+        return True
+    return any(w > 0 for w in weights[1:])
+
+
+def _objective(tc: dict, loop) -> list[str]:
+    """The objective's settings as trained: only those that shaped a batch (a 1-pass or recurrent run lists no
+    warm passes, state noise or prefix mixin: its recipe carries their values, unused)."""
+    if tc.get("dense_targets"):
+        targets = ("loss on the labels and on the running value at the end of every update line"
+                   + (" and every column between" if tc.get("dense_every") else ""))
+    elif tc.get("targets") == "labels":
+        targets = "loss on the label tokens only"
+    else:
+        targets = f"label-token loss weight {tc.get('label_weight')}"
+    if tc.get("objective") == "recurrent":
+        parts = ["objective: recurrent (recurrent-full with backpropagation through the whole recurrence; no fused "
+                 "passes)", targets]
+    elif not _fused_passes(tc):
+        parts = [f"pass schedule (1/2/3... passes): {tc.get('schedule')} (one standard pass per batch: no fused "
+                 "pass, state noise or warm pass)", targets]
+    else:
+        fp, wp = tc.get("fixed_point_prob") or 0, tc.get("warm_prob") or 0
+        parts = [f"pass schedule (1/2/3... passes): {tc.get('schedule')}", f"lambda {tc.get('lam')}",
+                 f"state noise U[-{tc.get('noise')}, {tc.get('noise')}]", f"prefix mixin p={tc.get('prefix_mix')}",
+                 targets]
+        if tc.get("warm_passes"):
+            # drawn first, then replaced by the fixed-point start at its probability (training.data._passes)
+            parts.append(f"1-{tc['warm_passes']} warm no-grad passes in {wp * (1 - fp):g} of the multi-pass batches "
+                         f"(--warm-prob {wp:g}, less those started from the fixed point)")
+        if fp:
+            parts.append(f"passes from the fixed point p={fp:g} ("
+                         + (f"Jacobi passes to relative change < {tc['fixed_point_tol']:g} where cheaper, else exact)"
+                            if tc.get("fixed_point_tol") else "exact)"))
+        if tc.get("consistency"):
+            parts.append(f"state-consistency loss weight {tc['consistency']}"
+                         + (f", window {tc['consistency_window']}" if tc.get("consistency_window") else "")
+                         + (", over every block's output" if tc.get("consistency_layers") == "all" else ""))
+    if tc.get("length_doubling"):
+        parts.append(f"length curriculum N <= {tc.get('length_start', 4)} * 2^(step // {tc['length_doubling']})")
+    parts.append(f"depth scaling {tc.get('depth_scale')}")
+    if loop:
+        parts.append(f"loop iterations per step 1 + Poisson({tc.get('loop_iterations', 1) - 1}), at most "
+                     f"{2 * tc.get('loop_iterations', 1)}"
+                     + (f", backpropagation through the last {tc['loop_truncate']}" if tc.get("loop_truncate") else ""))
+    elif _fused_passes(tc) or tc.get("objective") == "recurrent":
+        parts.append(f"fusion gate init {tc.get('gate_init', 'default')}"
+                     + (f" (pre-activation std {tc['gate_std']})" if tc.get("gate_std") else ""))
+    return parts
+
+
 def write_card(path: Path, command: str, notes: str = "") -> str:
     cfg = FullBandwidthLM.read_config(path)
     log = json.loads((path / "train_log.json").read_text()) if (path / "train_log.json").is_file() else {}
@@ -92,30 +149,9 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
              f"- parameters: {n_params:,}", "",
              "## Training", ""]
     if tc:
-        lines += [f"- steps: {len(hist)} of {tc.get('steps')}, wall time {log.get('wall_s', 0) / 60:.1f} min on 2 CPU cores",
-                  f"- pass schedule (1/2/3... passes): {tc.get('schedule')}; lambda {tc.get('lam')}; "
-                  f"state noise U[-{tc.get('noise')}, {tc.get('noise')}]; prefix mixin p={tc.get('prefix_mix')}; "
-                  + ("loss on the label tokens only; " if tc.get("targets") == "labels" else
-                     f"label-token loss weight {tc.get('label_weight')}; ") + "warm no-grad passes "
-                  f"{tc.get('warm_passes')} (p={tc.get('warm_prob')})"
-                  + (f"; passes from the fixed point p={tc['fixed_point_prob']} ("
-                     + (f"Jacobi passes to relative change < {tc['fixed_point_tol']:g} where cheaper, else exact)"
-                        if tc.get("fixed_point_tol") else "exact)") if tc.get("fixed_point_prob") else "")
-                  + (f"; state-consistency loss weight {tc['consistency']}" if tc.get("consistency") else "")
-                  + ("; objective: recurrent (recurrent-full with backpropagation through the whole recurrence; the "
-                     "pass schedule and warm passes do not apply)" if tc.get("objective") == "recurrent" else "")
-                  + ("; dense running-value targets at every update line" if tc.get("dense_targets") else "")
-                  + (" and every column between" if tc.get("dense_every") else "")
-                  + (f"; length curriculum N <= {tc.get('length_start', 4)} * 2^(step // {tc['length_doubling']})"
-                     if tc.get("length_doubling") else "")
-                  + f"; depth scaling {tc.get('depth_scale')}"
-                  + (f"; loop iterations per step 1 + Poisson({tc.get('loop_iterations', 1) - 1}), at most "
-                     f"{2 * tc.get('loop_iterations', 1)}"
-                     + (f", backpropagation through the last {tc['loop_truncate']}" if tc.get("loop_truncate") else "")
-                     if loop else f"; fusion gate init {tc.get('gate_init', 'default')}"
-                     + (f" (pre-activation std {tc['gate_std']})" if tc.get("gate_std") else ""))
-                  + (f"; state-consistency window {tc['consistency_window']}" if tc.get("consistency_window") else "")
-                  + ("; state consistency over every block's output" if tc.get("consistency_layers") == "all" else ""),
+        lines += [f"- steps: {len(hist)} of {tc.get('steps')}, wall time {log.get('wall_s', 0) / 60:.1f} min"
+                  + (f" ({log['device']})" if log.get("device") else ""),
+                  "- " + "; ".join(_objective(tc, loop)),
                   f"- data: tasks {', '.join(tc.get('tasks', []))} ({_layout(tc)}), "
                   f"N mixture {tc.get('distractors')}, ~{tc.get('batch_tokens')} tokens per step"
                   + ("; random value symbols (digits, register names) not loss targets" if tc.get('skip_values') else "")

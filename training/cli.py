@@ -4,8 +4,10 @@
     python -m training.train --preset tiny-fbt --out runs/x --resume
     torchrun --nproc_per_node=2 -m training.train --preset smoke --out runs/ddp
 
-Loss: L = NTP(pass 1) + lambda/(K-1) * sum_{k=2..K} NTP(pass k); pass k>1 fuses pass k-1's top states shifted
-right by one; gradients flow through every pass (nothing detached). K is drawn per batch from the schedule.
+Loss: L = NTP(pass 1) + lambda/(K-1) * sum_{k=2..K} NTP(pass k) (+ the state-consistency term, --consistency);
+pass k>1 fuses pass k-1's top states shifted right by one, and gradients flow through every pass, except that a
+batch started by warm passes or from the fixed point feeds pass 2 states computed without gradient, and the
+consistency term's target (the standard pass's states) is detached. K is drawn per batch from the schedule.
 Every batch is a pure function of (seed, step) and the trainer state keeps torch's generators (attention
 dropout's masks), so `--resume` continues bit-identically; under torchrun the
 processes split each step's batch (DistributedDataParallel), so their number does not change what is trained

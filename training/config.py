@@ -182,7 +182,9 @@ class TrainConfig:
     gate_std: float = opt(1.0, "with --gate-init unit: std of the gate's pre-activation at init (larger = a stronger "
                                "token code in the fused input)")
     warm_passes: int = opt(4, "max extra no-grad Jacobi passes before pass 2 (exposes near-fixed-point states)")
-    warm_prob: float = opt(0.25, "probability of warm passes in a multi-pass batch")
+    warm_prob: float = opt(0.25, "probability of warm passes in a multi-pass batch, drawn before the fixed-point "
+                                 "start, which replaces them in --fixed-point-prob of the batches (so warm passes run "
+                                 "in warm_prob * (1 - fixed_point_prob) of them)")
     fixed_point_prob: float = opt(0.0, "probability that a multi-pass batch starts its fused passes from the exact "
                                        "fixed point of the feedback map (the recurrent-full states; no gradient "
                                        "through it); 0 = off (docs/recipe.md)")
@@ -211,7 +213,9 @@ class TrainConfig:
     register_curriculum: int = opt(0, "steps over which multi_register training samples ramp from 2-register "
                                       "one-write lookups to the task (8 registers, 2/4/8 writes); 0 = off")
     task_weights: tuple | None = opt(None, "share of each step's tokens per task, one weight per training task in "
-                                           "order, e.g. 0.3,0.1,0.6 (unpacked only; default equal); finite, > 0",
+                                           "order, e.g. 0.3,0.1,0.6 (unpacked only; default equal); finite, > 0. "
+                                           "Samples, not loss: each task's micro-batch is averaged over its own "
+                                           "targets and weighs alike in the step's loss",
                                      parse=parse_task_weights)
     # The global batch: a run on several processes splits it (training.data.shard), so it trains the same data.
     batch_tokens: int = opt(2048, "approximate tokens per optimizer step, over all processes together")
@@ -347,6 +351,15 @@ class TrainConfig:
         if self.packing and not self.base and (self.seq_len > self.max_len or self.curriculum_seq_len > self.max_len):
             raise UserError(f"seq_len ({self.seq_len}) and curriculum_seq_len ({self.curriculum_seq_len}) must be at "
                             f"most the model's max_len ({self.max_len})")
+        if self.warmup > self.steps:  # the rate would never reach --lr, and no cosine would run
+            raise UserError(f"warmup ({self.warmup} steps) is longer than the run (steps {self.steps}): the learning "
+                            f"rate would never reach lr; give --warmup at most {self.steps}")
+        if self.packing:  # a step is whole packed rows: fewer tokens than one row would silently train one row
+            for name, length in (("seq_len", self.seq_len),
+                                 *((("curriculum_seq_len", self.curriculum_seq_len),) if self.curriculum_steps else ())):
+                if self.batch_tokens < length:
+                    raise UserError(f"batch_tokens ({self.batch_tokens}) is less than one packed row ({name} "
+                                    f"{length}): give --batch-tokens at least {length}, or a shorter --{name.replace('_', '-')}")
         self.lr_legs = tuple(self.lr_legs)
         ends = (*self.lr_legs, self.steps)
         if any(isinstance(e, bool) or not isinstance(e, int) or e <= self.warmup for e in self.lr_legs) or \

@@ -185,7 +185,9 @@ def make_batches(cfg: TrainConfig, tok, step: int) -> list[Batch]:
 
     packing=True: one packed batch (`make_batch`). packing=False: one micro-batch per task, each of
     ~batch_tokens/len(tasks) tokens, ONE sample per row (the prompt's own context only, as at evaluation) and
-    one N (and writes) per micro-batch, so rows have equal length: no padding, fast causal attention. In
+    one N (and writes) per micro-batch, so rows have equal length (but for multi_register's, whose reads make them
+    differ by a few tokens: right-padded, `real` marks the tokens; the loss skips the padding, the consistency
+    term, the fixed-point stopping test and the state noise count it), fast causal attention. In
     packed rows the label position also attends to every earlier sample in the row (same symbols, other
     values): measured here, labels then stayed at chance for 1000+ steps.
     """

@@ -167,6 +167,9 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
         net = _wrap(StepLoss(model, cfg), procs)
         saved = step if resume else None
         t0 = time.time() - log.get("wall_s", 0.0)
+        # where it ran (the card's wall time means little without it); a resumed run records its last segment's
+        log["device"] = (f"{procs.world} process{'es' if procs.world > 1 else ''} on {procs.device.type}"
+                         + (f", {torch.get_num_threads()} threads each" if procs.device.type == "cpu" else ""))
         from tqdm import tqdm
         bar = tqdm(total=cfg.steps, initial=step, disable=not progress or rank != 0, dynamic_ncols=True)
         run_loss: dict[int, float] = {}
