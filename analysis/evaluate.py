@@ -29,6 +29,7 @@ from common.errors import UserError, cli_entry
 from common.io import DirLock, atomic_write, json_text
 from common.paths import figures_dir
 from engine.modes import DECODINGS, EVAL_MODES, MAX_FUSED_PASSES, MAX_LOOP_ITERATIONS, parse_mode
+from engine.inputs import model_context
 from engine.prefill import fused_trajectory, pad_left, prefill_many
 from engine.result import require_finite
 from common.placement import Placement
@@ -46,7 +47,10 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
 # Size bounds shared by the evaluation CLIs (checked when the arguments are parsed, before any model loads).
 MAX_PAIRS = 5000  # --n-pairs: 2 samples per pair
-MAX_DISTRACTORS = 16384  # --distractors: lines per prompt (a windowed model runs 64x its trained N in linear time)
+# --distractors: lines per prompt. A windowed model runs 64x its trained N in linear time under standard, loop-R and
+# recurrent modes (chunked over a window cache); fused-n, the fused-1..K sweep and loop-R:TOL run full-width passes,
+# whose memory grows with N^2 (1.2 GB at N = 2048, 3.0 GB at 4096 for tiny-fbt-track at batch 2).
+MAX_DISTRACTORS = 16384
 MAX_BATCH = 4096  # --batch-size
 _SWEEP_RE = re.compile(r"^fused-1\.\.(\d+)$")
 
@@ -220,6 +224,11 @@ def evaluate(model, tok, tasks, ns, modes, sweep, n_pairs, batch_size=64, progre
     rows = []
     sources = [t if isinstance(t, TaskSource) else resolve_task(t) for t in tasks]
     jobs = make_jobs(sources, ns, n_pairs, tok, seed)  # every dataset validated before the first forward
+    ctx = model_context(model)  # a prompt past it is refused now, not after the shorter N's forwards
+    for src, n, seqs, _, _ in jobs:
+        longest = max(map(len, seqs), default=0)
+        if ctx is not None and longest > ctx:
+            raise UserError(f"{src.name} N={n}: prompt of {longest} tokens is longer than the model's context ({ctx})")
     for src, n, seqs, samples, words in tqdm(jobs, disable=not progress, desc="evaluate"):
         task = src.name
         labels = torch.tensor([words[s.label] for s in samples])
@@ -281,7 +290,9 @@ def main(argv=None):
     add_task_flags(p, ALL_TASKS, ",".join(TASKS), several=True,
                    default_text=f"{','.join(TASKS)}, the three probing tasks")
     p.add_argument("--distractors", default=None,
-                   help=f"comma-separated N, each in 0..{MAX_DISTRACTORS} (default 0,8,32,128,256; parity and "
+                   help=f"comma-separated N, each in 0..{MAX_DISTRACTORS} (standard, loop-R and recurrent modes run "
+                        "long prompts in linear time on a windowed model; fused-n, the fused sweep and loop-R:TOL in "
+                        "full-width passes, whose memory grows with N^2) (default 0,8,32,128,256; parity and "
                         f"shell_game {','.join(map(str, TRACKING_DISTRACTORS))}; "
                         + "; ".join(f"{t} {','.join(map(str, ns))}" for t, ns in LANGUAGE_DISTRACTORS.items())
                         + "; a JSONL file: its own N values)")
@@ -355,7 +366,8 @@ def main(argv=None):
                 "n_pairs": asked,
                 "seed": a.seed, "modes": a.modes, "wall_s": round(wall, 1), "device": str(placement.torch_device),
                 "dtype": placement.dtype, "prompt_prefix": prompt_prefix_tokens(tok),
-                "ci": "ci_low/ci_high: 95% Wilson score interval of accuracy over the cell's n_samples"}
+                "ci": "ci_low/ci_high: 95% Wilson score interval of accuracy over the cell's n_samples, counted as "
+                      "independent (a pair's two samples share their context: with pairs as the unit it is wider)"}
         meta["datasets"] = datasets
         if a.tokenizer is not None:
             meta["tokenizer"] = a.tokenizer

@@ -14,6 +14,7 @@ import torch
 
 from common.cli import Parser, add_model_flag, add_tokenizer_flag, int_in
 from common.errors import UserError, cli_entry
+from engine.inputs import check_inputs
 from engine.prefill import fixed_point_top, jacobi_pass, pad_left, shift_state
 from tasks import make_dataset
 from models.loading import load_model
@@ -42,9 +43,24 @@ def _runs(m, ids, mask):
     return std, fp_top, step
 
 
-def errors(m, tok, n=8):
-    for task in ("completion", "memory", "multi_register"):
-        _, ids, mask = _batch(tok, task, 8, n, 123)
+ERROR_TASKS = ("completion", "memory", "multi_register")
+
+
+def _checked_batches(m, tok, n: int, with_probe: bool) -> dict:
+    """Every batch this run will use, made and checked against the model (its context, its vocabulary) before the
+    first forward: a prompt past the context is one line, not a run past it (or a late refusal)."""
+    out = {task: _batch(tok, task, 8, n, 123) for task in ERROR_TASKS}
+    if with_probe:
+        out["probe"] = _batch(tok, "multi_register", 150, n, 321)
+    for _, ids, mask in out.values():
+        check_inputs(m, ids, mask)
+    return out
+
+
+def errors(m, tok, n=8, batches=None):
+    batches = batches or _checked_batches(m, tok, n, False)
+    for task in ERROR_TASKS:
+        _, ids, mask = batches[task]
         std, fp_top, step = _runs(m, ids, mask)
         rel = lambda h: (h - std.top).pow(2).sum(-1) / std.top.pow(2).sum(-1)  # noqa: E731  [batch, pos]
         real = mask.bool()
@@ -60,10 +76,10 @@ def errors(m, tok, n=8):
         print("  fixed point:", " ".join(f"{v:.2f}" for v in fix[0, -12:].tolist()))
 
 
-def probe(m, tok, n=8):
+def probe(m, tok, n=8, batches=None):
     from stats.linear import ProbeConfig, grouped_cv_score
 
-    s, ids, mask = _batch(tok, "multi_register", 150, n, 321)
+    s, ids, mask = (batches or _checked_batches(m, tok, n, True))["probe"]
     names = np.array([x.text.split("get ")[-1].split("\n")[0] for x in s])
     labels = np.array([x.label for x in s])
     groups = np.array([x.group_id for x in s])
@@ -101,9 +117,10 @@ def main(argv=None):
         raise UserError(f"{a.model} has no fusion module: it has no fixed point to diagnose")
     tok = resolve_tokenizer(model, tok, a.model, a.tokenizer)  # its own or --tokenizer's; none: refused
     model.eval()
-    errors(model, tok, a.n)
+    batches = _checked_batches(model, tok, a.n, a.probe)
+    errors(model, tok, a.n, batches)
     if a.probe:
-        probe(model, tok, a.n)
+        probe(model, tok, a.n, batches)
     return 0
 
 

@@ -82,7 +82,13 @@ def main(argv=None):
         if not getattr(a, flag).strip():
             raise UserError(f"--{flag} is empty")
     ns = int_list(a.distractors, "--distractors", 0, MAX_DISTRACTORS)
-    tasks = parse_tasks(a.tasks, ns)
+    try:
+        tasks = parse_tasks(a.tasks, ns)
+    except UserError as e:  # say where the N came from when the user never gave one
+        if a.distractors == p.get_default("distractors") and "got N = 0" in str(e):
+            raise UserError(f"{e} (from the default --distractors {a.distractors}: give N >= 1, e.g. "
+                            "--distractors 8,32,128)") from None
+        raise
     out = output_dir(a.out if a.out is not None else figures_dir("gains"))
 
     with fresh_output(out, OUTPUTS, a.overwrite, "analysis.gains run",

@@ -12,9 +12,10 @@ Modes are read through the engine's one parser (engine.modes): ``--modes standar
 the same rows, whatever spelling the eval.json used (a file with both ``fused`` and ``fused-1`` rows draws the
 spelling --modes names, else the first). Several files of one model are drawn as one; two files that give the
 same point (model, task, mode, N) are refused, as are files that are not eval.json documents. A model is named by
-the last part of its meta.model: two files whose meta.model are different paths with one name (runs/x/m and
-runs/y/m) are refused, since eval.json records no weights hash to tell them apart (a bare name, m, is taken to be
-the same model as any path ending in it, as are two paths one of which ends with the other).
+the last part of its meta.model: two files of one name whose meta.weights_sha256 differ (a checkpoint retrained in
+place) are refused; where a file predates that record, two whose meta.model are different paths with one name
+(runs/x/m and runs/y/m) are (a bare name, m, is taken to be the same model as any path ending in it, as are two
+paths one of which ends with the other).
 
 The page uses a fixed div id, so the same inputs always give the same page. plotly.js (``--plotly``): by default
 ``plotly.min.js`` is written once beside the page (replaced only when it differs from the installed plotly's) and
@@ -55,13 +56,15 @@ ROW_KEYS = ("task", "n_distractors", "mode", "accuracy", "n_samples")  # every e
 # ----- reading eval.json ------------------------------------------------------------------------------------------
 class EvalDoc(tuple):
     """One eval.json: unpacks as (model name, rows); `path` names the file in messages, `label_words` holds the
-    label words of its custom tasks (meta.custom_tasks), `model` its meta.model as written (None: not known)."""
+    label words of its custom tasks (meta.custom_tasks), `model` its meta.model as written (None: not known),
+    `weights` its meta.weights_sha256 (None in files written before evaluate recorded it)."""
 
-    def __new__(cls, name, rows, path="", label_words=None, model=None):
+    def __new__(cls, name, rows, path="", label_words=None, model=None, weights=None):
         self = super().__new__(cls, (name, rows))
         self.path = str(path) if path else name
         self.label_words = dict(label_words or {})
         self.model = model
+        self.weights = weights
         return self
 
     @property
@@ -174,7 +177,9 @@ def load_eval(path) -> EvalDoc:
                             f"{r['n_distractors']} {r['mode']}")
         seen[key] = i
     name = Path(model.strip()).name or p.absolute().parent.name
-    return EvalDoc(name, rows, p, _custom_label_words(meta, where), model.strip())
+    weights = meta.get("weights_sha256")
+    return EvalDoc(name, rows, p, _custom_label_words(meta, where), model.strip(),
+                   weights if isinstance(weights, str) and weights else None)
 
 
 def _model_parts(model: str) -> tuple[str, ...]:
@@ -190,16 +195,24 @@ def _may_be_one_model(a: str, b: str) -> bool:
 
 
 def check_one_model_per_name(docs: list[EvalDoc]) -> None:
-    """Files drawn under one model name must be of one model: two meta.model paths that differ but share their
-    name (runs/x/tiny-fbt-track, runs/y/tiny-fbt-track) are refused in one line (eval.json records no weights
-    hash, so nothing else can tell them apart, and one curve would join two models)."""
+    """Files drawn under one model name must be of one model: two files whose meta.weights_sha256 differ (a
+    checkpoint retrained in place between two evaluations), or, where a file predates that record, two meta.model
+    paths that differ but share their name (runs/x/tiny-fbt-track, runs/y/tiny-fbt-track), are refused in one line:
+    one curve would join two models."""
     for i, a in enumerate(docs):
         for b in docs[i + 1:]:
-            if a.name == b.name and a.model is not None and b.model is not None \
-                    and not _may_be_one_model(a.model, b.model):
+            if a.name != b.name:
+                continue
+            if a.weights and b.weights:
+                if a.weights != b.weights:
+                    raise UserError(f"eval.json {a.path} and {b.path} are of two models named {a.name} (weights "
+                                    f"sha256 {a.weights[:12]} and {b.weights[:12]}): one curve would join them; "
+                                    "draw them on separate pages, or evaluate the model once")
+            elif a.model is not None and b.model is not None and not _may_be_one_model(a.model, b.model):
                 raise UserError(f"eval.json {a.path} is of model {a.model}, {b.path} of model {b.model}: two models "
-                                f"named {a.name} would be drawn as one curve (eval.json records no weights hash); "
-                                "draw them on separate pages, or give one a meta.model of another name")
+                                f"named {a.name} would be drawn as one curve (a file without meta.weights_sha256 "
+                                "cannot tell them apart otherwise); draw them on separate pages, or give one a "
+                                "meta.model of another name")
 
 
 # ----- what is drawn: one plan for the page and the tables ------------------------------------------------------

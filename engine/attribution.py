@@ -49,6 +49,7 @@ class SiteGradients:
     fed_from: int | None  # first fed column (recurrent modes: T - k), else None
     blocks: dict | None = None  # {"attn_out" | "mlp_out": [B, T, L, D]} d metric / d block output
     block_values: dict | None = None  # the same sites' values in this run (the clean run, or the path's mean)
+    path_metric: torch.Tensor | None = None  # [B, M] with `interpolate`: the metric at each of the path's M points
 
 
 def site_gradients(model: FullBandwidthLM, ids: torch.Tensor, mask: torch.Tensor, mode: Mode, metric,
@@ -74,13 +75,15 @@ def site_gradients(model: FullBandwidthLM, ids: torch.Tensor, mask: torch.Tensor
             parts.append(SiteGradients(
                 mean([r.metric for r in runs]), mean([r.resid for r in runs]),
                 None if runs[0].state is None else mean([r.state for r in runs]), runs[0].fed_from,
-                {k: mean([r.blocks[k] for r in runs]) for k in runs[0].blocks}, clean.block_values))
+                {k: mean([r.blocks[k] for r in runs]) for k in runs[0].blocks}, clean.block_values,
+                None if interpolate is None else torch.stack([r.metric.detach() for r in runs], 1)))
     state = None if parts[0].state is None else torch.cat([p.state for p in parts])
     blocks = {k: torch.cat([p.blocks[k] for p in parts]) for k in parts[0].blocks}
     values = None if parts[0].block_values is None else \
         {k: torch.cat([p.block_values[k] for p in parts]) for k in parts[0].block_values}
+    path = None if interpolate is None else torch.cat([p.path_metric for p in parts])
     return SiteGradients(torch.cat([p.metric for p in parts]), torch.cat([p.resid for p in parts]), state,
-                         parts[0].fed_from, blocks, values)
+                         parts[0].fed_from, blocks, values, path)
 
 
 def _one_chunk(model, ids, mask, mode: Mode, metric, rows, shift=None, grad: bool = True) -> SiteGradients:

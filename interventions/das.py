@@ -40,7 +40,7 @@ from engine.edits import Lambda, SubspaceInterchange
 from stats.bootstrap import group_bootstrap_ci
 
 from .metrics import decisions
-from .subspace import orthonormal, random_subspace
+from .subspace import fold_ranks, orthonormal, random_subspace
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,8 @@ def das_battery(run, base: torch.Tensor, source: torch.Tensor, target: torch.Ten
     out = {"ranks": ranks, "d": d, "rows": out_rows, "settings": config.to_dict(),
            "fit_s": time.perf_counter() - t0, "n_folds": len(folds)}
     if probe_folds is not None:
-        out["probe"] = {"rank": int(probe_folds[0].U.shape[1]),
+        ranks_found = fold_ranks(probe_folds)  # fewer than asked on a fold whose training rows gave out
+        out["probe"] = {"rank": min(ranks_found), "fold_ranks": ranks_found,
                         **pooled(run_per_fold(lambda f: exact_interchange(source, probe_folds[f].U)))}
     if leace is not None:
         lbases = [leace_basis(e) for e in leace.erasers]

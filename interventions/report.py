@@ -26,7 +26,10 @@ and, when run (interventions.run --das / --attribution; absent otherwise):
                                 cluster bootstrap), n_rows, metric_clean_mean, chunk, timings_s {gradients, total},
                                 vs_position_sweep {n, spearman, top_k, top_overlap, top_estimate, top_exact,
                                 sign_agreement, abs_error_mean, exact_abs_mean, positions, estimate, exact, exact_s} and
-                                vs_layer_patching {the same, over (depth, position) cells} where the exact patches ran.
+                                vs_layer_patching {the same, over (depth, position) cells} where the exact patches ran
+                                (top_overlap null at 5 cells or fewer); with --attribution-ig, ig_path {n_rows,
+                                unresolved_rows, largest_step_share_median, total_change_mean, rule}: how well the
+                                path's points resolve each row's change (interventions.attribution.ig_path_resolution).
 Version 7 adds recirculation modes (results.state_words: how the
 report names the mechanism's fed state, z_{t-1,s} under recirculation). Version 6 names the two readings of a "flip" apart:
 <metrics>.flip_rate is now follows_donor_rate (the prediction is the donor's label, over the n_donor_rows rows
@@ -199,12 +202,22 @@ def verdict(report: dict) -> tuple[str, str]:
     return label, s + _path_clause(label, clean, _row(res, "gate_bypass_all"))
 
 
+def _rank_words(sub: dict) -> str:
+    """The probe subspace's rank as fitted: the rank asked, and where a fold's training rows gave fewer directions,
+    how many each fold found (the swaps then move fewer directions than the rank says)."""
+    found = sub.get("fold_ranks") or []
+    if not found or all(f == sub["rank"] for f in found):
+        return f"{sub['rank']}"
+    return f"{sub['rank']} asked, {min(found)}-{max(found)} found per fold ({', '.join(map(str, found))})"
+
+
 def _subspace_clause(res: dict, sub: dict, w: dict) -> str:
     r, state = sub["rank"], w["state"].split(" ")[0]
     if sub.get("skipped"):
         return f"the rank-{r} probe subspace swaps were not run: {sub['skipped']}"
     parts = {n: _row(res, n) for n in ("subspace_swap", "complement_swap", "random_subspace_swap")}
-    return (f"the rank-{r} probe subspace alone gives "
+    fewer = "" if _rank_words(sub) == str(r) else f" (rank {_rank_words(sub)})"
+    return (f"the rank-{r} probe subspace{fewer} alone gives "
             f"{_f(parts['subspace_swap']['normalized_effect'])} {_ci(parts['subspace_swap'], 'normalized_effect')}, "
             f"its complement {_f(parts['complement_swap']['normalized_effect'])} "
             f"{_ci(parts['complement_swap'], 'normalized_effect')}, a random rank-{r} subspace "
@@ -412,12 +425,23 @@ def _das_markdown(res) -> list[str]:
     for key, what in (("probe", "the probe subspace"), ("leace", "LEACE's subspace"), ("full_swap", "the whole swap")):
         v = das.get(key)
         if v:
-            rank = f" (rank {v['rank']})" if "rank" in v else ""
+            rank = f" (rank {_rank_words(v)})" if "rank" in v else ""
             extra.append(f"{what}{rank} IIA {_f(v['iia'])} {_cis(v['iia_ci'])}")
     if extra:
         out += ["", "On the same rows: " + "; ".join(extra) + (f"; probe vs LEACE cos {_cos(das['cos_probe_leace'])}"
                                                                if das.get("cos_probe_leace") else "") + "."]
     return out
+
+
+def _ig_path_sentence(at) -> str:
+    """Integrated gradients' resolution warning (interventions.attribution.ig_path_resolution), or ''."""
+    p = at.get("ig_path")
+    if not p or not p["unresolved_rows"]:
+        return ""
+    return (f" **The {at['ig_steps']} path points did not resolve {p['unresolved_rows']} of {p['n_rows']} rows**: "
+            "more than half of the metric's change along the path happens between two adjacent points (a flip in a "
+            f"sliver of the path; the mean total change is {_f(p['total_change_mean'])}), where no point's gradient "
+            "sees it, so the estimates miss that change; read the exact patches (position sweep, layer patching).")
 
 
 def _attribution_markdown(res) -> list[str]:
@@ -427,7 +451,7 @@ def _attribution_markdown(res) -> list[str]:
     out = ["", f"## Attribution patching ({at['mode']}): estimated LD change per (site, position)", "",
            f"{at['method']}; {at['metric']}. {max(1, at.get('ig_steps', 0))} forward and backward pass"
            f"{'es' if at.get('ig_steps', 0) > 1 else ''} per batch chunk ({at['timings_s']['gradients']:.1f} s). "
-           "Mean over real rows; 95% CI by a bootstrap over groups.", "",
+           "Mean over real rows; 95% CI by a bootstrap over groups." + _ig_path_sentence(at), "",
            "| site | " + " | ".join(at["position_names"]) + " |", "|---" * (len(at["positions"]) + 1) + "|"]
     for site, row in zip(at["sites"], at["mean_estimate"]):
         out.append(f"| {site} | " + " | ".join(_f(v) for v in row) + " |")
@@ -445,8 +469,13 @@ def _attribution_markdown(res) -> list[str]:
                 verdict = (" Below the 0.9 agreement bar: the first-order estimate does not rank these cells as the "
                            "exact patches do. It is wrong wherever the metric is not linear between the two values, "
                            "e.g. a saturated answer that flips only far from the clean value (see the dose table).")
-            out += ["", f"Against {what}: Spearman {spear} over {v['n']} cells, top-{v['top_k']} |effect| overlap "
-                    f"{v['top_overlap']}/{v['top_k']}, sign agreement {_f(v['sign_agreement'])}, mean |estimate - exact| "
+            if v["spearman"] is None and v["n"]:
+                verdict = " With no Spearman the ranking is not checked."
+            top = (f"top-{v['top_k']} |effect| overlap {v['top_overlap']}/{v['top_k']}, "
+                   if v.get("top_overlap") is not None else
+                   f"no top-|effect| overlap check (only {v['n']} cells: each is in both tops), ")
+            out += ["", f"Against {what}: Spearman {spear} over {v['n']} cells, {top}sign agreement "
+                    f"{_f(v['sign_agreement'])}, mean |estimate - exact| "
                     f"{_f(v['abs_error_mean'])} against a mean |exact| of {_f(v['exact_abs_mean'])}." + verdict]
     return out
 
@@ -482,7 +511,7 @@ def markdown(report: dict) -> str:
         if sub.get("skipped"):
             lines += ["", f"Probe subspace (rank {sub['rank']}): not run: {sub['skipped']}.", ""]
         else:
-            lines += ["", f"Probe subspace: rank {sub['rank']}, fitted on {_words(res)['state'].split(' ')[0]} of the "
+            lines += ["", f"Probe subspace: rank {_rank_words(sub)}, fitted on {_words(res)['state'].split(' ')[0]} of the "
                       f"training folds only ({sub['n_folds']} grouped folds); held-out probe accuracy "
                       f"{_f(sub['probe_heldout_accuracy'])}; share of ||h_donor - h_own||^2 inside it "
                       f"{_f(sub['energy_fraction'], 3)}"

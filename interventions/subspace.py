@@ -50,10 +50,12 @@ def random_subspace(d: int, rank: int, seed: int, dtype=torch.float32) -> torch.
 
 
 def fold_subspaces(H: torch.Tensor, labels, groups, rank: int = 1, config: ProbeConfig | None = None,
-                   fit_mask=None) -> list[FoldSubspace]:
+                   fit_mask=None, what: str = "the fed state") -> list[FoldSubspace]:
     """Per outer fold: probe subspace of rank `rank` fitted on the training rows of H [B, D] (only those where
     `fit_mask` [B] bool, e.g. the rows whose site is real rather than padding; the accuracy on those of the test
-    rows)."""
+    rows). A fold whose training rows leave no further direction (few rows, a narrow site) keeps the ones found:
+    its U has fewer than `rank` columns (`fold_ranks` says how many; the reports print them). `what` names the
+    site in the refusal where a fold has none."""
     config = config or ProbeConfig()
     X = H.detach().double().cpu().numpy()
     y = np.asarray(labels)
@@ -85,13 +87,18 @@ def fold_subspaces(H: torch.Tensor, labels, groups, rank: int = 1, config: Probe
             dirs.append(u)
             Xtr = Xtr - np.outer(Xtr @ u, u)
         if not dirs:
-            raise NoDirection("the probe on the fed state found no direction on a training fold: the state does not "
+            raise NoDirection(f"the probe on {what} found no direction on a training fold: it does not "
                             "separate the labels there (constant within each class pair, or constant), so the subspace "
                             "swaps are undefined; a state without label information is itself the answer (the probes: "
                             "python -m probes.run)")
         U = torch.from_numpy(np.stack(dirs, 1)).to(H.dtype)
         out.append(FoldSubspace(te, U, float(acc)))
     return out
+
+
+def fold_ranks(folds: list[FoldSubspace]) -> list[int]:
+    """The rank each fold's subspace has (fewer than asked where its training rows gave out)."""
+    return [int(f.U.shape[1]) for f in folds]
 
 
 def class_mean_subspaces(H: torch.Tensor, labels, folds: list[FoldSubspace]) -> list[FoldSubspace]:

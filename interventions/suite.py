@@ -41,7 +41,7 @@ from stats.linear import ProbeConfig
 from .batch import Batch, pos_name
 from .core import CausalContext
 from .metrics import changed, decisions, label_ld, summarize
-from .subspace import NoDirection, class_mean_subspaces, energy_fraction, fold_subspaces, per_fold_states
+from .subspace import NoDirection, class_mean_subspaces, energy_fraction, fold_ranks, fold_subspaces, per_fold_states
 
 DOSE_GRID = tuple(round(a / 10, 1) for a in range(11))
 LOOP_DOSE = (0.25, 0.5, 0.75)  # the per-iteration dose of a looped model's loop state at T (a = 0 and 1: clean, swap)
@@ -240,7 +240,7 @@ class Suite:
                          "reference": "donor", **self.metrics(logits)})
         n = sum(len(f.test) for f in folds)
         probe_acc = sum(f.probe_accuracy * len(f.test) for f in folds) / n
-        return {"rank": rank, "n_folds": len(folds), "probe_heldout_accuracy": probe_acc,
+        return {"rank": rank, "fold_ranks": fold_ranks(folds), "n_folds": len(folds), "probe_heldout_accuracy": probe_acc,
                 "probe_fold_accuracies": [f.probe_accuracy for f in folds],
                 "energy_fraction": energy_fraction(h, donor, folds),
                 "class_means_rank": int(means[0].U.shape[1]),
@@ -346,7 +346,8 @@ class Suite:
         K = b.n_classes if b.probe_labels is b.labels else int(b.probe_labels.max()) + 1
         folds = grouped_folds(y, b.groups, cfg)
         try:  # fitted on the rows where the site is real, as LEACE's erasers and the scores
-            probe_folds, probe_skipped = fold_subspaces(X, y, b.groups, rank, cfg, fit_mask=ok), None
+            what = "the fed state" if site == "state" else f"the residual at depth {depth}"
+            probe_folds, probe_skipped = fold_subspaces(X, y, b.groups, rank, cfg, fit_mask=ok, what=what), None
         except UserError as e:  # too few real rows at this position for the probe's grouped CV
             probe_folds, probe_skipped = None, str(e)
         erasers = FoldErasers(X, y, folds, K, fit_mask=ok)

@@ -55,7 +55,7 @@ class GroupIds:
 class Sample:
     """One prompt with its label and the bookkeeping probes need (pair, CV group, N, length).
 
-    Labels are binary for the synthetic tasks except shell_game (3 classes); the language tasks have one class per
+    Labels are binary for the synthetic tasks except shell_game (3 classes), s5 and a5 (5); the language tasks have one class per
     word of their list (``LABEL_WORDS``). For the tracking tasks ``n_distractors`` is the
     number of update lines, ``diff_line`` the 0-based update line in which the two pair members differ and
     ``running`` the tracked value (label index) after each update line; both stay ``None`` for the other

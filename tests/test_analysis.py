@@ -204,3 +204,34 @@ def test_stability_runs_its_passes_without_autograd(ckpt, tmp_path, monkeypatch)
     stability.main(["--models", str(ckpt), "--tasks", "memory", "--passes", "3", "--n-pairs", "3",
                     "--distractors", "2", "--out", str(tmp_path / "s")])
     assert len(seen) == 4 and not any(g or r for g, r in seen), seen
+
+
+def test_a_prompt_past_the_context_is_refused_before_any_forward(tiny_ckpt, tmp_path, capsys, monkeypatch):
+    """analysis.evaluate computed every shorter N first and then refused the long one (92 s thrown away); the
+    fixed-point diagnostic never refused and ran past the context. Both refuse before the first forward now."""
+    from analysis import evaluate, fixed_point
+
+    def no_forward(*a, **k):
+        raise AssertionError("a forward ran before the refusal")
+
+    monkeypatch.setattr(evaluate, "prefill_many", no_forward)
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--model", str(tiny_ckpt), "--tasks", "memory", "--distractors", "2,1024", "--modes", "std",
+                       "--n-pairs", "2", "--out", str(tmp_path / "e.json"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "memory N=1024: prompt of 4108 tokens is longer than the model's context" in err, err
+    monkeypatch.setattr(fixed_point, "_runs", no_forward)
+    with pytest.raises(SystemExit) as e:
+        fixed_point.main([str(tiny_ckpt), "--n", "520"])
+    captured = capsys.readouterr()
+    assert e.value.code == 2 and "longer than the model's context" in captured.err and not captured.out
+
+
+def test_gains_names_the_default_distractors_when_a_tracking_task_gets_n_0(tmp_path, capsys):
+    from analysis import gains
+
+    with pytest.raises(SystemExit) as e:
+        gains.main(["--tasks", "parity", "--out", str(tmp_path / "g")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "got N = 0 (from the default --distractors 0,8,32,128" in err, err
+    assert not (tmp_path / "g").exists()

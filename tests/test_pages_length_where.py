@@ -92,8 +92,9 @@ def test_n_zero_is_drawn_apart_on_the_log_axis(tmp_path, capsys):
 # ----- length_curves: one model per name, --model-modes once per model, a CI around its point ----------------------
 def test_two_models_with_one_folder_name_are_refused(tmp_path, capsys):
     """runs/x/tiny-fbt-track and runs/y/tiny-fbt-track were merged into one curve (a model was its folder's
-    name). eval.json records no weights hash: different paths of one name are refused; a bare name, or a path that
-    ends with the other, may be the same model and still merges."""
+    name). Files without meta.weights_sha256 (these, and those written before evaluate recorded it): different paths
+    of one name are refused; a bare name, or a path that ends with the other, may be the same model and still
+    merges."""
     from analysis.length_curves import main
 
     x = _ev(tmp_path, "x.json", "runs/x/tiny-fbt-track", [("parity", 8, "std", 0.9)])
@@ -107,6 +108,23 @@ def test_two_models_with_one_folder_name_are_refused(tmp_path, capsys):
     assert main([x, bare, absolute, "--out", str(out), "--markdown"]) == 0
     assert "| tiny-fbt-track, std | 0.900 | 0.500 | 0.400 |" in capsys.readouterr().out
     assert "two models named" in _refused(main, [x, bare, y], tmp_path, capsys)  # three files: still two models
+
+
+def test_two_weights_under_one_name_are_refused(tmp_path, capsys):
+    """A checkpoint retrained in place between two evaluations: same meta.model, other meta.weights_sha256. They were
+    drawn as one curve; the weights tell them apart now (and equal weights under two paths are one model)."""
+    from analysis.length_curves import main
+
+    def with_weights(name, model, rows, sha):
+        return _write(tmp_path / name, _rows(model, rows, {"weights_sha256": sha}))
+
+    a = with_weights("a.json", "tiny-fbt-track", [("parity", 8, "std", 0.9)], "a" * 64)
+    b = with_weights("b.json", "tiny-fbt-track", [("parity", 16, "std", 0.2)], "b" * 64)
+    err = _refused(main, [a, b], tmp_path, capsys)
+    assert "two models named tiny-fbt-track (weights sha256 aaaaaaaaaaaa and bbbbbbbbbbbb)" in err
+    c = with_weights("c.json", "runs/y/tiny-fbt-track", [("parity", 32, "std", 0.5)], "a" * 64)
+    out = tmp_path / "p.html"
+    assert main([a, c, "--out", str(out), "--markdown"]) == 0  # one model's weights under two paths
 
 
 def test_model_modes_twice_for_one_model_is_refused(tmp_path, capsys):
