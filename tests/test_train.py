@@ -549,7 +549,8 @@ def test_a_looped_model_resumes_bit_identically(tmp_path, monkeypatch):
     monkeypatch.setattr(tloop, "quick_eval", _cheap_eval)
     argv = ["--preset", "tiny-loop-track", "--n-layers", "3", "--loop-prelude", "1", "--loop-core", "1", "--d-model",
             "32", "--n-heads", "2", "--n-kv-heads", "1", "--d-ff", "64", "--batch-tokens", "300", "--steps", "4",
-            "--eval-every", "1000", "--save-every", "1000", "--loop-truncate", "2", "--threads", "1", "--no-progress"]
+            "--warmup", "2", "--eval-every", "1000", "--save-every", "1000", "--loop-truncate", "2", "--threads", "1",
+            "--no-progress"]
     tcli.main(argv + ["--out", str(tmp_path / "straight")])
     tcli.main(argv + ["--out", str(tmp_path / "split"), "--stop-at", "2"])
     tcli.main(argv + ["--out", str(tmp_path / "split"), "--resume"])
@@ -828,7 +829,8 @@ def test_the_flags_a_refusal_leaves_are_enough():
     max_len (the base's own context is checked by the trainer, not --max-len)."""
     cfg = tcli.config_of(tcli.parse_args(["--preset", "tiny-fbt-track", "--max-len", "512"]))
     assert (cfg.max_len, cfg.packing) == (512, False)
-    cfg = tcli.config_of(tcli.parse_args(["--preset", "smoke", "--base", "tiny-base", "--seq-len", "4096"]))
+    cfg = tcli.config_of(tcli.parse_args(["--preset", "smoke", "--base", "tiny-base", "--seq-len", "4096",
+                                          "--batch-tokens", "4096"]))
     assert (cfg.seq_len, cfg.base, cfg.packing) == (4096, "tiny-base", True)
     with pytest.raises(UserError, match="must be at most the model's max_len"):  # packed, from scratch: checked
         tcli.config_of(tcli.parse_args(["--preset", "smoke", "--seq-len", "4096"]))

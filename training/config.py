@@ -354,12 +354,11 @@ class TrainConfig:
         if self.warmup > self.steps:  # the rate would never reach --lr, and no cosine would run
             raise UserError(f"warmup ({self.warmup} steps) is longer than the run (steps {self.steps}): the learning "
                             f"rate would never reach lr; give --warmup at most {self.steps}")
-        if self.packing:  # a step is whole packed rows: fewer tokens than one row would silently train one row
-            for name, length in (("seq_len", self.seq_len),
-                                 *((("curriculum_seq_len", self.curriculum_seq_len),) if self.curriculum_steps else ())):
-                if self.batch_tokens < length:
-                    raise UserError(f"batch_tokens ({self.batch_tokens}) is less than one packed row ({name} "
-                                    f"{length}): give --batch-tokens at least {length}, or a shorter --{name.replace('_', '-')}")
+        # a step is whole packed rows: fewer tokens than one row silently trained one row (the curriculum's rows are
+        # at most --seq-len: training.cli refuses a longer one)
+        if self.packing and self.batch_tokens < self.seq_len:
+            raise UserError(f"batch_tokens ({self.batch_tokens}) is less than one packed row (seq_len {self.seq_len}): "
+                            f"give --batch-tokens at least {self.seq_len}, or a shorter --seq-len")
         self.lr_legs = tuple(self.lr_legs)
         ends = (*self.lr_legs, self.steps)
         if any(isinstance(e, bool) or not isinstance(e, int) or e <= self.warmup for e in self.lr_legs) or \
