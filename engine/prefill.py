@@ -12,7 +12,7 @@ Modes
                     position's top state
     recurrent-full  recurrent-k with k = T-1: every position after the first fused, O(T) cached steps
     fused-n         n extra parallel feedback passes (`jacobi_pass`) over the whole prompt; fused-0 = standard
-Depths: 0 = vector entering block 0 (embedding or fused input), l = output of block l (L = raw output of the
+Depths: 0 = vector entering block 0 (embedding or fused input), l = output of 0-based block l - 1 (L = raw output of the
 last block, *before* the final norm; HF's hidden_states[-1] is after it). See docs/design.md.
 """
 from __future__ import annotations

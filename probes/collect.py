@@ -15,8 +15,8 @@ How it works
     engine fails loudly instead of silently reading the wrong call.
 
 Layout of collected activations: ``float32 [samples, depths, d_model]``, depth 0 = vector entering block 0
-(embedding, or fused input), depth l = output of block l (depth L is *before* the final norm), in the order of
-the samples given (batches are formed by length internally and put back in order).
+(embedding, or fused input), depth l = output of 0-based block l - 1, the input of block l (depth L is *before* the
+final norm), in the order of the samples given (batches are formed by length internally and put back in order).
 
 On-disk cache (:class:`ActivationCache`): one ``<key>.npz`` per (model weights hash, config hash, dataset
 fingerprint, tokenizer hash, mode, position, collector version), written atomically (``common.io.atomic_write``: a
@@ -32,6 +32,7 @@ writes, n_tokens).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import sys
@@ -212,10 +213,25 @@ def tokenization_hash(tokenizer) -> str:
     return tokenizer_hash(tokenizer) + (f"+prefix{prefix}" if prefix else "")
 
 
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """A hash of the code that computes an activation (every .py file of engine/ and models/, this module) and of
+    the torch and transformers versions: a change to any of them is another computation, so no cached activation
+    of the old one is served (a fusion edit was a hit, 0.10 off). Read once per process (~50 small files)."""
+    import transformers
+
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
+    files = sorted([*(root / "engine").glob("*.py"), *(root / "models").glob("*.py"), Path(__file__).resolve()])
+    for f in files:
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def cache_key(weights: str, config: str, dataset: str, tokenizer: str, mode: str) -> str:
-    blob = json.dumps({"collect_version": COLLECT_VERSION, "weights": weights, "config": config, "dataset": dataset,
-                       "tokenizer": tokenizer, "mode": parse_mode(mode).name, "position": POSITION},
-                      sort_keys=True)
+    blob = json.dumps({"collect_version": COLLECT_VERSION, "code": code_version(), "weights": weights,
+                       "config": config, "dataset": dataset, "tokenizer": tokenizer, "mode": parse_mode(mode).name,
+                       "position": POSITION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -315,7 +331,8 @@ def save_activations(directory: str | Path, stem: str, resid: np.ndarray, sample
 
     doc = {
         "layout": "resid[sample, depth, d_model] float32; depth 0 = input of block 0 (embedding or fused "
-                  "input), depth l = output of block l (depth L before the final norm); position = last token",
+                  "input), depth l = output of 0-based block l - 1 (depth L before the final norm); position = "
+                  "last token",
         "meta": meta,
         "samples": [dict(index=i, **dataclasses.asdict(s)) for i, s in enumerate(samples)],
     }

@@ -188,8 +188,12 @@ def depth_curve_figure(doc_or_path, title: str | None = None):
                                          showlegend=False, line=dict(color="#555", dash="dot", width=1)),
                               row=i, col=col)
         fig.update_xaxes(title_text="depth (0 = input of block 0)", row=len(panels), col=col)
-    fig.update_yaxes(title_text="held-out probe accuracy", range=[min(0.3, round(chance - 0.2, 3)), 1.03], row=1,
-                     col=1)
+    # low enough for every point and band drawn in the row (a below-chance score under paired grouped CV was
+    # drawn off the axis, 0.20 with its band at 0.10)
+    drawn = [v for r in (*rows, *(doc.get("erased") or [])) for v in (r.get("accuracy"), r.get("ci_low"))
+             if isinstance(v, (int, float))]
+    bottom = min(0.3, round(chance - 0.2, 3), round(min(drawn, default=1.0) - 0.03, 3))
+    fig.update_yaxes(title_text="held-out probe accuracy", range=[bottom, 1.03], row=1, col=1)
     fed_all = [r for rs in fed.values() for r in rs]
     for panel, key, name, base in (("lens", "logit_lens_ld", "logit lens: label LD", 0.0),
                                    ("mdl", "mdl_compression", "MDL compression", 1.0)):

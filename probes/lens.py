@@ -1,8 +1,8 @@
 """Logit lens (nostalgebraist 2020): the model's own final norm and LM head applied to the residual stream at
 every depth of the probed position T, read against the task's label words.
 
-For a residual x [D] at depth d (0 = input of block 0, l = output of block l, L = raw output of the last block)
-the lens logits are z = W_U norm_f(x) [V], where norm_f is the model's final norm (the one between the last
+For a residual x [D] at depth d (0 = input of block 0, l = output of 0-based block l - 1, L = raw output of the last
+block) the lens logits are z = W_U norm_f(x) [V], where norm_f is the model's final norm (the one between the last
 block and the LM head) and W_U the LM head. At depth L this is exactly the model's output at T.
 The fed state h_{T-1} is already post-final-norm (it is what the LM head reads at T-1), so its lens is
 W_U h_{T-1}, without the norm.

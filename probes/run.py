@@ -206,6 +206,10 @@ def main(argv=None):
     for n in distractors:
         samples = datasets[n]
         groups = np.array([s.group_id for s in samples])
+        n_groups = len(np.unique(groups))
+        if n_groups < config.n_splits and n_groups < len(samples) // 2:  # pairs share groups: the task's cap at N
+            raise UserError(f"{task} N={n}: only {n_groups} distinct group(s) however many pairs (its prompts at this "
+                            f"N repeat), and grouped cross-validation needs {config.n_splits}: use a larger N")
         try:
             y = np.array(probe_labels(samples, config.n_splits, roles)[0])  # the labels, or the pair roles
             if task == "multi_register":
@@ -389,7 +393,7 @@ def _run(args, procs, out, run_sig, t0, task, source, model, tok, model_name, mo
             "seed": args.seed,
             "probe": config.to_dict(),
             "depths": "0 = input of block 0 (embedding or fused input); "
-                      "l = output of block l (L before the final norm)",
+                      "l = output of 0-based block l - 1, the input of block l (L before the final norm)",
             "warnings": warnings,
             "wall_time_s": None,
         }

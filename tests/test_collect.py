@@ -127,3 +127,28 @@ def test_cache_roundtrip_and_export(tiny_model, tmp_path):
 
     doc = json.loads(js.read_text())
     assert len(doc["samples"]) == 6 and doc["samples"][0]["index"] == 0 and "layout" in doc
+
+
+def test_the_cache_key_changes_with_the_code_that_computes_an_activation(monkeypatch, tmp_path):
+    """A fusion edit was served the old activations (0.10 off): the key holds a hash of engine/, models/ and the
+    collector's source and of the torch / transformers versions."""
+    import probes.collect as collect
+
+    key = collect.cache_key("w", "c", "d", "t", "standard")
+    assert collect.cache_key("w", "c", "d", "t", "standard") == key  # stable within one code
+    monkeypatch.setattr(collect, "code_version", lambda: "another")
+    assert collect.cache_key("w", "c", "d", "t", "standard") != key
+    collect.code_version.cache_clear() if hasattr(collect.code_version, "cache_clear") else None
+
+
+def test_the_code_version_covers_engine_models_and_the_versions(monkeypatch):
+    import transformers
+
+    import probes.collect as collect
+
+    collect.code_version.cache_clear()
+    before = collect.code_version()
+    collect.code_version.cache_clear()
+    monkeypatch.setattr(transformers, "__version__", transformers.__version__ + ".post1")
+    assert collect.code_version() != before
+    collect.code_version.cache_clear()

@@ -40,6 +40,16 @@ def test_figure_panels_and_lines():
                                                                "8 writes/register"]
 
 
+def test_the_accuracy_axis_reaches_every_point_and_band():
+    """A below-chance score (paired grouped CV: 0.20, its band down to 0.10) was drawn off the axis, whose floor was
+    fixed at 0.3."""
+    doc = fake_doc()
+    assert depth_curve_figure(doc).layout.yaxis.range[0] == pytest.approx(0.3)
+    low = doc["results"][1]
+    low["accuracy"], low["ci_low"] = 0.2, 0.1
+    assert depth_curve_figure(doc).layout.yaxis.range[0] <= 0.1
+
+
 def test_html_is_self_contained_and_deterministic(tmp_path):
     html = render_html(fake_doc(), plotly="inline")
     assert not re.search(r"<script[^>]*\bsrc=", html) and not re.search(r"<link[^>]*\bhref=", html)

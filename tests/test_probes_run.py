@@ -178,3 +178,16 @@ def test_refuses_results_of_a_different_run(tiny_ckpt, tmp_path):
     # an unknown non-model mode for a plain HF model is refused too
     r = run_cli("--task", "completion", "--model", tiny_ckpt, "--out", tmp_path / "p", "--modes", "fused-x")
     assert r.returncode == 2
+
+
+def test_a_task_whose_groups_cannot_reach_the_folds_at_this_n_says_so(tmp_path, capsys):
+    """memory at N = 2 has 4 distinct prompts' groups however many pairs: "use more pairs, or fewer folds" could not
+    be followed (probes.run has no folds flag); the refusal names the N as the cause."""
+    from probes.run import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--task", "memory", "--model", "tiny-fbt", "--modes", "standard", "--distractors", "2", "--n-pairs",
+              "500", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "memory N=2: only 4 distinct group(s) however many pairs" in err, err
+    assert "use a larger N" in err and not (tmp_path / "o").exists()
