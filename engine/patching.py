@@ -114,7 +114,8 @@ class Patch:
         if (self.site in BLOCK_SITES) != (self.layer is not None) or (self.site == "head") != (self.head is not None):
             raise UserError("attn_out / mlp_out / head patches need `layer` (head patches also `head`); other "
                             "sites take neither")
-        if self.rows is not None and (self.site != "state" or self.rows.dtype != torch.bool
+        if self.rows is not None and (self.site != "state" or not isinstance(self.rows, torch.Tensor)
+                                      or self.rows.dtype != torch.bool
                                       or (isinstance(self.value, torch.Tensor)
                                           and tuple(self.rows.shape) != (self.value.shape[0],))):
             raise UserError("patch rows must be a bool [batch] mask, and only on state patches")

@@ -96,6 +96,8 @@ def test_a_patch_index_is_a_non_negative_int(kw):
         Patch("head", Zero(), pos=-1, layer=0, head=True)
     with pytest.raises(UserError, match="torch tensor"):
         Patch("resid", np.zeros((B, D)), depth=1, pos=-1)
+    with pytest.raises(UserError, match="bool \\[batch\\] mask"):  # a list, not a tensor: one line too
+        Patch("state", torch.zeros(B, D), rows=[True, False, True, False])
 
 
 def test_edits_take_shapes_as_written():
