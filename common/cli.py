@@ -475,9 +475,22 @@ def set_threads(n: int) -> int:
     return torch.get_num_threads()
 
 
+class _NoProgress(argparse._StoreTrueAction):
+    """--no-progress, for Hugging Face's bars too (transformers 5 draws one while it loads weights): its switch is
+    set when the flag is parsed, before any model loads."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read where huggingface_hub is first imported
+        if "transformers" in sys.modules:  # imported already: its own switch
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+
+
 def add_progress_flag(p, help_extra: str | None = None):
     """--no-progress (args.no_progress)."""
-    return _shared(p.add_argument("--no-progress", action="store_true",
+    return _shared(p.add_argument("--no-progress", action=_NoProgress,
                                   help=SHARED_HELP["--no-progress"] + (help_extra or "")), "--no-progress")
 
 

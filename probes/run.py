@@ -207,9 +207,12 @@ def main(argv=None):
         samples = datasets[n]
         groups = np.array([s.group_id for s in samples])
         n_groups = len(np.unique(groups))
-        if n_groups < config.n_splits and n_groups < len(samples) // 2:  # pairs share groups: the task's cap at N
-            raise UserError(f"{task} N={n}: only {n_groups} distinct group(s) however many pairs (its prompts at this "
-                            f"N repeat), and grouped cross-validation needs {config.n_splits}: use a larger N")
+        if n_groups < config.n_splits and n_pairs is not None:  # more pairs help, unless the task caps the groups
+            more = source.make(4 * n_pairs, n, args.seed)  # at this N (its prompts repeat): then say so
+            if len({s.group_id for s in more}) == n_groups:
+                raise UserError(f"{task} N={n}: only {n_groups} distinct group(s) however many pairs (its prompts "
+                                f"at this N repeat), and grouped cross-validation needs {config.n_splits}: use a "
+                                "larger N")
         try:
             y = np.array(probe_labels(samples, config.n_splits, roles)[0])  # the labels, or the pair roles
             if task == "multi_register":

@@ -191,3 +191,9 @@ def test_a_task_whose_groups_cannot_reach_the_folds_at_this_n_says_so(tmp_path, 
     err = capsys.readouterr().err
     assert e.value.code == 2 and "memory N=2: only 4 distinct group(s) however many pairs" in err, err
     assert "use a larger N" in err and not (tmp_path / "o").exists()
+    # completion at 5 pairs also has 4 groups, but more pairs bring more (its R digits): not a cap, "more pairs"
+    with pytest.raises(SystemExit):
+        main(["--task", "completion", "--model", "tiny-fbt", "--modes", "standard", "--distractors", "0",
+              "--n-pairs", "5", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert "however many pairs" not in err and "use more pairs" in err, err
