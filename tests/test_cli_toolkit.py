@@ -202,3 +202,24 @@ def test_shared_flags_keep_their_words_under_the_defaults_formatter(capsys, monk
     e = _entries(text)
     assert e["--seed"] == f"random seed, 0..{MAX_SEED}, of the data (default 0)"
     assert e["--n"] == "a size (default: 3)" and e["--flag"] == "a switch"
+
+
+def test_no_progress_silences_hugging_face_loading_bars(monkeypatch):
+    """transformers 5 draws a "Loading weights" bar of its own: --no-progress turns it off when it is parsed."""
+    import os
+
+    from transformers.utils import logging as hf_logging
+
+    from common.cli import Parser, add_progress_flag
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()
+    try:
+        p = Parser(prog="x")
+        add_progress_flag(p)
+        assert p.parse_args([]).no_progress is False and hf_logging.is_progress_bar_enabled()
+        assert p.parse_args(["--no-progress"]).no_progress is True
+        assert not hf_logging.is_progress_bar_enabled() and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
