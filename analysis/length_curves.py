@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 from common.cli import Parser, add_output_flags, add_plotly_flag, page_outputs, say
@@ -508,8 +509,22 @@ def main(argv=None):
     html = fig.to_html(include_plotlyjs=include_plotlyjs(a.plotly), full_html=True, div_id=DIV_ID,
                        config={"displayModeBar": False})
     write_page(out, html, png, fig, DIV_ID, a.plotly, a.overwrite)
-    say(f"wrote {out}", *([f"wrote {png}"] if png else []), *([table] if table is not None else []))
+    say(f"wrote {out}", *([f"wrote {png}"] if png else []), *([table] if table is not None else []),
+        *_not_drawn(held, modes, model_modes))
     return 0
+
+
+def _not_drawn(held: dict, modes, model_modes: dict) -> list[str]:
+    """One line naming the modes the inputs hold that no curve draws (the default --modes is a fixed list: a
+    recirculation or recurrent-2 row was left out without a word), the fused-k sweep counted, not listed."""
+    drawn = {parse_mode(m).name for m in modes} | {parse_mode(m).name for ms in model_modes.values() for m in ms}
+    left = sorted(set().union(*held.values()) - drawn)
+    if not left:
+        return []
+    sweep = [m for m in left if re.fullmatch(r"fused-\d+", m)]
+    named = [m for m in left if m not in sweep]
+    parts = named + ([f"{len(sweep)} fused-k of the sweep"] if sweep else [])
+    return [f"not drawn (the inputs hold them; name them in --modes): {', '.join(parts)}"]
 
 
 def write_png(evals, png, modes=DEFAULT_MODES, model_modes=None, title: str = TITLE) -> Path:

@@ -31,9 +31,12 @@ class CausalContext:
     """A model, a batch, and each mode's clean run (the shared prefix of every patched run of that mode).
 
     `modes`: the modes to prepare (canonical names or aliases; default standard and recurrent-1). `mode`: the
-    mode under study (default: the first non-standard one), the default of the thin wrappers below."""
+    mode under study (default: the first non-standard one), the default of the thin wrappers below. On a model
+    without a fusion module, a recurrent or fused mode asked for by name is refused (UserError), unless
+    `drop_unfused` (a negative control run on whatever modes it has); the default modes drop it silently."""
 
-    def __init__(self, model: FullBandwidthLM, batch: Batch, check_engine: bool = True, modes=MODES):
+    def __init__(self, model: FullBandwidthLM, batch: Batch, check_engine: bool = True, modes=MODES,
+                 drop_unfused: bool = False):
         self.model = model.eval()
         self.batch = batch
         self.n_layers = model.n_layers
@@ -53,6 +56,11 @@ class CausalContext:
             if p not in parsed:
                 parsed.append(p)
         if not model.has_fusion:  # recurrence and fused passes need the fusion module; recirculation does not
+            unfused = [p.name for p in parsed if p.has_feedback]
+            if unfused and modes is not MODES and not drop_unfused:  # asked for by name: not dropped silently
+                raise UserError(f"{', '.join(unfused)} need{'s' if len(unfused) == 1 else ''} a fusion module, and "
+                                "this model has none (FullBandwidthLM(lm, fusion=False), or a plain HF model): use "
+                                "standard or a recirc-S:D:A mode")
             parsed = [p for p in parsed if not p.has_feedback] or [Mode("standard")]
         self.modes = [p.name for p in parsed]
         self.mode = next((m for m in self.modes if m != "standard"), "standard")

@@ -169,7 +169,7 @@ def verdict(report: dict) -> tuple[str, str]:
         return ("not applicable (no feedback)",
                 f"{_task_name(cfg)} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): {why}, so "
                 f"the fed-state analyses do not apply (clean accuracy {_f(clean['accuracy'])} "
-                f"{_ci(clean, 'accuracy')}, n={clean['n']})" + _resid_clause(res) + _loop_clause(res) + ".")
+                f"{_ci(clean, 'accuracy')}, n={clean['n']})" + _resid_clause(res, clean) + _loop_clause(res) + ".")
     ne, ci = swap["normalized_effect"], swap["normalized_effect_ci"]
     lo = ci[0] if ci else None
     if clean["accuracy"] is None or clean["accuracy"] < 0.6:
@@ -253,13 +253,19 @@ def _loop_clause(res: dict) -> str:
             f"donor when swapped at T {first('swap_T')}, at every position {first('swap_all_positions')}")
 
 
-def _resid_clause(res: dict) -> str:
+def _resid_clause(res: dict, clean: dict | None = None) -> str:
     """What the residual analyses found, for a report without a fed state: where swapping the paired sample's
-    residual stream moves the answer most (layer patching) and what the position sweep saw before the pair's
-    first differing token (exactly nothing, by causal attention)."""
+    residual stream moves the answer most (layer patching, with its CI) and what the position sweep saw before the
+    pair's first differing token (exactly nothing, by causal attention). A model that does not solve the task
+    (clean accuracy under 0.6, the verdict's bar) gets no "largest effect": its normalized effects divide by a
+    clean logit difference near 0 (0.83 [-6.06, 19.47] was quoted for a model at chance)."""
     out = []
     lp = res.get("layer_patching")
-    if lp and lp.get("modes"):
+    unsolved = clean is not None and (clean.get("accuracy") is None or clean["accuracy"] < 0.6)
+    if lp and lp.get("modes") and unsolved:
+        out.append(f"; layer patching is not summarized: the model does not solve the task (clean accuracy "
+                   f"{_f(clean.get('accuracy'))}), so its normalized effects divide by a logit difference near 0")
+    elif lp and lp.get("modes"):
         m = lp["modes"][0]
         top = (lp.get("top_depth") or {}).get(m)
         best = None
@@ -271,7 +277,10 @@ def _resid_clause(res: dict) -> str:
                 if v is not None and (best is None or v > best[0]):
                     best = (v, d, name)
         if best is not None:
-            out.append(f"; layer patching: the largest normalized effect is {_f(best[0])} at depth {best[1]}, "
+            cell = next((c for c in (lp.get("cells") or {}).get(m, [])
+                         if c.get("depth") == best[1] and c.get("position_name") == best[2]), None)
+            ci = f" {_ci(cell, 'normalized_effect')}" if cell is not None else ""
+            out.append(f"; layer patching: the largest normalized effect is {_f(best[0])}{ci} at depth {best[1]}, "
                        f"position {best[2]}" + (f" (leaving out depth {top} at T, the donor's own output there)"
                                                 if top is not None else ""))
     sw = res.get("position_sweep")
@@ -723,8 +732,19 @@ def check_no_results(out: Path, overwrite: bool) -> None:
 
     found = existing_results(out) if out.is_dir() else []
     if found and not overwrite:
-        raise UserError(f"{out} already holds results of an earlier run ({', '.join(found)}); "
-                        "pass --overwrite or choose another --out")
+        raise UserError(f"{out} already holds results of an earlier run ({', '.join(found)}{_earlier_mode(out)}); "
+                        "pass --overwrite or choose another --out (one folder per mode: e.g. "
+                        f"--out {out.as_posix().rstrip('/')}-MODE)")
+
+
+def _earlier_mode(out: Path) -> str:
+    """', mode M' of the earlier report in `out` (a second mode's run into the default folder is the usual cause of
+    the refusal), or '' where it cannot be read."""
+    try:
+        mode = json.loads((out / "causal_report.json").read_text())["config"]["mode"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return f", mode {mode}" if isinstance(mode, str) else ""
 
 
 def write_report(report: dict, out: Path, overwrite: bool, plotly: str = "directory") -> list[Path]:

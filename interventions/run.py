@@ -386,8 +386,10 @@ def main(argv=None) -> int:
         raise UserError(f"--sweep-depth {args.sweep_depth} is beyond {parsed.name}'s depth 0..{L}")
     if not model.has_fusion and parsed.has_feedback:
         raise UserError(f"model {args.model!r} has no fusion module, so it has no {mode} prefill: use --mode "
-                        "standard (residual patching, the residual position sweep and mean ablation by depth) "
-                        "or recirc-S:D:ALPHA (training-free recirculation)")
+                        "standard (residual patching, the residual position sweep and mean ablation by depth), "
+                        "recirc-S:D:ALPHA (training-free recirculation)"
+                        + (", or loop-R (its core iterated R times)" if getattr(model, "spec", None) is not None
+                           and hasattr(model, "iterations") else ""))
     feedback = parsed.feeds_state
     if args.sweep_depth is not None and feedback:  # a flag that would change nothing is refused, not dropped
         raise UserError(f"--sweep-depth sets the depth of standard prefill's residual position sweep; {mode} sweeps "
@@ -495,7 +497,7 @@ def main(argv=None) -> int:
             control = None
             if control_arg is not None:
                 cname = safe_name(_model_path(control_arg))
-                cctx = CausalContext(cmodel, batch, modes=modes)
+                cctx = CausalContext(cmodel, batch, modes=modes, drop_unfused=True)  # runs what it has
                 progress.plan(3 if cmodel.has_fusion else 0)
                 progress.stage(f"negative control {control_arg}", 3 if cmodel.has_fusion else 0)
                 cctx.on_run = progress.step

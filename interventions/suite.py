@@ -398,6 +398,9 @@ class Suite:
         m = parse_mode(mode)
         r = m.loop_iterations or spec.iterations
         resid = ctx.resid(mode)  # [B, T, L+1, D]
+        runner = ctx.runner(mode)
+        # a recirculated mode's own second stream (RecircPatcher.rresid: [B, T, L+1, D], column T-1 never run)
+        rresid = runner.rresid().float().cpu() if hasattr(runner, "rresid") else None
         T = b.input_ids.shape[1]
         real = b.attention_mask.bool()
         rows, prev = [], None
@@ -408,9 +411,16 @@ class Suite:
             swap_T = ctx.run(mode, [Patch("resid", s_T[b.pair], depth=d, pos=-1)]).logits
             donor_all = resid[b.pair][:, :, d]  # [B, T, D]: the paired sample's s_i at every column
             both = (real & real[b.pair]).numpy()
-            swap_all = ctx.run(mode, [Patch("resid", torch.where(torch.as_tensor(both[:, c])[:, None],
-                                                                 donor_all[:, c], resid[:, c, d]),
-                                            depth=d, pos=c - T) for c in range(T)]).logits
+            every = [Patch("resid", torch.where(torch.as_tensor(both[:, c])[:, None], donor_all[:, c], resid[:, c, d]),
+                           depth=d, pos=c - T) for c in range(T)]
+            if rresid is not None and d > runner.spec.target:
+                # under recirculation, later tokens read each earlier column's recirculation branch, which a resid
+                # patch above the target depth does not reach (it is the normal branch's): swap that branch too,
+                # or "every position" is the swap at T again
+                own_r, donor_r = rresid[:, :, d], rresid[b.pair][:, :, d]
+                every += [Patch("rresid", torch.where(torch.as_tensor(both[:, c])[:, None], donor_r[:, c], own_r[:, c]),
+                                depth=d, pos=c - T) for c in range(T - 1)]
+            swap_all = ctx.run(mode, every).logits
             mean_T = ctx.run(mode, [Patch("resid", s_T.mean(0, keepdim=True).expand_as(s_T).clone(), depth=d,
                                           pos=-1)]).logits
             dose_T = [{"alpha": a, **self.metrics(ctx.run(mode, [Patch("resid", (1 - a) * s_T + a * s_T[b.pair],

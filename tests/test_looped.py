@@ -487,3 +487,29 @@ def test_the_activation_cache_hits_a_loop_mode_at_another_r(tmp_path):
     assert st == {"standard": "miss", "loop-5": "miss"} and a["loop-5"].shape[1] == 1 + 5 + 1 + 1
     b, st = collect_with_cache(col, ids, samples, ["standard", "loop-5"], tok, cache)
     assert st == {"standard": "hit", "loop-5": "hit"} and np.array_equal(a["loop-5"], b["loop-5"])
+
+
+def test_the_every_position_swap_under_recirculation_reaches_the_recirculated_stream():
+    """Under recirc-S:D:A the later tokens read each earlier column's recirculation branch; a resid patch above D is
+    the normal branch's, so "swap s_i at every position" was the swap at T again (identical rows at every
+    iteration above D). At a near-zero alpha the recirculated model is the loop itself: its every-position swaps
+    must match the loop's (they matched the swap at T)."""
+    from interventions.batch import Batch
+    from interventions.core import CausalContext
+    from interventions.suite import Suite
+    from models.loading import load_model
+    from tasks import make_dataset
+
+    model, tok, _ = load_model("tiny-loop-track")
+    batch = Batch.from_samples(make_dataset("parity", 12, 8, seed=3), tok, "parity")
+
+    def rows(mode):
+        ctx = CausalContext(model, batch, modes=[mode], check_engine=False)
+        return Suite(ctx, n_boot=20).loop_iterations()["rows"]
+
+    loop, recirc = rows("standard"), rows("recirc-10:3:0.000001")
+    assert [r["depth"] for r in recirc] == [2, 4, 6, 8, 10]
+    for a, b in zip(loop, recirc):
+        assert b["swap_all_positions"]["follows_donor_rate"] == pytest.approx(a["swap_all_positions"]["follows_donor_rate"])
+        assert b["swap_T"]["follows_donor_rate"] == pytest.approx(a["swap_T"]["follows_donor_rate"])
+    assert any(r["swap_all_positions"]["follows_donor_rate"] != r["swap_T"]["follows_donor_rate"] for r in recirc[1:])

@@ -127,6 +127,20 @@ def test_two_weights_under_one_name_are_refused(tmp_path, capsys):
     assert main([a, c, "--out", str(out), "--markdown"]) == 0  # one model's weights under two paths
 
 
+def test_modes_the_default_leaves_out_are_named(tmp_path, capsys):
+    """The default --modes is a fixed list: a file's recirc and recurrent-2 rows were left off the page without a
+    word. They are named now (a fused-k sweep counted)."""
+    from analysis.length_curves import main
+
+    rows = [("parity", 8, m, 0.9) for m in ("std", "recirc-2:1:0.5", "recurrent-2", "fused-2", "fused-3")]
+    a = _ev(tmp_path, "a.json", "m", rows)
+    assert main([a, "--out", str(tmp_path / "p.html")]) == 0
+    out = capsys.readouterr().out
+    assert "not drawn (the inputs hold them; name them in --modes): recirc-2:1:0.5:convex, recurrent-2, 2 fused-k" in out
+    assert main([a, "--modes", "std,recirc-2:1:0.5,recurrent-2,fused-2,fused-3", "--out", str(tmp_path / "q.html")]) == 0
+    assert "not drawn" not in capsys.readouterr().out
+
+
 def test_model_modes_twice_for_one_model_is_refused(tmp_path, capsys):
     """--model-modes A:std --model-modes A:recurrent-full drew recurrent-full only (the earlier one dropped): a
     model's modes are one list."""

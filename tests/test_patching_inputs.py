@@ -164,3 +164,23 @@ def test_a_float64_model_on_padded_rows_names_its_dtype(model):
             CausalContext(m64.double().eval(), _batch(pad=True), modes=["standard"])
     finally:
         model.lm.float()
+
+
+def test_the_usage_page_head_patch_example_runs_as_written(model):
+    """docs/usage.md's "From Python" head patch, executed from the page: the head of layer 1 at T takes the paired
+    sample's value; a plain HF model wrapped without a fusion refuses a recurrent mode asked for by name."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "usage.md").read_text()
+    code = re.search(r"One head's output at T.*?```python\n(.*?)```", page, re.S).group(1)
+    batch = _batch()
+    ctx = CausalContext(model, batch, modes=["standard"])
+    scope = {"ctx": ctx, "batch": batch, "torch": torch}
+    exec(code, scope)
+    assert scope["logits"].shape == ctx.clean["standard"].logits.shape
+    assert not torch.equal(scope["logits"], ctx.clean["standard"].logits)  # the head mattered
+    plain = FullBandwidthLM(model.lm, fusion=False).eval()
+    with pytest.raises(UserError, match="recurrent-1 needs a fusion module"):
+        CausalContext(plain, batch, modes=["standard", "recurrent-1"])
+    assert CausalContext(plain, batch).modes == ["standard"]  # the default modes: what the model has

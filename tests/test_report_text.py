@@ -105,6 +105,23 @@ def test_the_largest_layer_patching_effect_leaves_out_the_donors_own_output():
     assert "is 1.00 at depth 2, position T" in _resid_clause({"layer_patching": lp})
 
 
+def test_the_largest_layer_patching_effect_carries_its_ci_and_is_not_read_off_a_model_at_chance():
+    """A model at chance (clean LD ~2e-4) had "the largest normalized effect is 0.83 at depth 0" in its verdict:
+    a ratio over a denominator near 0, its CI [-6.06, 19.47] unsaid. The CI is said now, and a model under the
+    verdict's 0.6 bar gets no largest effect."""
+    from interventions.report import _resid_clause
+
+    lp = {"modes": ["standard"], "depths": [0, 1], "positions": ["T-1", "T"], "top_depth": {"standard": 1},
+          "standard": {"normalized_effect": [[0.1, 0.83], [0.2, 1.0]]},
+          "cells": {"standard": [{"depth": 0, "position_name": "T", "normalized_effect": 0.83,
+                                  "normalized_effect_ci": [-6.06, 19.47]}]}}
+    solved = {"accuracy": 0.95}
+    assert "largest normalized effect is 0.83 [-6.06, 19.47] at depth 0, position T" in \
+        _resid_clause({"layer_patching": lp}, solved)
+    text = _resid_clause({"layer_patching": lp}, {"accuracy": 0.5})
+    assert "largest" not in text and "does not solve the task (clean accuracy 0.50)" in text
+
+
 def test_the_position_sweep_plots_T_at_zero_and_the_json_is_committed_last(tiny_ckpt, tmp_path, monkeypatch):
     from interventions.run import main
 
@@ -170,3 +187,20 @@ def test_a_control_is_another_model_and_is_called_negative_only_where_its_fusion
     rep = json.loads((tmp_path / "r" / "causal_report.json").read_text())
     assert rep["control"]["skipped"].startswith("recirculation trains nothing")
     assert "Control model: skipped (recirculation trains nothing" in (tmp_path / "r" / "causal_report.md").read_text()
+
+
+def test_a_second_mode_into_the_default_folder_is_told_how_to_go_on(tmp_path):
+    """Running --mode standard then --mode recirc-... for one model and task met "already holds results" with no
+    hint that the folder is per model and task, not per mode: the refusal names the earlier mode and an --out."""
+    import json
+
+    from common.errors import UserError
+    from interventions.report import check_no_results
+
+    out = tmp_path / "figures" / "m" / "parity"
+    out.mkdir(parents=True)
+    (out / "causal_report.json").write_text(json.dumps({"config": {"mode": "standard"}}))
+    with pytest.raises(UserError) as e:
+        check_no_results(out, overwrite=False)
+    assert "(causal_report.json, mode standard)" in str(e.value) and f"--out {out.as_posix()}-MODE" in str(e.value)
+    check_no_results(out, overwrite=True)
