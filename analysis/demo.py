@@ -120,20 +120,23 @@ def _hi(x):
     return None if not x or not x.get("ci") else x["ci"][1]
 
 
-def judge(k: dict) -> tuple[str, str]:
+def judge(k: dict, report_label: str | None = None) -> tuple[str, str]:
     """(verdict, the rule it rests on), from the numbers alone.
 
     decodable: the depth-0 probe under feedback reads the label (CI low >= 0.9) where the standard one is at
     chance (CI high <= chance + 0.1); used: the state swap's normalized effect has CI low > 0.5; not used: its CI
     high < 0.1; necessary: the model answers (CI low >= 0.9) and feeding token embeddings at every position
-    leaves it at chance (CI high <= chance + 0.15)."""
+    leaves it at chance (CI high <= chance + 0.15). `report_label`: the causal report's own verdict label, printed
+    beside this one: "used" also needs it to be "causally used", "not used" "not detectably used" (a CI of
+    0.06-0.09 is "not used" by the CI rule and "partly used" by the report's; a CI that misses its estimate is the
+    report's "inconclusive"), so the page never says both."""
     chance = k["chance"]
     ok = lambda v: v is not None
     decodable = ok(_lo(k["probe_depth0_feedback"])) and _lo(k["probe_depth0_feedback"]) >= 0.9 and \
         _hi(k["probe_depth0_standard"]) <= chance + 0.1
     ne = k["swap_normalized_effect"]
-    used = ok(_lo(ne)) and _lo(ne) > 0.5
-    unused = ok(_hi(ne)) and _hi(ne) < 0.1
+    used = ok(_lo(ne)) and _lo(ne) > 0.5 and report_label in (None, "causally used")
+    unused = ok(_hi(ne)) and _hi(ne) < 0.1 and report_label in (None, "not detectably used")
     solves = ok(_lo(k["accuracy_feedback"])) and _lo(k["accuracy_feedback"]) >= 0.9
     necessary = solves and ok(_hi(k["bypass_all_accuracy"])) and _hi(k["bypass_all_accuracy"]) <= chance + 0.15
     if not solves:
@@ -256,13 +259,14 @@ def main(argv=None) -> int:
             probes = json.loads((sub / "probes.json").read_text())
             report = json.loads((sub / "causal_report.json").read_text())
             # the commands as they would be typed, with the folder the results end in (the report records its own)
-            cmds = ["python -m probes.run " + " ".join(st.probe_argv(final)),
-                    "python -m interventions.run " + " ".join(st.battery_argv(final))]
+            cmds = ["python -m probes.run " + " ".join(st.probe_argv(final)),  # the demo's own results are there:
+                    "python -m interventions.run " + " ".join(st.battery_argv(final)) + " --overwrite"]  # replace them
             report["config"]["command"] = cmds[1] + "".join(f" {q}" for q in quiet)
             write_report(report, sub, overwrite=True)
             k = key_numbers(st, probes, report)
-            results.append((probes, report, k, judge(k), cmds))
-        text = page(STUDIES, results, "python -m analysis.demo" + (" --overwrite" if args.overwrite else ""))
+            results.append((probes, report, k, judge(k, (report.get("verdict") or {}).get("label")), cmds))
+        text = page(STUDIES, results, "python -m analysis.demo" + (f" --out {args.out}" if args.out is not None else "")
+                    + (" --overwrite" if args.overwrite else ""))
         stage_plotly_js(stage)
         stage.file("index.html", text)
         stage.commit()

@@ -90,8 +90,20 @@ def zero_change_note(results: dict) -> list[str]:
         for task in dict.fromkeys(r["task"] for r in rows):
             ks = [r["passes"] for r in rows if r["task"] == task and r["passes"] > 0 and r["state_change"] == 0]
             if ks:
-                lines.append(f"{model_name} / {task}: k = {', '.join(map(str, ks))}")
+                lines.append(f"{model_name} / {task}: k = {_ranges(ks)}")
     return lines
+
+
+def _ranges(ks: list[int]) -> str:
+    """[1, 2, 3, 5, 7, 8] -> '1-3, 5, 7-8': a fixed point reached at pass 45 of 300 named 256 passes in one line
+    that ran off the page."""
+    ks = sorted(set(ks))
+    runs, start = [], ks[0]
+    for a, b in zip(ks, ks[1:] + [None]):
+        if b != a + 1:
+            runs.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(runs)
 
 
 def figure(results: dict):

@@ -248,6 +248,18 @@ def fed_state_swap(causal: dict, where: str | None = None) -> dict:
     raise UserError(f"{where}: no state_swap row (a model with a fed state, under a recurrent mode)")
 
 
+def check_solved(causal: dict, where: str) -> None:
+    """Refuse a report whose model does not solve its task (clean accuracy under the verdict's 0.6 bar): its own
+    verdict is "inconclusive", and a swap rate drawn from it would read as one that means something."""
+    cfg, res = causal.get("config") or {}, causal.get("results") or {}
+    clean = (res.get("clean") or {}).get(cfg.get("mode")) or {}
+    acc = clean.get("accuracy")
+    if is_number(acc) and acc < 0.6:
+        raise UserError(f"{where}: the model does not solve the task there (clean accuracy {acc:.2f} under "
+                        f"{cfg.get('mode')}, below the verdict's 0.6 bar: its report is inconclusive), so its swap "
+                        "rates say nothing; use a run at an N the model solves")
+
+
 def probes_task(probes: dict) -> str:
     return probes["meta"]["run"]["task"]
 
@@ -317,8 +329,11 @@ def where_figure(probes: dict, causal: dict, feedback: list[dict]):
     for k, fb in enumerate(feedback):
         row = fed_state_swap(fb)
         fb_name = (fb.get("model") or {}).get("name", f"feedback {k}")
+        ci = row.get("follows_donor_rate_ci")
+        ci_text = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, list) and len(ci) == 2 else ""
         fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[row["follows_donor_rate"]] * 2, mode="lines",
-                                 name=f"{fb_name} ({row.get('mode')}): fed-state swap at T, follows donor",
+                                 name=f"{fb_name} ({row.get('mode')}): fed-state swap at T, follows donor "
+                                      f"{row['follows_donor_rate']:.2f}{ci_text}",
                                  line=dict(color=PALETTE[(3 + k) % len(PALETTE)], dash="dash")), row=1, col=2)
     fig.update_xaxes(title_text="iteration i (the last core block's output is s_i)", row=1, col=1)
     fig.update_xaxes(title_text="iteration i (s_0 = the prelude's output)", row=1, col=2, dtick=1)
@@ -348,8 +363,10 @@ def main(argv=None):
     causal = check_causal(read_user_json(a.causal, "causal_report.json"), w_causal)
     feedback = [check_causal(read_user_json(f, "causal_report.json"), w) for f, w in zip(a.feedback, w_feedback)]
     loop_swap_rows(causal, w_causal)
+    check_solved(causal, w_causal)
     for fb, w in zip(feedback, w_feedback):
         fed_state_swap(fb, w)
+        check_solved(fb, w)
     check_same_run(probes, causal, feedback, (w_probes, w_causal, w_feedback))
     check_same_n(probes, causal, feedback, (w_probes, w_causal, w_feedback))
     fig = where_figure(probes, causal, feedback)

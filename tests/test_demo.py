@@ -30,6 +30,20 @@ def test_judge_reads_each_verdict_from_its_numbers():
     assert judge(_k(ne=(0.9, 1.0), bypass_all=(0.3, 0.45), chance=1 / 3))[0] == "necessary and used"
 
 
+def test_judge_never_contradicts_the_report_printed_beside_it():
+    """A normalized effect of 0.075 [0.06, 0.09] is "not used" by the CI rule and "partly used" by the causal
+    report's; 0.51 [0.69, 2.65] (a CI that misses its estimate) is "used" by one and "inconclusive" by the other.
+    The page printed both: the demo's verdict needs the report's to agree."""
+    from analysis.demo import judge
+
+    assert judge(_k(ne=(0.06, 0.09)), "partly used")[0] == "neither rule holds"
+    assert judge(_k(ne=(0.06, 0.09)), "not detectably used")[0] == "decodable, not used"
+    used = _k(ne=(0.69, 2.65), bypass_all=(0.45, 0.6))
+    assert judge(used, "inconclusive (the effect's bootstrap CI does not contain its estimate)")[0] == \
+        "neither rule holds"
+    assert judge(used, "causally used")[0] == "necessary and used"
+
+
 def test_the_intro_says_the_verdicts_found():
     from analysis.demo import STUDIES, found_verdicts
 

@@ -183,3 +183,12 @@ def test_zero_state_change_is_named_on_the_page():
     assert "not drawn on the log axis" in html and "k = 100, 1000" in html
     # no zero: no note
     assert zero_notes(figure(stability_results(["tiny-fbt"], ("memory",), (0, 1, 2, 100, 1000)))) == []
+
+
+def test_a_long_run_of_zero_passes_is_one_range():
+    """--passes 300 reaching the fixed point at 45 listed 256 passes in a note that ran off the page."""
+    from analysis.stability import _ranges, zero_change_note
+
+    assert _ranges([1, 2, 3, 5, 7, 8]) == "1-3, 5, 7-8" and _ranges([100, 1000]) == "100, 1000"
+    rows = [{"task": "memory", "passes": k, "state_change": 0.0 if k >= 45 else 0.1} for k in range(0, 301)]
+    assert zero_change_note({"m": rows}) == ["m / memory: k = 45-300"]

@@ -139,3 +139,24 @@ def test_files_of_another_model_or_task_are_refused(tmp_path, capsys):
     custom = _edit(loop, lambda d: d["config"].update(task="tasks/p.jsonl", task_source={"name": "parity"}),
                    tmp_path / "custom.json")
     assert main(["--probes", probes, "--causal", custom, "--out", str(tmp_path / "ok.html")]) == 0  # a file's name
+
+
+def test_a_report_of_a_model_that_does_not_solve_the_task_is_refused(tmp_path, capsys):
+    """A feedback report whose own verdict is "inconclusive (the model does not solve the task)" (clean accuracy
+    0.55) was drawn as a 0.45 "follows donor" line with no caveat; the looped report was not checked either."""
+    from analysis.where_state import main
+
+    probes, loop, fb = _docs(tmp_path)
+    doc = json.loads(open(fb).read())
+    doc["config"]["mode"] = "recurrent-full"
+    doc["results"]["clean"] = {"recurrent-full": {"accuracy": 0.55}}
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    err = _refused(main, ["--probes", probes, "--causal", loop, "--feedback", str(tmp_path / "bad.json")], tmp_path,
+                   capsys)
+    assert "does not solve the task there (clean accuracy 0.55 under recurrent-full" in err
+    doc["results"]["clean"]["recurrent-full"]["accuracy"] = 0.97
+    (tmp_path / "good.json").write_text(json.dumps(doc))
+    out = tmp_path / "w.html"
+    assert main(["--probes", probes, "--causal", loop, "--feedback", str(tmp_path / "good.json"), "--out",
+                 str(out)]) == 0
+    assert "fed-state swap at T, follows donor 0.97" in out.read_text()
