@@ -24,10 +24,12 @@ only `Mean` and `Add` take one vector for every row, [width] or [1, width].
 """
 from __future__ import annotations
 
+import numbers
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields, replace
 
+import numpy as np
 import torch
 
 from common.errors import UserError
@@ -133,7 +135,7 @@ class Scale(Edit):
         f = self.factor
         if isinstance(f, torch.Tensor) and f.numel() == 1:
             f = f.item()
-        if isinstance(f, bool) or not isinstance(f, (int, float)):
+        if isinstance(f, (bool, np.bool_)) or not isinstance(f, numbers.Real):  # numpy scalars too
             raise UserError(f"Scale's factor must be one real number, got {type(self.factor).__name__}"
                             + (f" of shape {tuple(self.factor.shape)}" if isinstance(self.factor, torch.Tensor) else ""))
         object.__setattr__(self, "factor", float(f))
@@ -216,7 +218,9 @@ class RowSwap(Edit):
         if not isinstance(self.donor, torch.Tensor) or self.donor.is_floating_point() or self.donor.is_complex() \
                 or self.donor.dtype == torch.bool or tuple(self.donor.shape) != (B,):
             raise UserError(f"RowSwap's donor must be integer row indices [batch={B}]")
-        if B and (int(self.donor.min()) < 0 or int(self.donor.max()) >= B):
+        # the range on the host only: on an accelerator it would cost a sync per call (the trainer swaps every step),
+        # and an index out of range there is an error of its own, not a silent misfit
+        if B and self.donor.device.type == "cpu" and (int(self.donor.min()) < 0 or int(self.donor.max()) >= B):
             raise UserError(f"RowSwap's donor rows must lie in 0..{B - 1} "
                             f"(got {int(self.donor.min())}..{int(self.donor.max())})")
         return torch.where(self.rows.to(base.device)[:, None], base[self.donor.to(base.device)], base)

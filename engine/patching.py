@@ -52,9 +52,11 @@ checks that every clean run equals the engine's prefill (engine.prefill.prefill_
 from __future__ import annotations
 
 import functools
+import numbers
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from common.errors import UserError
@@ -107,10 +109,12 @@ class Patch:
             raise UserError(f"a patch value tensor must be [batch, width], got shape {tuple(self.value.shape)}")
         if isinstance(self.pos, bool) or not isinstance(self.pos, int) or self.pos >= 0:
             raise UserError(f"patch position must be a negative column offset (-1 = T), got {self.pos!r}")
-        for name in ("depth", "layer", "head", "pass_"):  # an int, not a float or a bool (True would be 1)
+        for name in ("depth", "layer", "head", "pass_"):  # an int (numpy's too), not a float or a bool (True = 1)
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or v < 0):
                 raise UserError(f"patch {name.rstrip('_')} must be a non-negative integer, got {v!r}")
+            if v is not None:
+                object.__setattr__(self, name, int(v))
         if (self.site in BLOCK_SITES) != (self.layer is not None) or (self.site == "head") != (self.head is not None):
             raise UserError("attn_out / mlp_out / head patches need `layer` (head patches also `head`); other "
                             "sites take neither")

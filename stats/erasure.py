@@ -142,7 +142,9 @@ def _tie_aware_correct(probe, X_train, X_test, y_test) -> np.ndarray:
     if dec.ndim == 1:  # binary: the logit of classes_[1]
         dec = np.stack([-dec, dec], axis=1) / 2
     tied = dec >= dec.max(1, keepdims=True) - TIE * max(scale, np.finfo(float).tiny)  # [n, K]
-    hit = tied[np.arange(len(y_test)), np.searchsorted(classes, y_test)] & np.isin(y_test, classes)
+    known = np.isin(y_test, classes)  # a label this fold's training rows lack is never predicted: 0
+    index = np.minimum(np.searchsorted(classes, y_test), len(classes) - 1)
+    hit = known & tied[np.arange(len(y_test)), index]
     return np.where(hit, 1.0 / tied.sum(1), 0.0)
 
 

@@ -373,3 +373,15 @@ def test_fit_eraser_refuses_non_finite_values_and_labels_outside_the_classes():
     for labels in ([1, 2] * 4, [-1, 1] * 4):
         with pytest.raises(UserError, match="class indices 0..1"):
             fit_eraser(X, labels, 2)
+
+
+def test_a_held_out_class_the_training_fold_lacks_scores_zero_not_a_traceback():
+    """The tie-aware scoring indexed the decision columns by the test label's place among the training classes: a
+    label sorting after all of them was an IndexError (the old `predict == y` scored it 0)."""
+    from stats.erasure import heldout_accuracy
+
+    X = np.random.default_rng(0).normal(size=(40, 5))
+    y = np.array([0, 1] * 18 + [2] * 4)
+    g = np.arange(40) // 2
+    r = heldout_accuracy(lambda f: X, lambda f: X, y, g, [(np.arange(36), np.arange(30, 40))], ProbeConfig(n_boot=20))
+    assert r["n"] == 10 and 0.0 <= r["accuracy"] <= 0.6  # the four class-2 rows score 0

@@ -184,3 +184,14 @@ def test_the_usage_page_head_patch_example_runs_as_written(model):
     with pytest.raises(UserError, match="recurrent-1 needs a fusion module"):
         CausalContext(plain, batch, modes=["standard", "recurrent-1"])
     assert CausalContext(plain, batch).modes == ["standard"]  # the default modes: what the model has
+
+
+def test_numpy_scalars_are_taken_as_the_numbers_they_are():
+    """The type checks refused np.int64 depths and np.float32 factors (outside code indexes with numpy)."""
+    p = Patch("resid", Zero(), depth=np.int64(2), pos=-1)
+    assert p.depth == 2 and type(p.depth) is int
+    base = torch.randn(B, D)
+    torch.testing.assert_close(Scale(np.float32(2.0))(base), 2 * base)
+    torch.testing.assert_close(Scale(np.int64(2))(base), 2 * base)
+    with pytest.raises(UserError, match="non-negative integer"):
+        Patch("resid", Zero(), depth=np.bool_(True), pos=-1)
