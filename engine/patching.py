@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+from abc import ABC, abstractmethod
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
@@ -149,7 +150,7 @@ def _hooks(model: FullBandwidthLM, patches, col_of):
 
 
 # ----- one runner per mode ------------------------------------------------------------------------------------
-class Patcher:
+class Patcher(ABC):
     kind = ""
 
     def __init__(self, model: FullBandwidthLM, ids, mask, mode: Mode):
@@ -177,9 +178,9 @@ class Patcher:
             self.check(p)
         return self._run(patches)
 
+    @abstractmethod
     def _run(self, patches) -> torch.Tensor:
         """The mechanism's patched run of checked `patches` (each subclass's own)."""
-        raise NotImplementedError
 
     def check(self, p: Patch) -> None:
         """Refuse (UserError) a patch this mechanism cannot apply: its own `check_site`, then a fed site the run

@@ -122,9 +122,7 @@ class CausalContext:
     def run(self, mode: str, patches=()) -> RunOut:
         """Run `mode` on the whole batch with `patches`; logits at T."""
         r = self.runner(mode)
-        patches = list(patches)
-        for p in patches:  # before the values move (the run checks them again: cheap)
-            r.check(p)
+        patches = list(patches)  # each checked by the patcher's run (Patcher.run)
         if not patches:
             return RunOut(self.clean[r.mode.name].logits)
         patches = [replace(p, value=p.value.to(self.device, self.dtype)) for p in patches]
@@ -144,10 +142,7 @@ class CausalContext:
         in the patches' tensors where the caller enables grad (an edit's parameters: interventions.das trains a
         rotation through it; its evaluation runs call this under no_grad)."""
         r = self.runner(mode)
-        patches = list(patches)
-        for p in patches:
-            r.check(p)
-        patches = [replace(p, value=p.value.to(self.device, self.dtype)) for p in patches]
+        patches = [replace(p, value=p.value.to(self.device, self.dtype)) for p in patches]  # checked by r.run
         return r.run(patches)  # not a progress step (CausalContext.on_run): a training loop makes many
 
     # -- thin wrappers ------------------------------------------------------------------------------------
