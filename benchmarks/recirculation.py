@@ -37,7 +37,7 @@ def parse_args(argv=None):
                formatter_class=DefaultsFormatter)
     add_model_flag(p, "tiny", ", or tiny (a random 4-layer d128 Qwen3-style model)")
     p.add_argument("--recirculate", default=None,
-                   help="s:d:alpha[:convex|residual] (default: L:L//4:0.1:convex for the model's L layers)")
+                   help="s:d:alpha[:convex|residual][:rampN] (default: L:L//4:0.1:convex for the model's L layers)")
     p.add_argument("--prompt-len", type=int_in(1, 100_000), default=64,
                    help="prompt tokens before generating, 1..100000")
     p.add_argument("--new-tokens", type=int_in(2, 100_000), default=32,

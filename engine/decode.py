@@ -14,6 +14,7 @@ from common.cpus import sequential_threads
 from common.errors import UserError
 from engine.cache import new_cache
 from engine.inputs import check_inputs, check_stepwise, model_context, to_model
+from engine.result import require_finite
 
 
 def check_generation(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -31,6 +32,18 @@ def check_generation(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     # the prompt in one call, then a step a token (the last new one is never fed back in)
     check_stepwise(model, attention_mask, "generation", steps=0, new_tokens=max(max_new_tokens - 1, 0))
     return input_ids, attention_mask
+
+
+def next_token(logits: torch.Tensor, step: int) -> torch.Tensor:
+    """Greedy token ids [batch] from logits [batch, vocab]; UserError where a row's logits hold a NaN or inf (argmax
+    would return a token for it all the same, silently)."""
+    if not bool(torch.isfinite(logits).all()):
+        cause = f"its forward overflows or diverges in {logits.dtype}"
+        if logits.dtype == torch.float64:
+            cause += ("; in float64, eager attention turns a left-padded row's masked queries into NaN: run the "
+                      "model in float32 or with SDPA attention")
+        require_finite(logits, f"generation step {step}", cause)
+    return logits.argmax(-1)
 
 
 @contextmanager
@@ -54,7 +67,7 @@ def greedy_steps(model, out, cache, input_ids: torch.Tensor, attention_mask: tor
     new = []
     with step_loop():
         for step in range(max_new_tokens):
-            tok = logits.argmax(-1)  # [batch]
+            tok = next_token(logits, step)  # [batch]
             new.append(tok)
             if step == max_new_tokens - 1:
                 break

@@ -13,7 +13,8 @@ import torch
 from common.errors import UserError
 
 MODES = ("convex", "residual")
-_SPEC_RE = re.compile(r"^\s*(-?\d+)\s*:\s*(-?\d+)\s*:\s*([^:]+?)\s*(?::\s*(\w+)\s*)?$")
+_SPEC_RE = re.compile(r"^\s*(-?\d+)\s*:\s*(-?\d+)\s*:\s*([^:]+?)\s*(?::\s*(\w+)\s*)?(?::\s*ramp(\d+)\s*)?$")
+SPEC_FORM = "s:d:alpha[:convex|residual][:rampN]"
 
 
 # ----- configuration ----------------------------------------------------------------------------------------
@@ -54,6 +55,15 @@ class RecircSpec:
         if self.target < 0:
             raise UserError(f"recirculation target depth must be >= 0, got {self.target}")
 
+    def same_run(self, other: "RecircSpec") -> bool:
+        """Whether `other` runs exactly as this spec: its name and the same transform and subspace (a name leaves
+        the tensors out)."""
+        def same(a, b):
+            return a is b or (a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b)))
+
+        return (self.name == other.name and same(self.transform, other.transform)
+                and same(self.subspace, other.subspace) and self.subspace_complement == other.subspace_complement)
+
     @property
     def beta(self) -> float:
         return 1.0 - float(self.alpha) if self.mode == "convex" else 1.0
@@ -77,28 +87,34 @@ class RecircSpec:
 
 
 def parse_recirculate(value: str, n_layers: int | None = None) -> RecircSpec:
-    """'s:d:alpha[:convex|residual]' -> RecircSpec (validated against n_layers when given)."""
-    m = _SPEC_RE.match(str(value))
+    """'s:d:alpha[:convex|residual][:rampN]' -> RecircSpec (validated against n_layers when given): the form
+    `RecircSpec.name` writes, so every spec a run reports reads back as itself."""
+    m = _SPEC_RE.match(str(value)) if str(value).isascii() else None  # one spelling: \d and float() take any digits
     if not m:
-        raise UserError(f"bad recirculation spec {value!r}: use s:d:alpha[:convex|residual], e.g. 20:8:0.1:convex")
+        raise UserError(f"bad recirculation spec {value!r}: use {SPEC_FORM}, e.g. 20:8:0.1:convex")
     try:
         alpha = float(m.group(3))
     except ValueError:
         raise UserError(f"bad recirculation spec {value!r}: alpha {m.group(3)!r} is not a number") from None
     if not math.isfinite(alpha):
         raise UserError(f"bad recirculation spec {value!r}: alpha must be in [0, 1]")
-    spec = RecircSpec(int(m.group(1)), int(m.group(2)), alpha, (m.group(4) or "convex").lower())
+    mode, ramp = (m.group(4) or "convex").lower(), int(m.group(5) or 0)
+    if m.group(5) is None and mode.startswith("ramp") and mode[4:].isdigit():  # s:d:alpha:rampN (convex)
+        mode, ramp = "convex", int(mode[4:])
+    spec = RecircSpec(int(m.group(1)), int(m.group(2)), alpha, mode, ramp)
     return spec.validate(n_layers) if n_layers is not None else spec
 
 
 def mix(zd: torch.Tensor, zs: torch.Tensor, spec: RecircSpec, alpha_t: torch.Tensor | float | None = None,
         eps: float = 1e-12) -> torch.Tensor:
-    """z' from z_d and z_s ([..., D]); alpha_t broadcastable to zd[..., :1] (default: spec.alpha). Float32 math."""
+    """z' from z_d and z_s ([..., D]); alpha_t broadcastable to zd[..., :1] (default: spec.alpha). Float32 math at
+    least (a float64 model keeps float64: float32 here would put a 1e-8 floor under its alpha > 0 comparisons)."""
     dtype = zd.dtype
-    zd32, zs32 = zd.float(), zs.float()
+    work = torch.promote_types(dtype, torch.float32)
+    zd32, zs32 = zd.to(work), zs.to(work)
     if spec.transform is not None:
         zs32 = zs32 @ spec.transform.to(zs32).T
-    a = torch.as_tensor(spec.alpha if alpha_t is None else alpha_t, dtype=torch.float32, device=zd.device)
+    a = torch.as_tensor(spec.alpha if alpha_t is None else alpha_t, dtype=work, device=zd.device)
     if a.dim() > 0:
         a = a[..., None]
     b = 1.0 - a if spec.mode == "convex" else torch.ones_like(a)

@@ -5,7 +5,7 @@
                       (alias: soft = recurrent-1)
     recurrent-full    every position after the first fused: O(T) cached one-token steps
     fused-N           N parallel Jacobi feedback passes after the standard one (alias: fused = fused-1)
-    recirc-S:D:A[:convex|residual]
+    recirc-S:D:A[:convex|residual][:rampN]
                       training-free recirculation of depth S into depth D with weight A (engine.recirculation)
     loop-R            a looped model (models.looped) run with R iterations of its core: one parallel pass, feedback
                       in depth, none across positions (on a looped model, standard runs its trained R)
@@ -33,7 +33,7 @@ MAX_LOOP_ITERATIONS = 256  # models.looped.MAX_ITERATIONS
 # Named groups: a new kind's alternative adds a group without renumbering the others.
 _MODE_RE = re.compile(r"^(?:(?P<standard>standard)|recurrent-(?P<recurrent>\d+|full)|fused-(?P<fused>\d+)"
                       r"|loop-(?P<loop>\d+)(?::(?P<tol>[0-9.eE+-]+))?)$")
-HELP = "standard, recurrent-K, recurrent-full, fused-N, loop-R, loop-R:TOL or recirc-S:D:ALPHA[:convex|residual]"
+HELP = "standard, recurrent-K, recurrent-full, fused-N, loop-R, loop-R:TOL or recirc-S:D:ALPHA[:convex|residual][:rampN]"
 # analysis.evaluate's default --modes (here, below both, so that training.card can tell a default run apart)
 EVAL_MODES = "std,soft,fused,recurrent-full,fused-1..30"
 

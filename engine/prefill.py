@@ -441,6 +441,9 @@ def _distinct(modes, n_layers=None) -> list[Mode]:
         p = parse_mode(m, n_layers)
         if p not in out:
             out.append(p)
+        elif p.kind == "recirc" and not out[out.index(p)].recirc.same_run(p.recirc):
+            # results are keyed by name, and a name leaves out a spec's transform and subspace: one would be lost
+            raise UserError(f"two {p.name} modes differ in their transform or subspace: run them in separate calls")
     return out
 
 

@@ -41,7 +41,7 @@ orthogonal complement, is applied: the mediation experiment).
 
 Hooking into probes.run: `recirculated_prefill(model, spec, input_ids, attention_mask, positions, collect)`
 returns a engine.prefill.PrefillResult (mode name `spec.name`, last-position logits, post-final-norm top state
-and the residual stream of the *normal* branch at every depth 0..L); `parse_recirculate("s:d:alpha[:mode]",
+and the residual stream of the *normal* branch at every depth 0..L); `parse_recirculate("s:d:alpha[:mode][:rampN]",
 n_layers)` validates the CLI value.
 """
 from __future__ import annotations
@@ -61,6 +61,11 @@ from engine.inputs import check_inputs, check_stepwise
 from models.full_bandwidth import FullBandwidthLM, decoder_layers, positions_from_mask
 
 from engine.mixing import MODES, RecircSpec, mix, parse_recirculate  # noqa: F401  (the spec is part of this engine's API)
+
+
+def _on(like: torch.Tensor, pattern: torch.Tensor) -> torch.Tensor:
+    """A column pattern built on the host, on `like`'s device (a bool tensor of another device fails to combine)."""
+    return pattern.to(like.device)
 
 
 def _columns(cols, T: int, distinct: bool = True) -> torch.Tensor:
@@ -188,10 +193,11 @@ class RecirculatedLM(nn.Module):
     # ----- primitives -------------------------------------------------------------------------------------
     def _alpha(self, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Per-(row, column) alpha: ramped by position, 0 on padding."""
-        a = torch.full(pos.shape, float(self.spec.alpha), dtype=torch.float32, device=pos.device)
+        work = torch.promote_types(self.base.lm.dtype, torch.float32)  # float64 models: float64 alpha (mixing.mix)
+        a = torch.full(pos.shape, float(self.spec.alpha), dtype=work, device=pos.device)
         if self.spec.ramp:
-            a = a * ((pos.float() + 1) / self.spec.ramp).clamp(max=1.0)
-        return a * valid.float()
+            a = a * ((pos.to(work) + 1) / self.spec.ramp).clamp(max=1.0)
+        return a * valid.to(work)
 
     def _run(self, ids, attention_mask, position_ids, cache):
         """Base-model forward (no LM head): last hidden state after the final norm."""
@@ -295,7 +301,7 @@ class RecirculatedLM(nn.Module):
                         rec.cols = torch.tensor([c_n]) if j is not None else None
                     k = t + 1
                     q = chunk.shape[1]
-                    allowed = valid[:, None, :k] & (torch.arange(k)[None, :] <= torch.arange(k - q, k)[:, None])[None]
+                    allowed = valid[:, None, :k] & _on(valid, torch.arange(k)[None, :] <= torch.arange(k - q, k)[:, None])[None]
                     fmask = self._mask(allowed, torch.arange(k - q, k), torch.arange(k))
                     with held if held is not None else nullcontext():
                         h = self._run(chunk, fmask, pos_all[:, t + 1 - q:t + 1], cache)
@@ -334,7 +340,7 @@ class RecirculatedLM(nn.Module):
         if p < 1:
             return 0, None, (None, None, None)
         k = p + 1
-        allowed = valid[:, None, :k] & (torch.arange(k)[None, :] <= torch.arange(k)[:, None])[None]
+        allowed = valid[:, None, :k] & _on(valid, torch.arange(k)[None, :] <= torch.arange(k)[:, None])[None]
         fmask = self._mask(allowed, torch.arange(k), torch.arange(k))
         inj.inject_cols, inj.record_cols = None, torch.tensor([p])
         here = [(t, j) for t, j in want.items() if t <= p]
@@ -394,7 +400,7 @@ class RecirculatedLM(nn.Module):
                 ids = input_ids[:, c0:c1]
                 pos = pos_all[:, c0:c1]
                 kv = valid[:, :c1]
-                causal = torch.arange(c1)[None, :] <= torch.arange(c0, c1)[:, None]  # [b, c1]
+                causal = _on(valid, torch.arange(c1)[None, :] <= torch.arange(c0, c1)[:, None])  # [b, c1]
                 # pass 0: standard forward of the block (n attends to n within the block: the first guess)
                 inj.inject_cols, inj.record_cols = None, torch.arange(b)
                 if rec is not None:
@@ -406,10 +412,10 @@ class RecirculatedLM(nn.Module):
                 # [r-half | n-half] mask: keys = past r (c0 columns) + r-half (b) + n-half (b)
                 past = kv[:, None, :c0].expand(B, b, c0)
                 r_self = causal[None, :, c0:] & kv[:, None, c0:c1]  # r_i -> r_j, j <= i
-                strict = torch.arange(b)[None, :] < torch.arange(b)[:, None]
+                strict = _on(valid, torch.arange(b)[None, :] < torch.arange(b)[:, None])
                 n_r = strict[None] & kv[:, None, c0:c1]  # n_i -> r_j, j < i
-                eye = torch.eye(b, dtype=torch.bool)[None].expand(B, b, b)  # n_i -> n_i
-                none = torch.zeros(B, b, b, dtype=torch.bool)
+                eye = torch.eye(b, dtype=torch.bool, device=valid.device)[None].expand(B, b, b)  # n_i -> n_i
+                none = torch.zeros(B, b, b, dtype=torch.bool, device=valid.device)
                 allowed = torch.cat([torch.cat([past, r_self, none], -1), torch.cat([past, n_r, eye], -1)], 1)
                 fmask = self._mask(allowed, torch.arange(c0, c1).repeat(2),
                                    torch.cat([torch.arange(c1), torch.arange(c0, c1)]))
@@ -482,10 +488,10 @@ class RecirculatedLM(nn.Module):
 
         Returns new token ids [batch, max_new_tokens]. Identity mixing = the base model's cached greedy decoding.
         """
-        from engine.decode import check_generation
+        from engine.decode import check_generation, next_token
 
         self._check(input_ids, attention_mask)
-        check_generation(self.base, input_ids, attention_mask, max_new_tokens)  # the count, and the context
+        input_ids, attention_mask = check_generation(self.base, input_ids, attention_mask, max_new_tokens)
         check_stepwise(self.base, attention_mask, "recirculated generation", new_tokens=max(max_new_tokens - 1, 0))
         B, T = input_ids.shape
         if max_new_tokens == 0:
@@ -503,7 +509,7 @@ class RecirculatedLM(nn.Module):
         with sequential_threads():  # one-token steps: 1 thread (common.cpus)
             try:
                 for step in range(max_new_tokens):
-                    tok = logits.argmax(-1)
+                    tok = next_token(logits, step)
                     new.append(tok)
                     if step == max_new_tokens - 1:
                         break
@@ -542,7 +548,7 @@ def recirculated_prefill(model: FullBandwidthLM | PreTrainedModel, spec: RecircS
                          block: int | None = None, mix_mask: torch.Tensor | None = None):
     """Like engine.prefill.prefill for a recirculated model: a PrefillResult (normal branch) for a left-padded batch.
 
-    `spec` may be the --recirculate string 's:d:alpha[:convex|residual]'. positions: negative offsets from the end.
+    `spec` may be the --recirculate string 's:d:alpha[:convex|residual][:rampN]'. positions: negative offsets from the end.
     `mix_mask` [batch, T] bool (columns of the padded batch): targeted recirculation, mixing only where True
     (e.g. the key token's column only: every later token attends to its recirculated keys/values); None = every
     column (RecirculatedLM.prefill).

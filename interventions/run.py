@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default=None,
                    help="prefill mode intervened on: standard, recurrent-K, recurrent-full, fused-N, loop-R (default "
                         "recurrent-1; on a looped checkpoint standard, its trained iterations; fused-N patches its "
-                        "last pass) or recirc-S:D:ALPHA[:convex|residual] "
+                        "last pass) or recirc-S:D:ALPHA[:convex|residual][:rampN] "
                         "(training-free recirculation; its fed state is z_{t-1,s}, the source-depth state "
                         "recirculated from the position before). A model without a fusion module (any HF causal "
                         "LM) takes standard or recirc-*. Layer patching also runs standard.")

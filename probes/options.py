@@ -48,9 +48,9 @@ def parse_args(argv):
     p.add_argument("--modes", "--mode", dest="modes",
                    help="comma-separated prefill modes (standard, recurrent-K, recurrent-full, fused-N, loop-R); "
                         "default: the paper's for the task (a looped checkpoint: standard, its trained iterations)")
-    p.add_argument("--recirculate", action="append", default=[], metavar="S:D:ALPHA[:convex|residual]",
+    p.add_argument("--recirculate", action="append", default=[], metavar="S:D:ALPHA[:convex|residual][:rampN]",
                    help="also probe the model under training-free recirculation (engine.recirculation, exact "
-                        "sequential prefill): depth S mixed into depth D with weight ALPHA; repeatable. Adds a mode "
+                        "sequential prefill): depth S mixed into depth D with weight ALPHA (rampN: alpha grows over the first N positions); repeatable. Adds a mode "
                         "named recirc-S:D:ALPHA:MODE beside --modes")
     p.add_argument("--distractors",
                    help=f"comma-separated distractor counts N (0..{MAX_DISTRACTORS}; >= 1 for parity and "

@@ -68,7 +68,10 @@ def naive_reference(base, spec, ids):
                 h.remove()
         out.append(o.logits[:, t])
         a = spec.alpha * min(1.0, float(pos[t] + 1) / spec.ramp) if spec.ramp else spec.alpha
-        zp.append(mix(store["zd"], store["zs"], spec, torch.full(store["zd"].shape[:1], a)))
+        zd, zs = store["zd"], store["zs"]  # z' by hand (engine.mixing.mix is what is under test)
+        assert spec.transform is None and spec.subspace is None
+        beta = 1 - a if spec.mode == "convex" else 1.0  # beta_t follows the ramped alpha_t
+        zp.append(a * zd.norm(dim=-1, keepdim=True) / zs.norm(dim=-1, keepdim=True) * zs + beta * zd)
     return torch.stack(out, 1)
 
 
@@ -527,3 +530,85 @@ def test_the_study_refuses_what_it_cannot_hold_or_measure(tmp_path):
     M = types.SimpleNamespace(lm=types.SimpleNamespace(get_output_embeddings=lambda: head))
     with pytest.raises(UserError, match="log-probs kept for the KL would need"):
         Evaluator(M, torch.zeros(2, 64, dtype=torch.long), 1, [1.0])
+
+
+def test_a_float64_mix_keeps_float64():
+    """mix in a float64 model is float64 arithmetic (float32 put a 1e-8 floor under every alpha > 0 comparison)."""
+    g = torch.Generator().manual_seed(3)
+    zd, zs = torch.randn(4, 16, generator=g, dtype=torch.float64), torch.randn(4, 16, generator=g, dtype=torch.float64)
+    for spec in (RecircSpec(2, 0, 0.3, "convex"), RecircSpec(2, 0, 0.7, "residual")):
+        beta = 1 - spec.alpha if spec.mode == "convex" else 1.0
+        ref = spec.alpha * zd.norm(dim=-1, keepdim=True) / zs.norm(dim=-1, keepdim=True) * zs + beta * zd
+        got = mix(zd, zs, spec)
+        assert got.dtype == torch.float64 and (got - ref).abs().max() < 1e-14
+
+
+def test_float64_recirculation_matches_the_naive_reference_to_float64_rounding():
+    from models.configs import qwen3_config
+
+    cfg = qwen3_config(50, n_layers=3, d_model=32, initializer_range=0.1)
+    base64 = FullBandwidthLM.from_config(cfg, fusion=False, seed=0).eval().double()
+    ids, mask = _ids(2, 7)
+    spec = RecircSpec(3, 1, 0.4, "convex", ramp=3)
+    got = RecirculatedLM(base64, spec).prefill(ids, mask).logits
+    assert (got - naive_reference(base64, spec, ids)).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("spec", [RecircSpec(3, 1, 0.1, ramp=2), RecircSpec(3, 1, 0.25, "residual", ramp=7),
+                                  RecircSpec(2, 0, 1.0)], ids=lambda s: s.name)
+def test_every_spec_name_reads_back_as_itself(spec):
+    """A run reports a ramped spec as recirc-S:D:A:MODE:rampN: --mode / --recirculate must take that name back."""
+    from engine.modes import parse_mode
+
+    back = parse_mode(spec.name, n_layers=3).recirc
+    assert back.same_run(spec) and back.ramp == spec.ramp and back.mode == spec.mode
+    assert parse_recirculate("3:1:0.1:ramp2").ramp == 2  # the mode may be left out (convex)
+
+
+@pytest.mark.parametrize("value", ["\u0663:1:0.1", "3:1:0.1:convex:ramp\u0662", "3:1:0.1:ramp2:convex",
+                                   "3:1:0.1:convex:ramp"])
+def test_a_spec_has_one_spelling(value):
+    with pytest.raises(UserError):
+        parse_recirculate(value, n_layers=3)
+
+
+def test_two_specs_that_share_a_name_but_not_a_transform_are_refused(base):
+    """Results are keyed by the mode's name, which leaves out a transform: the second run would be dropped."""
+    from engine.modes import Mode
+    from engine.prefill import prefill_many
+
+    D = base.d_model
+    q1, q2 = random_rotation(D, seed=1), random_rotation(D, seed=2)
+    ids, mask = _ids(2, 6)
+    m1, m2 = (Mode("recirc", recirc=RecircSpec(3, 1, 1.0, transform=q)) for q in (q1, q2))
+    with pytest.raises(UserError, match="separate calls"):
+        prefill_many(base, ids, mask, [m1, m2])
+    same = Mode("recirc", recirc=RecircSpec(3, 1, 1.0, transform=q1.clone()))
+    assert list(prefill_many(base, ids, mask, [m1, same])) == [m1.name]  # the same run twice is one run
+
+
+def test_generation_refuses_non_finite_logits(base):
+    """A row whose logits hold NaN (float64 + eager attention + left padding overflows so in HF's Qwen3) must be a
+    one-line error: argmax answers token 0 for it all the same. The NaN is injected at the final norm here, so the
+    check is tested whatever a family's kernels do."""
+    from engine.decode import greedy
+
+    ids, mask = pad_left([[5, 6, 7, 8, 9, 10], [5, 6, 7]])
+    norm = base.lm.get_decoder().norm if hasattr(base.lm.get_decoder(), "norm") else base.lm.transformer.ln_f
+
+    def nan_row(mod, args, out):
+        out = out.clone()
+        out[1] = float("nan")
+        return out
+
+    h = norm.register_forward_hook(nan_row)
+    try:
+        with pytest.raises(UserError, match="NaN or inf"):
+            greedy(base, ids, mask, 3)
+        with pytest.raises(UserError, match="NaN or inf"):
+            RecirculatedLM(base, RecircSpec(3, 1, 0.3)).generate(ids, mask, 3)
+        with pytest.raises(UserError, match="NaN or inf"):
+            generate(base, ids, mask, 3, "std")
+    finally:
+        h.remove()
+    assert greedy(base, ids, mask, 3).shape == (2, 3)  # the same rows, finite: answered
