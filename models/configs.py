@@ -31,7 +31,7 @@ def gpt2_config(vocab_size: int, n_layers: int = 2, d_model: int = 64, n_heads: 
 
 def check_config(config, where) -> None:
     """UserError (one line) for a base-model config that HF builds but that computes nonsense: a NaN model (RoPE
-    theta 0, a norm eps <= 0), a window of no tokens (every answer wrong) or none where a layer slides, sizes < 1,
+    theta 0, a norm eps <= 0, a soft-cap <= 0), a window of no tokens (every answer wrong) or none where a layer slides, sizes < 1,
     heads that do not split the width or KV heads that do not split the heads, more experts per token than experts.
     For full-bandwidth checkpoints and plain HF models alike (models.full_bandwidth.FullBandwidthLM.from_pretrained,
     models.loading._load_hf_lm)."""
@@ -65,6 +65,10 @@ def check_config(config, where) -> None:
         v = get(key)
         if v is not None and (not is_num(v) or v <= 0):
             refuse(f"{key} must be a finite number > 0, got {v!r}")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):  # HF computes tanh(x / cap) * cap
+        v = get(key)
+        if v is not None and (not is_num(v) or v <= 0):  # 0: every logit 0 (a blind model); null turns it off
+            refuse(f"{key} must be a finite number > 0 or null, got {v!r}")
     window = get("sliding_window")
     if window is not None and (not is_int(window) or window < 1) and _windowed(config):
         refuse(f"sliding_window must be an integer >= 1 (tokens attended) or null, got {window!r}")

@@ -123,7 +123,7 @@ class Family:
         """The causal LM's logits from its post-final-norm state: the head, then the family's soft-cap if any."""
         logits = self.head(lm)(top)
         cap = _field(lm.config, self.logit_softcap_field) if self.logit_softcap_field else None
-        if cap:
+        if cap is not None:  # as HF tests it (models.configs.check_config refuses a cap <= 0)
             logits = torch.tanh(logits / cap) * cap
         return logits
 
@@ -238,7 +238,7 @@ def family_of(model_or_config) -> Family:
     """The family adapter of a causal LM, a FullBandwidthLM, an HF config or a config dict; UserError (one line)
     for a model type no family covers."""
     model_type = model_type_of(model_or_config)
-    family = _BY_TYPE.get(model_type)
+    family = _BY_TYPE.get(model_type) if isinstance(model_type, str) else None  # a list or dict: unhashable
     if family is None:
         raise UserError(f"unsupported model family (model_type {model_type!r}): supported are {supported()}")
     return family

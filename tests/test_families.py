@@ -735,3 +735,34 @@ def test_the_recirculation_study_refuses_gpt_neo_before_any_work(tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "cost section (e) runs blockwise recirculation" in err and err.count("\n") == 0
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("model_type", [["llama"], {"llama": 1}])
+def test_a_model_type_that_is_no_string_is_one_line(tmp_path, model_type):
+    """A list or dict model_type is unhashable: the unsupported-family line, not a TypeError traceback."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": model_type, "hidden_size": 32}))
+    with pytest.raises(UserError, match="unsupported model family") as e:
+        load(tmp_path / "m")
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="unsupported model family"):
+        family_of({"model_type": model_type})
+
+
+@pytest.mark.parametrize("key", ["final_logit_softcapping", "attn_logit_softcapping"])
+def test_a_soft_cap_of_zero_is_refused(key):
+    """HF computes tanh(x / 0) * 0 = 0 for a cap of 0 (a blind model) where `if cap:` took it for no cap: the engine
+    then ran another model than HF's. Such a config is refused; null turns the cap off."""
+    from models.configs import check_config
+    from models.full_bandwidth import FullBandwidthLM
+
+    for bad in (0.0, -3.0, float("inf")):
+        with pytest.raises(UserError, match=f"{key} must be a finite number > 0 or null"):
+            check_config(tiny_config("gemma2", 64, **{key: bad}), "x")
+    check_config(tiny_config("gemma2", 64, **{key: None}), "x")
+    lm = tiny_lm("gemma2", **{key: 2.5})
+    ids = torch.randint(0, 64, (2, 7))
+    with torch.no_grad():
+        ref = lm(input_ids=ids).logits
+        got = FullBandwidthLM(lm, fusion=False)(ids, torch.ones_like(ids)).logits
+    assert (got - ref).abs().max() < 1e-5
