@@ -51,6 +51,7 @@ from common.cli import (Parser, add_device_flags, add_seed_flag, add_threads_fla
 from common.cpus import available_cpus  # noqa: E402
 from common.errors import UserError, cli_entry  # noqa: E402
 from common.placement import Placement  # noqa: E402
+from engine.inputs import model_context  # noqa: E402
 from engine.prefill import DECODINGS, generate, prefill  # noqa: E402
 from models.full_bandwidth import FullBandwidthLM  # noqa: E402
 
@@ -286,10 +287,10 @@ def main(argv=None) -> dict:
     loaded = []  # every model first: a bad name or length fails before any measurement
     for name in a.models:
         model, label = load(name, a)
-        ctx = getattr(model.config, "max_position_embeddings", None)
-        if ctx is not None and a.prompt_len + a.new_tokens > ctx:
-            raise UserError(f"--prompt-len + --new-tokens = {a.prompt_len + a.new_tokens} exceeds {label}'s context "
-                            f"({ctx})")
+        ctx = model_context(model)  # the engine's own rule (engine.decode.check_generation): the last new token
+        if ctx is not None and a.prompt_len + a.new_tokens - 1 > ctx:  # is never fed back; a windowed model: none
+            raise UserError(f"--prompt-len + --new-tokens - 1 = {a.prompt_len + a.new_tokens - 1} exceeds {label}'s "
+                            f"context ({ctx})")
         loaded.append((name, label, model.to(device)))
     g = torch.Generator().manual_seed(a.seed)
     decode_rows, rec_rows = [], []

@@ -56,8 +56,9 @@ def blocks_addressable(model) -> bool:
 
 
 def on_block(lm, layer: int, site: str, fn, head: int | None = None):
-    """Register fn(x) -> x' | None inside decoder block `layer` of an HF causal LM: on the attention output
-    (`attn_out`, [batch, cols, d_model]), the MLP output (`mlp_out`) or one head's output (`head`: the slice
+    """Register fn(x) -> x' | None inside decoder block `layer` of an HF causal LM: on what the attention adds to
+    the residual stream (`attn_out`, [batch, cols, d_model]: its output, after its post-norm in a sandwich-norm
+    model), what the MLP adds (`mlp_out`) or one head's output (`head`: the slice
     [batch, cols, head_dim] of head `head` in the output projection's input). Modules come from the model's
     family adapter (models.families)."""
     from models.families import family_of
@@ -78,7 +79,7 @@ def on_block(lm, layer: int, site: str, fn, head: int | None = None):
             return (x,) + tuple(args[1:])
 
         return fam.attn_out(block).register_forward_pre_hook(pre)
-    mod = fam.attention(block) if site == "attn_out" else fam.mlp(block)
+    mod = fam.residual_update(block, site, lm.config.model_type)  # after a sandwich norm's post-norm, if any
     rows_flat = site == "mlp_out" and fam.flat_mlp  # [batch * cols, d_model] (OPT): fn sees [batch, cols, d_model]
     batch = {}
 

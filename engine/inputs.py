@@ -76,6 +76,18 @@ def model_context(model) -> int | None:
 PER_CALL_ROPE_TYPES = frozenset({"longrope"})
 
 
+def _per_call_contexts(config) -> list[tuple[str, int]]:
+    """(rotary type, original context) of each layer type whose rotary is a per-call one (they may differ)."""
+    out = []
+    for p in _rope_params(config):
+        rope = p.get("rope_type", p.get("type"))
+        original = p.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings",
+                                                                         None)
+        if rope in PER_CALL_ROPE_TYPES and original is not None:
+            out.append((rope, int(original)))
+    return out
+
+
 def check_stepwise(model, attention_mask: torch.Tensor, what: str, steps: int | None = None,
                    new_tokens: int = 0) -> None:
     """Refuse (UserError) a run whose calls straddle a per-call rotary type's original context: its first call (the
@@ -83,15 +95,10 @@ def check_stepwise(model, attention_mask: torch.Tensor, what: str, steps: int | 
     prompt when 0) within it and a later column past it, where a one-token step and a full pass are different
     models (HF's own generate recomputes without its cache there). `new_tokens`: generated tokens after the prompt.
     A run whose every call lies past it, or within it, is one model."""
-    config = model.config
-    per_call = [p for p in _rope_params(config) if p.get("rope_type", p.get("type")) in PER_CALL_ROPE_TYPES]
     longest = int(attention_mask.sum(-1).max())
     first = 1 if steps is None else max(longest - max(steps - 1, 0), 1)  # k past the prompt: every column a step
-    for p in per_call:  # each layer type's own original context (they may differ)
-        original = p.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings",
-                                                                         None)
-        if original is not None and first <= original < longest + new_tokens:
-            rope = p.get("rope_type", p.get("type"))
+    for rope, original in _per_call_contexts(model.config):
+        if first <= original < longest + new_tokens:
             raise UserError(f"{what} on a model with {rope} rotary embeddings: its first call covers {first} of "
                             f"{longest + new_tokens} columns, across its original context ({original}), past which "
                             "the frequencies depend on each call's length (a one-token step and a full pass would "
@@ -126,6 +133,13 @@ def check_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     longest = int(attention_mask.sum(-1).max())
     if ctx is not None and longest > ctx:
         raise UserError(f"prompt of {longest} tokens is longer than the model's context ({ctx})")
+    lengths = attention_mask.sum(-1)
+    for rope, original in _per_call_contexts(model.config):  # HF picks them by the batch's longest row
+        if int(lengths.min()) <= original < int(lengths.max()):
+            raise UserError(f"a batch with prompts of {int(lengths.min())} to {int(lengths.max())} tokens on a model "
+                            f"with {rope} rotary embeddings: rows within its original context ({original}) would take "
+                            "the frequencies of the rows past it (each call picks one set for the whole batch), not "
+                            f"their own; batch the prompts of at most {original} tokens apart from the longer ones")
     for p in positions:
         if not (-T <= p < 0):
             raise UserError(f"position {p} out of range for prompts of {T} columns (use -1 .. -{T})")

@@ -12,8 +12,9 @@ columns are aligned from the end)
     resid   the residual stream at (depth, t): depth 0 = the vector entering block 0 (embedding or fused
             input), depth l = output of 0-based block l - 1, the input of block l (raw, before the final norm)
     attn_out, mlp_out (layer), head (layer, head)
-            inside block `layer` (0-based): the attention output, the MLP output, one head's output before
-            the output projection (value [B, head_dim]); TransformerLens' hook_attn_out / hook_mlp_out / hook_z
+            inside block `layer` (0-based): what the attention and the MLP add to the residual stream (after
+            the branch's post-norm in sandwich-norm models), one head's output before the output projection
+            (value [B, head_dim]); TransformerLens' hook_attn_out / hook_mlp_out / hook_z
     Under recirculation `state` is z_{t-1,s} (the source-depth state recirculated from t-1), `fused` is
     z'_{t-1,d} (the mixed vector entering t-1's recirculation branch) and `resid` / block sites the token's own
     normal branch, both branches at and below the target depth d (RecircPatcher); `rresid` (depth d+1..L, a

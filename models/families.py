@@ -16,6 +16,9 @@ One small frozen adapter per family says, for the models of the `model_type`s it
                   Only where the model type's HF base model reads them (`window_rules`): Mistral applies
                   `sliding_window` to every layer, Qwen2/3 and Gemma 2/3 per `layer_types`; Llama, Gemma 1, GPT-2
                   and GPT-NeoX ignore both, so a stray `sliding_window` in their config.json changes nothing
+    post_norms    the model types whose blocks norm each branch's output before the residual add (Gemma 2 / 3,
+                  OLMo 2): there the attn_out / mlp_out sites are those norms' outputs (what is added, as in
+                  TransformerLens)
     logit_softcap the config field of a final logit soft-cap (Gemma 2/3: logits = c * tanh(logits / c))
     rope_by_layer_type  the model types whose HF model builds a rotary embedding per layer type from a nested
                   rope_parameters (Gemma 3); the others read it flat (engine.inputs reads it as the model does)
@@ -85,6 +88,9 @@ class Family:
     # the model types whose HF model builds one rotary embedding per layer type from a nested rope_parameters
     # (Gemma 3: {"full_attention": {...}, "sliding_attention": {...}}); the others read it flat, whatever it holds
     rope_by_layer_type: tuple[str, ...] = ()
+    # (model_type, attention's post-norm, MLP's post-norm) for the types whose blocks norm each branch's output
+    # before adding it to the residual stream (sandwich norms: Gemma 2 / 3, OLMo 2)
+    post_norms: tuple[tuple[str, str, str], ...] = ()
 
     # ----- modules ------------------------------------------------------------------------------------------
     def layers(self, lm) -> nn.ModuleList:
@@ -108,6 +114,16 @@ class Family:
 
     def mlp(self, block: nn.Module) -> nn.Module:
         return _path(block, self.mlp_path, "MLP module", self.name)
+
+    def residual_update(self, block: nn.Module, site: str, model_type: str) -> nn.Module:
+        """The module whose output block `block` adds to the residual stream for `site` ("attn_out" | "mlp_out"):
+        the attention or the MLP, or the norm after it in a model type with sandwich norms. That sum is what
+        TransformerLens' hook_attn_out / hook_mlp_out hold ("that which is added to the residual stream")."""
+        post = dict((t, (a, m)) for t, a, m in self.post_norms).get(model_type)
+        if post is not None:
+            path = post[0] if site == "attn_out" else post[1]
+            return _path(block, path, f"{site} post-norm", self.name)
+        return self.attention(block) if site == "attn_out" else self.mlp(block)
 
     def attn_out(self, block: nn.Module) -> nn.Module:
         """The attention's output projection; its input [.., heads * head_dim] holds head h at
@@ -196,7 +212,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("llama_like", ("olmo", "olmo2", "phi3", "stablelm", "starcoder2", "smollm3",
                           "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"),
            window_rules=(("phi3", "all"), ("starcoder2", "all"), ("smollm3", "layer_types"), ("mixtral", "all"),
-                         ("qwen2_moe", "layer_types"), ("qwen3_moe", "all"))),
+                         ("qwen2_moe", "layer_types"), ("qwen3_moe", "all")),
+           post_norms=(("olmo2", "post_attention_layernorm", "post_feedforward_layernorm"),)),
     Family("phi", ("phi",), final_norm_path="final_layernorm", attn_out_path="dense"),
     Family("gpt2", ("gpt2",), blocks="h", final_norm_path="ln_f", embedding_path="wte", attn_path="attn",
            attn_out_path="c_proj", depth_field="n_layer", width_field="n_embd", heads_field="n_head",
@@ -215,7 +232,9 @@ FAMILIES: tuple[Family, ...] = (
            attn_path="attention", attn_out_path="dense"),
     Family("gemma", ("gemma", "gemma2", "gemma3_text"), logit_softcap_field="final_logit_softcapping",
            window_rules=(("gemma2", "layer_types"), ("gemma3_text", "layer_types")),
-           rope_by_layer_type=("gemma3_text",)),
+           rope_by_layer_type=("gemma3_text",),
+           post_norms=(("gemma2", "post_attention_layernorm", "post_feedforward_layernorm"),
+                       ("gemma3_text", "post_attention_layernorm", "post_feedforward_layernorm"))),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
