@@ -612,3 +612,45 @@ def test_generation_refuses_non_finite_logits(base):
     finally:
         h.remove()
     assert greedy(base, ids, mask, 3).shape == (2, 3)  # the same rows, finite: answered
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--targeted", "--targeted-task", "memory"], "no key token"),
+    (["--mediation", "--mediation-task", "multi_register", "--mediation-pairs", "4"], "different first tokens"),
+])
+def test_a_task_the_tokenizer_cannot_serve_is_refused_before_the_text_study(tmp_path, monkeypatch, capsys, flags,
+                                                                             needle, smollm2):
+    """(f) / (g)'s task checks ran only after experiments (a)-(e) (6-13 min on SmolLM2), whose results were then
+    lost: they run right after loading now."""
+    import analysis.recirculation.cli as cli
+
+    model, tok = smollm2
+    monkeypatch.setattr(cli, "load", lambda name, placement: (model, tok, "smollm2-135m"))
+
+    def never(*a, **k):
+        raise AssertionError("the text study started before the task was checked")
+
+    monkeypatch.setattr(cli, "heatmap", never)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--model", "smollm2-135m", "--seq-len", "6", "--n-tune", "1", "--n-test", "1", "--pairs", "20:2",
+                  "--alphas", "0.2", "--out", str(tmp_path / "o"), *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle in err and err.strip().count("\n") == 0, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_mediation_bars_use_students_t_over_the_held_out_groups(tmp_path):
+    """95% bars from a mean clustered over G groups take t(G - 1): 2.776 at G = 5 (1.96 was too narrow)."""
+    import json
+    import re
+
+    from analysis.recirculation.figures import mediation_figure, mediation_t
+
+    assert abs(mediation_t(5) - 2.7764451) < 1e-6 and mediation_t(None) == 1.96 and mediation_t(1) == 1.96
+    med = {"task": "parity", "config": "recirc-2:1:0.1:convex", "rank": 1, "probe_depth": 2, "n_test_groups": 5,
+           "conditions": {"base": {"mean_ld_change": 0.0, "ld_change_se": 0.0, "accuracy": 1.0},
+                          "full": {"mean_ld_change": -0.5, "ld_change_se": 0.1, "accuracy": 0.9}}}
+    mediation_figure(med, tmp_path, plotly="cdn")
+    page = (tmp_path / "mediation.html").read_text()
+    arrays = [json.loads(m) for m in re.findall(r'"error_y":\{[^}]*"array":(\[[^\]]*\])', page)]
+    assert arrays and abs(arrays[0][1] - 0.27764451) < 1e-6, arrays

@@ -32,7 +32,7 @@ Perplexity change = 100 * (ppl_recirculated / ppl_base - 1) in percent (negative
 model's ordinary forward on the same chunks. All recirculated runs use the exact sequential engine except the
 blockwise rows of (e).
 
-Budget: the defaults (4 + 4 chunks of 64 tokens, a 3 x 3 source/target grid, 5 alphas) make ~40 sequential runs
-of 256 tokens; on SmolLM2-135M one such run took ~9 s on an otherwise idle 2-core machine, so the default run is
-~6-8 minutes. Enlarge with --seq-len, --n-tune/--n-test, --pairs, --alphas, --passes.
+Budget: the defaults (4 + 4 chunks of 64 tokens, a 3 x 3 source/target grid less its cells with s <= d: 8 at
+L = 30, 5 alphas) make ~40 sequential runs of 256 tokens; on SmolLM2-135M one such run took ~9 s on an otherwise
+idle 2-core machine, so the default run is ~6-8 minutes. Enlarge with --seq-len, --n-tune/--n-test, --pairs, --alphas, --passes.
 """

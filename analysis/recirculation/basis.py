@@ -1,5 +1,6 @@
-"""(d) The basis test: z_s injected as is, after a small rotation, after a Haar-random orthogonal rotation. If
-the shallow layer reads the deep state in a shared basis, a rotation should hurt."""
+"""(d) The basis test: z_s injected as is, after a small rotation, after a Haar-random orthogonal matrix (Haar on
+O(D): a rotation or, for half the seeds, a reflection; either scrambles the basis). If the shallow layer reads the
+deep state in a shared basis, a change of basis should hurt."""
 from __future__ import annotations
 
 import math

@@ -17,8 +17,9 @@ from analysis.recirculation.basis import basis_test
 from analysis.recirculation.cost import cost
 from analysis.recirculation.dose import dose_response, heatmap, temperature
 from analysis.recirculation.figures import mediation_figure, targeted_figure, write_figures
-from analysis.recirculation.mediation import mediation
-from analysis.recirculation.targeted import DEFAULT_ALPHAS as TARGETED_ALPHAS, default_sd, parse_sd, targeted
+from analysis.recirculation.mediation import mediation, mediation_inputs
+from analysis.recirculation.targeted import (DEFAULT_ALPHAS as TARGETED_ALPHAS, default_sd, parse_sd, targeted,
+                                              targeted_inputs)
 from analysis.recirculation.perplexity import TINY, Evaluator, load
 from analysis.recirculation.study import Study
 from analysis.recirculation.text import ByteTokenizer, builtin_documents, file_documents, make_splits
@@ -280,6 +281,12 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
     for flag, on in (("--mediation", run_f), ("--targeted", run_g)):
         if on and isinstance(tok, ByteTokenizer):  # refused now, not after the text experiments
             raise UserError(f"{flag} needs a real tokenizer (not the byte stand-in of the tiny random models)")
+
+    # (f) and (g)'s datasets now: a task the tokenizer cannot serve is refused before the text study, not after it
+    if run_f:
+        mediation_inputs(tok, a.mediation_source, a.mediation_pairs, a.mediation_distractors, a.seed)
+    if run_g:
+        targeted_inputs(tok, a.targeted_task, a.targeted_pairs, a.targeted_distractors, a.seed)
 
     def run_targeted():
         return targeted(model, tok, tg_sd, a.targeted_task, a.targeted_pairs, a.targeted_distractors,

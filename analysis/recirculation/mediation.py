@@ -46,6 +46,17 @@ def clustered_se(d: np.ndarray, groups: np.ndarray) -> float | None:
     return float(np.sqrt(len(ug) / (len(ug) - 1) * np.sum(sums ** 2)) / len(d))
 
 
+def mediation_inputs(tok, task, n_pairs: int, n_distractors: int, seed: int):
+    """(task source, samples, token ids, label token ids) of (f)'s dataset; the task's and the tokenizer's refusals
+    (label words that share a first token, ...) come from here, so the CLI runs it before any experiment."""
+    src = task if isinstance(task, TaskSource) else resolve_task(task)  # a built-in name, a file, module:function
+    samples = src.make(n_pairs, n_distractors, seed)
+    ids, samples = src.tokenize(samples, tok)
+    lab = src.label_token_ids(tok, prompt=None if src.builtin else samples[0].text)
+    pair_partner_labels(samples)  # pairs are pairs
+    return src, samples, ids, lab
+
+
 def mediation(model, tok, specs, task, n_pairs: int, n_distractors: int, batch: int, seed: int) -> dict:
     """(f): recirculate the task-state subspace vs its complement vs a random subspace of equal rank.
 
@@ -55,11 +66,8 @@ def mediation(model, tok, specs, task, n_pairs: int, n_distractors: int, batch: 
 
     if isinstance(tok, ByteTokenizer):
         raise UserError("--mediation needs a real tokenizer (not the byte stand-in of the tiny random models)")
-    src = task if isinstance(task, TaskSource) else resolve_task(task)  # a built-in name, a file, module:function
+    src, samples, ids, lab = mediation_inputs(tok, task, n_pairs, n_distractors, seed)
     task = src.name
-    samples = src.make(n_pairs, n_distractors, seed)
-    ids, samples = src.tokenize(samples, tok)
-    lab = src.label_token_ids(tok, prompt=None if src.builtin else samples[0].text)
     K = len(lab)
     y = np.array([smp.label for smp in samples])
     other = pair_partner_labels(samples)  # the paired sample's label (binary: 1 - y)
@@ -135,6 +143,7 @@ def mediation(model, tok, specs, task, n_pairs: int, n_distractors: int, batch: 
     ysign = np.where(y[te] == 1, 1.0, -1.0)
     out = {"task": task, "n_pairs": n_pairs, "n_distractors": n_distractors, "n_classes": K, "rank": rank,
            "subspace_ranks": ranks, "probe_depth": spec.source, "n_test": int(te.sum()),
+           "n_test_groups": len(test_groups),
            "n_train": int((~te).sum()), "probe_label": probe_label,
            "probe_train_accuracy": probe.score(X, py[~te]), "config": spec.name,
            "tuning": tuning, "conditions": {}}

@@ -86,24 +86,30 @@ def _ci(boot: ClusterBootstrap, values: np.ndarray, n_reps: np.ndarray) -> tuple
     return float(total / len(values)), (None if ci is None else [ci[0], ci[1]])
 
 
+def targeted_inputs(tok, task: str, n_pairs: int, n_distractors: int, seed: int):
+    """(samples, token ids, label token ids, key columns) of (g)'s dataset; every refusal the task and tokenizer make
+    (no key token, label words that share a first token) comes from here, so the CLI runs it before any experiment."""
+    from tasks import label_token_ids, make_dataset, tokenize_samples
+
+    samples = make_dataset(task, n_pairs=n_pairs, n_distractors=n_distractors, seed=seed)
+    ids, samples = tokenize_samples(samples, tok)
+    lab = label_token_ids(tok, task)
+    return samples, ids, lab, key_columns(samples, tok, ids)
+
+
 def targeted(model, tok, spec_sd, task: str, n_pairs: int, n_distractors: int, alphas, batch: int, seed: int,
              ramp: int = 0, n_boot: int = N_BOOT) -> dict:
     """(g): base vs uniform vs targeted recirculation at every alpha (module doc). `spec_sd`: 'S:D[:MODE]' or a
     (source, target, mode) tuple."""
     if isinstance(tok, ByteTokenizer):
         raise UserError("--targeted needs a real tokenizer (not the byte stand-in of the tiny random models)")
-    from tasks import label_token_ids, make_dataset, tokenize_samples
-
     s, d, mode = parse_sd(spec_sd, model.n_layers) if isinstance(spec_sd, str) else tuple(spec_sd)
     RecircSpec(s, d, 0.1, mode, ramp=ramp).validate(model.n_layers)
     alphas = sorted({float(a) for a in alphas})
     if not alphas:
         raise UserError("--targeted-alphas is empty")
-    samples = make_dataset(task, n_pairs=n_pairs, n_distractors=n_distractors, seed=seed)
-    ids, samples = tokenize_samples(samples, tok)
-    lab = label_token_ids(tok, task)
+    samples, ids, lab, keys = targeted_inputs(tok, task, n_pairs, n_distractors, seed)
     K = len(lab)
-    keys = key_columns(samples, tok, ids)
     y = np.array([smp.label for smp in samples])
     other = pair_partner_labels(samples)
     groups = np.array([smp.group_id for smp in samples])
