@@ -153,16 +153,32 @@ def _set_rng_state(keys: dict, tensors: dict) -> None:
         torch.cuda.set_rng_state(_unflatten(keys["cuda"], tensors))
 
 
-def read_trainer_state(out: Path) -> tuple[dict, dict]:
-    """(metadata, tensors) of `out`'s trainer state; no code is run, whatever the file holds."""
+def read_trainer_state(out: Path, tensors: bool = True) -> tuple[dict, dict]:
+    """(metadata, tensors) of `out`'s trainer state; no code is run, whatever the file holds. `tensors=False`: the
+    header alone (the optimizer's tensors are not read)."""
     from safetensors import safe_open
 
     with safe_open(str(Path(out) / STATE_FILE), "pt") as f:
         meta = loads_user((f.metadata() or {})["trainer_state"], f"{STATE_FILE}'s header")
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        data = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}
     if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT:
         raise ValueError(f"{STATE_FILE} is not a {STATE_FORMAT} trainer state")
-    return meta, tensors
+    return meta, data
+
+
+def saved_recipe(out: Path) -> dict:
+    """The recipe (TrainConfig.to_dict()) of the checkpoint a --resume of `out` continues: the pending one where a
+    kill cut its move short (finish_pending moves it in), else `out`'s. Read-only: the CLI builds the resumed
+    recipe from it before any work."""
+    check_resume_files(out)
+    where = Path(out) / PENDING if pending_move(out) else Path(out)
+    try:
+        meta, _ = read_trainer_state(where, tensors=False)
+        if not isinstance(meta.get("config"), dict):
+            raise ValueError("no recipe in its header")
+    except Exception as e:  # load_resume's words: the same file is refused there
+        raise UserError(f"--resume: corrupt checkpoint in {out}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
+    return meta["config"]
 
 
 def check_resume_files(out: Path) -> None:

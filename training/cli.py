@@ -14,12 +14,14 @@ processes split each step's batch (DistributedDataParallel), so their number doe
 (but for attention dropout's masks, training.loop).
 Every flag is checked before any work; a run holds a lock on --out, stops at the first non-finite loss, gradient
 or weight without saving it, and with --overwrite replaces an earlier run only once its own last checkpoint is
-written (training.output.RunOutput). Every recipe flag overrides that value of the --preset.
+written (training.output.RunOutput). Every recipe flag overrides that value of the --preset; `--resume` without
+--preset continues the recipe the run was saved with, and a flag given with it changes that value (printed).
 """
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields, replace
+import json
+from dataclasses import asdict, fields, replace
 
 
 import torch
@@ -31,16 +33,20 @@ from common.placement import Placement
 from models.checkpoints import checkpoint_dir
 from tasks import ALL_TASKS, TRACKING_TASKS
 from training.config import CHOICES, FLOAT_LIMITS, INT_LIMITS, MAX_STEPS, TrainConfig, bounds_text, float_flag, int_flag
+from training.checkpoint import saved_recipe
 from training.loop import train
 from training.output import check_output
 from training.presets import PRESETS, get_preset
+
+DEFAULT_PRESET = "tiny-fbt"  # --preset when none is given (and no --resume recipe)
+
 
 def add_recipe_flags(p: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field, derived from the field: --name-with-dashes, its help from the field's
     metadata, integer and float fields bounded by INT_LIMITS / FLOAT_LIMITS (the bound shown in the help), words
     from CHOICES, switches as --x / --no-x, and the text of any other field read by the field's `parse`. Every
-    default is None: a flag that is not given leaves the preset's value."""
-    g = p.add_argument_group("recipe (each overrides the preset's value)")
+    default is None: a flag that is not given leaves the preset's value (on --resume, the run's saved value)."""
+    g = p.add_argument_group("recipe (each overrides the preset's value; on --resume the run's saved value)")
     for f in fields(TrainConfig):
         flag, help = "--" + f.name.replace("_", "-"), f.metadata["help"]
         if f.name == "seed":  # the one --seed of every command (common.cli.MAX_SEED = INT_LIMITS' bound)
@@ -65,12 +71,16 @@ def add_recipe_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m training.train", description=__doc__)
-    p.add_argument("--preset", default="tiny-fbt", help=f"training recipe ({', '.join(PRESETS)}); default tiny-fbt")
+    # default None, not tiny-fbt: a --resume must tell a --preset the user gave from none (its saved recipe)
+    p.add_argument("--preset", help=f"training recipe ({', '.join(PRESETS)}); default {DEFAULT_PRESET}, and with "
+                                    "--resume the recipe the run was saved with (--preset: that preset's instead)")
     add_output_flags(p, "checkpoints/<preset>", out_extra=": the checkpoint",
                      overwrite_extra="; the new run is built beside it and swapped in whole once its last checkpoint "
                                      "is written (an error or interrupt leaves the earlier run as it was)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the trainer state in --out (on any number of processes)")
+                   help="continue from the trainer state in --out (on any number of processes) under the recipe it "
+                        "was saved with; a recipe flag or --preset given with it changes the recipe (each change "
+                        "is printed and kept in the log's config_changes)")
     p.add_argument("--stop-at", type=int_in(1, MAX_STEPS),
                    help="stop (with a checkpoint) after this step, keeping the learning-rate schedule of --steps; "
                         "continue later with --resume, possibly under another preset (a shared 1-pass phase); "
@@ -88,9 +98,11 @@ def parse_args(argv):
     return build_parser().parse_args(argv)
 
 
-def config_of(args) -> TrainConfig:
-    """The recipe: the preset with the flags' overrides, validated (TrainConfig checks itself)."""
-    cfg = get_preset(args.preset)
+def config_of(args, saved: TrainConfig | None = None) -> TrainConfig:
+    """The recipe: the preset with the flags' overrides, validated (TrainConfig checks itself). `saved`: the recipe
+    of the run a --resume continues, the base instead of a preset unless --preset is given (a bare --resume once
+    trained the default preset's recipe, not the run's)."""
+    cfg = saved if saved is not None and args.preset is None else get_preset(args.preset or DEFAULT_PRESET)
     over = {}
     for f in fields(TrainConfig):
         v = getattr(args, f.name)
@@ -165,20 +177,62 @@ def _refuse_no_op_flags(cfg: TrainConfig, given: dict) -> None:
                       spelled={"tie_embeddings": "--tie-embeddings / --untied"})
 
 
+def resumed_recipe(out, args) -> TrainConfig | dict:
+    """The recipe the run in `out` was saved with (its trainer state's), checked as check_output checks a --resume.
+    A TrainConfig; only under --preset (which replaces it) a saved recipe this version cannot rebuild is the raw
+    dict, kept for recipe_changes."""
+    check_output(out, True, args.overwrite)  # read-only; its refusals (no trainer state...) come first
+    saved = saved_recipe(out)
+    unknown = sorted(set(saved) - {f.name for f in fields(TrainConfig)})
+    try:
+        if unknown:
+            raise UserError(f"it has fields this version does not know ({', '.join(unknown)})")
+        return TrainConfig(**saved)
+    except (UserError, TypeError, ValueError) as e:
+        if args.preset is not None:
+            return saved
+        raise UserError(f"--resume: the recipe saved in {out} cannot be rebuilt ({e}); give --preset and the run's "
+                        "flags") from None
+
+
+def _shown(v) -> str:
+    return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
+def recipe_changes(before: TrainConfig | dict, after: TrainConfig) -> list[str]:
+    """'field old -> new' for each field in which `after` differs from the resumed run's recipe `before`: a
+    --resume that changes the recipe says so (a different --seed changes the data from the resumed step on)."""
+    # whole configs, not to_dict(): it leaves out the options that are off, which would read as None
+    old = _full(before) if isinstance(before, TrainConfig) else before
+    new = _full(after)
+    return [f"{k} {_shown(old.get(k))} -> {_shown(new.get(k))}" for k in new if old.get(k) != new.get(k)]
+
+
+def _full(cfg: TrainConfig) -> dict:
+    """Every field of `cfg`, as train_log.json reads it back (tuples as lists, keys as text)."""
+    return json.loads(json.dumps(asdict(cfg)))
+
+
 @cli_entry
 def main(argv=None):
     # Everything is checked before any work and before the output directory is touched.
     args = parse_args(argv)
-    cfg = config_of(args)
+    out = output_dir(args.out if args.out is not None else checkpoint_dir(args.preset or DEFAULT_PRESET),
+                     model_dir=True)
+    before = resumed_recipe(out, args) if args.resume else None
+    cfg = config_of(args, before)
     stop = cfg.steps if args.stop_at is None else args.stop_at
     if not 0 < stop <= cfg.steps:
         raise UserError(f"--stop-at must be in 1..{cfg.steps} (the total steps), got {args.stop_at}")
     device = Placement.from_args(args).torch_device.type  # auto resolved; cuda refused without a GPU
     from common.distributed import env_place
 
-    cfg.check_world(env_place()[0])  # torchrun's environment checked before any work; train() checks it again
-    out = output_dir(args.out if args.out is not None else checkpoint_dir(args.preset), model_dir=True)
+    world, rank, _ = env_place()
+    cfg.check_world(world)  # torchrun's environment checked before any work; train() checks it again
     staged = check_output(out, args.resume, args.overwrite)
+    if before is not None and rank == 0:
+        for line in recipe_changes(before, cfg):
+            print(f"--resume: {line}")
     if args.threads:
         torch.set_num_threads(args.threads)
     train(cfg, out, staged, resume=args.resume, stop=stop, progress=not args.no_progress, device=device)
