@@ -76,7 +76,10 @@ def build_parser() -> Parser:
                                     "--resume the recipe the run was saved with (--preset: that preset's instead)")
     add_output_flags(p, "checkpoints/<preset>", out_extra=": the checkpoint",
                      overwrite_extra="; the new run is built beside it and swapped in whole once its last checkpoint "
-                                     "is written (an error or interrupt leaves the earlier run as it was)")
+                                     "is written (an error or interrupt leaves the earlier run as it was); an "
+                                     "interrupted --overwrite run cannot be resumed: an error or Ctrl-C removes it, "
+                                     "and a killed one's staging folder (.<name>.staging-* beside --out) is refused "
+                                     "by --resume and discarded by the next --overwrite")
     p.add_argument("--resume", action="store_true",
                    help="continue from the trainer state in --out (on any number of processes) under the recipe it "
                         "was saved with; a recipe flag or --preset given with it changes the recipe (each change "

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from common.errors import UserError
 from common.io import DirLock
-from training.checkpoint import LEGACY_STATE_FILE, LOG_FILE, STATE_FILE, check_resume_files, remove_stale
+from training.checkpoint import (LEGACY_STATE_FILE, LOG_FILE, PENDING, STATE_FILE, check_resume_files, pending_move,
+                                 remove_stale)
 
 # Every file a run (or the evaluation and card written beside it) puts in its output directory.
 RUN_FILES = frozenset({"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
@@ -21,24 +22,57 @@ RUN_FILES = frozenset({"model.safetensors", "config.json", "tokenizer.json", "to
                        "MODEL_CARD.md"})
 
 
-def check_output(out: Path, resume: bool, overwrite: bool) -> bool:
+def staging_folders(out: Path) -> list[Path]:
+    """The staging folders of --overwrite runs of `out` (`.<name>.staging-*` beside what `out` points to)."""
+    target = Path(out).resolve()
+    prefix = f".{target.name}.staging-"
+    if not target.parent.is_dir():
+        return []
+    return sorted(p for p in target.parent.iterdir() if p.name.startswith(prefix) and p.is_dir() and not p.is_symlink())
+
+
+def _has_progress(folder: Path) -> bool:
+    """A checkpoint a run could continue from: its trainer state, or a complete pending one (a kill mid-move)."""
+    return (folder / STATE_FILE).is_file() or pending_move(folder)
+
+
+def _refuse_staged_progress(out: Path, doing: str) -> None:
+    """A killed --overwrite run's progress sits in its staging folder, which the next run of `out` removes: say so
+    instead of `doing` that silently (a --resume continued the earlier run and deleted the newer one)."""
+    for folder in staging_folders(out):
+        if _has_progress(folder):
+            raise UserError(f"{folder} holds the checkpoints of an interrupted --overwrite run of {out}, which "
+                            f"{doing} would delete: to continue that run, move it into place (mv {out} {out}.old; mv "
+                            f"{folder} {out}) and --resume; to discard it, delete it or run with --overwrite")
+
+
+def check_output(out: Path, resume: bool, overwrite: bool, staging: bool = True) -> bool:
     """Refuse (read-only, before any work) what a run may not do to `out`. True: the run is staged beside `out`
-    and replaces it whole once complete (--overwrite over an earlier run); False: it writes into `out`."""
+    and replaces it whole once complete (--overwrite over an earlier run); False: it writes into `out`.
+    `staging`: refuse too where a killed --overwrite run's staging folder holds checkpoints (but under
+    --overwrite, which discards it)."""
     if resume and overwrite:  # --resume writes on into out; there is nothing for --overwrite to replace
         raise UserError("--overwrite would have no effect with --resume (which continues the run in --out): drop it")
     if resume:
         if not out.is_dir():
             raise UserError(f"--resume: no {STATE_FILE} in {out}")
         check_resume_files(out)
+        if staging:
+            _refuse_staged_progress(out, "--resume")
         return False
+    if staging and not overwrite:
+        _refuse_staged_progress(out, "a new run")
     if not out.is_dir():
         return False
     names = {p.name for p in out.iterdir() if not p.name.endswith(".tmp")}  # temporaries: a killed run's
     ours = sorted(names & RUN_FILES)
+    if pending_move(out):  # a killed run's newest checkpoint, complete (--resume moves it in): an earlier run
+        ours.append(PENDING)
     if not ours:
         return False
     if not overwrite:
-        what = "a checkpoint" if "model.safetensors" in ours else f"files of an earlier run ({', '.join(ours)})"
+        what = "a checkpoint" if "model.safetensors" in ours or PENDING in ours else \
+            f"files of an earlier run ({', '.join(ours)})"
         raise UserError(f"{out} already holds {what}; use --resume to continue or --overwrite to replace it")
     foreign = sorted(names - RUN_FILES)
     if foreign:
@@ -104,16 +138,16 @@ class RunOutput:
         self._lock(self.out)
         try:
             if self.resume is not None:
-                try:
-                    changed = check_output(self.out, self.resume, self.staged) != self.staged
+                try:  # (a staging folder's progress was the CLI's to refuse; the cleanup below keeps it)
+                    changed = check_output(self.out, self.resume, self.staged, staging=False) != self.staged
                 except UserError:
                     changed = True
                 if changed:
                     raise UserError(f"{self.out} was written by another run after this run's checks: nothing of "
                                     "it was replaced; look at it, then run again")
             prefix = f".{self.target.name}.staging-"
-            for old in self.target.parent.iterdir():  # a killed run's (any live one would hold the lock on out)
-                if old.name.startswith(prefix) and old.is_dir() and not old.is_symlink():
+            for old in staging_folders(self.out):  # a killed run's (any live one would hold the lock on out)
+                if self.staged or not _has_progress(old):  # progress: only --overwrite discards it
                     shutil.rmtree(old, ignore_errors=True)
             remove_stale(self.out)
             if self.staged:
