@@ -5,11 +5,15 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 from common.cli import Parser
 from common.errors import UserError, cli_entry
+from common.io import atomic_write
+from common.jsonio import read_user_json
 from engine.modes import EVAL_MODES as DEFAULT_EVAL_MODES
 from models.full_bandwidth import FullBandwidthLM
 
@@ -122,15 +126,137 @@ def _objective(tc: dict, loop) -> list[str]:
     return parts
 
 
+# What a card reads of a recipe whatever it holds: a log without them printed "lr None".
+CARD_RECIPE = ("steps", "lr", "warmup", "weight_decay", "seed", "tasks", "distractors", "batch_tokens", "schedule")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _recipe(tc, where: str):
+    """A TrainConfig of a logged recipe (to_dict's form), or one UserError line naming what is wrong with it."""
+    from training.config import TrainConfig
+
+    if not isinstance(tc, dict):
+        raise UserError(f"{where} is not a recipe (a JSON object), got {type(tc).__name__}")
+    missing = [k for k in CARD_RECIPE if k not in tc]
+    if missing:
+        raise UserError(f"{where} lacks {', '.join(missing)}")
+    try:
+        return TrainConfig(**tc)
+    except TypeError:  # a field this version does not know
+        unknown = sorted(set(tc) - set(asdict(TrainConfig())))
+        raise UserError(f"{where} has fields no training run writes ({', '.join(unknown[:5])})") from None
+    except (UserError, ValueError) as e:
+        raise UserError(f"{where} is not a valid recipe: {e}") from None
+
+
+def _shape_error(log: dict) -> str | None:
+    """What is wrong with a training log's history, config_changes, wall_s or device, or None."""
+    hist = log.get("history", [])
+    if not isinstance(hist, list) or not all(isinstance(h, dict) and _number(h.get("loss")) for h in hist):
+        return "history must be a list of steps, each with a finite loss"
+    changes = log.get("config_changes", [])
+    if not isinstance(changes, list) or not all(
+            isinstance(c, dict) and _count(c.get("step")) and isinstance(c.get("previous"), dict) for c in changes):
+        return "config_changes must be a list of {step, previous recipe}"
+    if not _number(log.get("wall_s", 0)) or not isinstance(log.get("device", ""), str):
+        return "wall_s must be a number and device a text"
+    return None
+
+
+def read_log(path: Path) -> dict:
+    """train_log.json ({} without one), its shapes checked: a malformed log is one line, not a traceback."""
+    f = path / "train_log.json"
+    if not f.is_file():
+        return {}
+    log = read_user_json(f, "training log")
+    if not isinstance(log, dict):
+        raise UserError(f"training log {f} is not a JSON object (config, history...), got {type(log).__name__}")
+    if "config" in log:
+        _recipe(log["config"], f"the config of training log {f}")
+    bad = _shape_error(log)
+    if bad:
+        raise UserError(f"training log {f}: {bad}")
+    return log
+
+
+def _row_ok(r) -> bool:
+    return isinstance(r, dict) and isinstance(r.get("task"), str) and isinstance(r.get("mode"), str) and \
+        _count(r.get("n_distractors")) and _count(r.get("n_samples")) and _number(r.get("accuracy"))
+
+
+def read_eval(path: Path) -> dict | None:
+    """eval.json (None without one), as analysis.evaluate writes it: a malformed one is one line."""
+    f = path / "eval.json"
+    if not f.is_file():
+        return None
+    ev = read_user_json(f, "evaluation")
+    rows = ev.get("results") if isinstance(ev, dict) else None
+    meta = ev.get("meta") if isinstance(ev, dict) else None
+    if not isinstance(rows, list) or not rows or not all(map(_row_ok, rows)):
+        raise UserError(f"evaluation {f}: results must be a non-empty list of rows with task, n_distractors, mode, "
+                        "n_samples and accuracy (as analysis.evaluate writes them)")
+    if not isinstance(meta, dict) or not _count(meta.get("seed")) or \
+            not (meta.get("n_pairs") is None or _count(meta["n_pairs"])) or \
+            not isinstance(meta.get("modes", ""), (str, type(None))):
+        raise UserError(f"evaluation {f}: meta must hold the eval seed (and n_pairs, modes as analysis.evaluate "
+                        "writes them)")
+    return ev
+
+
+def _n_params(path: Path) -> int:
+    from safetensors.torch import load_file
+
+    try:
+        return sum(t.numel() for t in load_file(str(path / "model.safetensors")).values())
+    except Exception as e:  # SafetensorError, OSError...: a truncated or foreign file
+        raise UserError(f"{path / 'model.safetensors'} cannot be read as safetensors weights "
+                        f"({(str(e).splitlines() or [type(e).__name__])[0]})") from None
+
+
+def _text(v) -> str:
+    if isinstance(v, list):
+        return ",".join(map(str, v))
+    return json.dumps(v, separators=(",", ":")) if isinstance(v, dict) else str(v)
+
+
+def _whole(tc: dict) -> dict:
+    """Every field of a logged recipe (to_dict leaves out the options that are off); as logged if not rebuildable."""
+    from training.config import TrainConfig
+
+    try:
+        return json.loads(json.dumps(asdict(TrainConfig(**tc))))
+    except Exception:  # an earlier segment's recipe from another version: its own fields only
+        return tc
+
+
+def recipe_changes(log: dict) -> list[str]:
+    """One line per resumed segment whose recipe changed (config_changes): the card's recipe is the last one, and
+    a run resumed with another lr, seed or steps trained its earlier steps under the earlier values."""
+    changes = log.get("config_changes", [])
+    recipes = [_whole(c["previous"]) for c in changes] + [_whole(log.get("config", {}))]
+    lines = []
+    for c, old, new in zip(changes, recipes, recipes[1:]):
+        diff = [f"{k} {_text(old.get(k))} -> {_text(new.get(k))}" for k in dict.fromkeys([*old, *new])
+                if old.get(k) != new.get(k)]
+        lines.append(f"- resumed at step {c['step']} under a changed recipe: " + (", ".join(diff) or "no field"))
+    return lines
+
+
 def write_card(path: Path, command: str, notes: str = "") -> str:
     cfg = FullBandwidthLM.read_config(path)
-    log = json.loads((path / "train_log.json").read_text()) if (path / "train_log.json").is_file() else {}
-    ev = json.loads((path / "eval.json").read_text()) if (path / "eval.json").is_file() else None
+    log = read_log(path)
+    ev = read_eval(path)
     tc = log.get("config", {})
     base = cfg["base_config"]
     loop = cfg.get("loop")  # a looped checkpoint (models.looped)
-    from safetensors.torch import load_file
-    n_params = sum(t.numel() for t in load_file(str(path / "model.safetensors")).values())
+    n_params = _n_params(path)
     hist = log.get("history", [])
     lines = [f"# {path.name}", "",
              (f"Looped checkpoint (format {cfg['format']} v{cfg['format_version']}, models.looped): a prelude of "
@@ -164,7 +290,9 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
                   f"- warm start: {tc['base']} (fresh fusion and optimizer)" if tc.get("base") else
                   "- initialization: random (from scratch)",
                   f"- optimizer: AdamW lr {tc.get('lr')} (warm-up {tc.get('warmup')}, cosine to 10%{_legs(log)}), "
-                  f"weight decay {tc.get('weight_decay')}, seed {tc.get('seed')}"]
+                  f"weight decay {tc.get('weight_decay')}, seed {tc.get('seed')}"
+                  + (" (the last segment's; changes below)" if log.get("config_changes") else "")]
+        lines += recipe_changes(log)
         if hist:
             last = hist[-50:]
             lines.append(f"- final training loss (mean of last {len(last)} steps): "
@@ -187,7 +315,7 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
     if notes:
         lines += ["", "## Notes", "", notes.strip()]
     text = "\n".join(lines) + "\n"
-    (path / "MODEL_CARD.md").write_text(text)
+    atomic_write(path / "MODEL_CARD.md", text)  # a card cut short never replaces the earlier one
     return text
 
 
