@@ -46,6 +46,7 @@ def test_a_bare_resume_continues_the_saved_recipe_bit_identically(stopped, tmp_p
     assert [h["step"] for h in log["history"]] == [1, 2, 3, 4, 5, 6]  # to the run's 6 steps, not the preset's 4
     assert log["config"]["lr"] == 0.01 and log["config"]["steps"] == 6
     assert "config_changes" not in log
+    assert log["device"] == "1 process on cpu, 1 thread each"  # (--threads 1: it said "1 threads")
     assert "--resume:" not in capsys.readouterr().out  # nothing changed, nothing said
     a, b = load_file(str(stopped / "straight" / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -220,6 +220,11 @@ def _n_params(path: Path) -> int:
                         f"({(str(e).splitlines() or [type(e).__name__])[0]})") from None
 
 
+def _device(text: str) -> str:
+    """The log's device line; "1 threads each" as logs before the singular wrote it."""
+    return re.sub(r"\b1 threads each\b", "1 thread each", text)
+
+
 def _text(v) -> str:
     if isinstance(v, list):
         return ",".join(map(str, v))
@@ -276,7 +281,7 @@ def write_card(path: Path, command: str, notes: str = "") -> str:
              "## Training", ""]
     if tc:
         lines += [f"- steps: {len(hist)} of {tc.get('steps')}, wall time {log.get('wall_s', 0) / 60:.1f} min"
-                  + (f" ({log['device']})" if log.get("device") else ""),
+                  + (f" ({_device(log['device'])})" if log.get("device") else ""),
                   "- " + "; ".join(_objective(tc, loop)),
                   f"- data: tasks {', '.join(tc.get('tasks', []))} ({_layout(tc)}), "
                   f"N mixture {tc.get('distractors')}, ~{tc.get('batch_tokens')} tokens per step"

@@ -45,6 +45,12 @@ def noise_generator(cfg: TrainConfig, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 97)
 
 
+def where_it_ran(world: int, device: str, threads: int) -> str:
+    """The log's (and card's) "2 processes on cpu, 1 thread each": threads only on cpu."""
+    text = f"{world} process{'es' if world != 1 else ''} on {device}"
+    return text + (f", {threads} thread{'s' if threads != 1 else ''} each" if device == "cpu" else "")
+
+
 def _first_nonfinite(model) -> str | None:
     for name, p in model.named_parameters():
         if not bool(torch.isfinite(p).all()):
@@ -168,8 +174,7 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
         saved = step if resume else None
         t0 = time.time() - log.get("wall_s", 0.0)
         # where it ran (the card's wall time means little without it); a resumed run records its last segment's
-        log["device"] = (f"{procs.world} process{'es' if procs.world > 1 else ''} on {procs.device.type}"
-                         + (f", {torch.get_num_threads()} threads each" if procs.device.type == "cpu" else ""))
+        log["device"] = where_it_ran(procs.world, procs.device.type, torch.get_num_threads())
         from tqdm import tqdm
         bar = tqdm(total=cfg.steps, initial=step, disable=not progress or rank != 0, dynamic_ncols=True)
         run_loss: dict[int, float] = {}
