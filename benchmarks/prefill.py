@@ -59,6 +59,7 @@ from common.placement import Placement  # noqa: E402
 from models.configs import qwen3_config  # noqa: E402
 from models.full_bandwidth import FullBandwidthLM  # noqa: E402
 from models.lean_step import enabled as lean_step_enabled  # noqa: E402
+from engine.decode import step_loop  # noqa: E402
 from engine.prefill import prefill_many  # noqa: E402
 
 # The scaling goals are relative to linear (4.5 and 4.4 at the default 4x lengths): a fixed 4.5 passed quadratic
@@ -312,7 +313,8 @@ def hf_floor(lm, ids):
     def prefill_and_step():  # the prefill's head at its last column only, as HF's generate runs it
         cache = DynamicCache(config=lm.config)
         lm(input_ids=ids[:, :-1], cache=cache, use_cache=True, logits_to_keep=1)
-        return lm(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1]
+        with step_loop():  # the step under the engine's loop settings (one thread, inference_mode), as recurrent-1's
+            return lm(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits[:, -1]
 
     return prefill, prefill_and_step
 
