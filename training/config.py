@@ -190,8 +190,9 @@ class TrainConfig:
                                        "through it); 0 = off (docs/recipe.md)")
     fixed_point_tol: float = opt(0.0, "fixed-point start: try up to 16 Jacobi passes first and keep them once the "
                                       "largest relative state change is below this (engine.prefill.fixed_point_top; "
-                                      "2-5x cheaper where the map contracts); 0 = always the exact one-token-step "
-                                      "recurrence")
+                                      "5.4x cheaper at two threads where the map contracts, in "
+                                      "benchmarks/fixed_point.py); "
+                                      "0 = always the exact one-token-step recurrence")
     consistency: float = opt(0.0, "weight of the state-consistency loss: each fused pass's top state is pulled toward "
                                   "the standard pass's (detached) at every fused position, relative squared error, "
                                   "so the standard states become a fixed point of the feedback map; 0 = off")

@@ -16,9 +16,10 @@ from training.config import TrainConfig
 # tiny-fbt's architecture, data and token budget). A feedback fixed point that keeps every task's label needed
 # a token-aware gate (gate_init "unit", pre-activation std 3: with nn.Linear's default init sigmoid(W_G e) sat at
 # ~0.5 for every token), warm no-grad passes and fused passes started from the fixed point (Jacobi passes to a
-# relative change < 1e-3 where that is cheaper, else the exact recurrence: 2-5x cheaper, same start), and a
-# state-consistency loss that pulls every fused pass's block outputs toward the standard pass's (the label loss
-# alone let fused passes relay pass 1's state, a shortcut gone at the fixed point). docs/recipe.md has each step.
+# relative change < 1e-3 where that is cheaper, else the exact recurrence: 5.4x cheaper at two threads in
+# benchmarks/fixed_point.py, same start), and a state-consistency loss that pulls every fused pass's block
+# outputs toward the standard pass's (the label loss alone let fused passes relay pass 1's state, a shortcut
+# gone at the fixed point). docs/recipe.md has each step.
 _STAGE = dict(packing=False, skip_values=True, batch_tokens=3000, task_weights=(0.5, 0.15, 0.35), lr=3e-4,
               targets="labels")
 # Stage 2 (all three continuations alike): multi_register takes 60% of the tokens and every one of its samples
