@@ -1,23 +1,53 @@
 #!/bin/bash
-# Every benchmark in benchmarks/, one after the other (run on an otherwise idle machine): the last line of each log
-# is its JSON. Logs go to $OUT (made if missing; default: the repository root, where this script runs).
+# Every benchmark in benchmarks/, one after the other (run on an otherwise idle machine), each as the command
+# docs/benchmarks.md quotes with its figure: the last line of each log is its JSON. Logs go to $OUT (made if
+# missing; default: the repository root, where this script runs). `bash scripts/bench_all.sh --list` prints the
+# commands and runs nothing.
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
+# One entry a benchmark: leading VAR=VALUE words are its environment, then the script's name and its flags.
+BENCHES=(
+  "collect"
+  "probes_run --repeats 7"
+  "train --threads 2"
+  "fixed_point --threads 2"
+  "prefill --threads 1 --clock cpu"
+  "OMP_NUM_THREADS=1 interventions --n-pairs 20"
+  "recirculation --repeats 5"
+  "probes"
+  "decode --threads 1 --clock cpu"
+  "collect_processes"
+  "train_ddp"
+  "patching --positions 6 --repeats 1"
+  "attribution --distractors 16 --n-pairs 50 --repeats 2"
+  "cold_step"
+)
+if [ "$1" = "--list" ]; then
+  for b in "${BENCHES[@]}"; do
+    set -- $b
+    envs=(); while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
+    echo "${envs[*]}${envs:+ }python benchmarks/$1.py${2:+ }${*:2}"
+  done
+  exit 0
+elif [ $# -gt 0 ]; then
+  echo "error: the only option is --list (got: $*)" >&2
+  exit 2
+fi
 OUT="${OUT:-.}"
 mkdir -p "$OUT" || { echo "error: cannot make \$OUT=$OUT" >&2; exit 2; }
 failed=0
-for b in "collect" "probes_run --repeats 5" "train --threads 1" "fixed_point --threads 1" \
-         "prefill --threads 1 --clock cpu" "interventions --n-pairs 20" "recirculation" "probes" "decode --threads 1 --clock cpu" \
-         "collect_processes" "train_ddp" "patching" "attribution" "cold_step"; do
+for b in "${BENCHES[@]}"; do
   set -- $b
-  echo "=== $b"
-  timeout 900 $PY benchmarks/$1.py ${@:2} > "$OUT/bench_$1.log" 2>&1
+  envs=(); while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
+  name=$1
+  echo "=== ${envs[*]}${envs:+ }python benchmarks/$name.py ${*:2}"
+  timeout 900 env "${envs[@]}" $PY benchmarks/$name.py "${@:2}" > "$OUT/bench_$name.log" 2>&1
   rc=$?
   if [ "$rc" -ne 0 ]; then
     failed=$((failed + 1))
-    echo "FAILED (exit $rc): see $OUT/bench_$1.log"
+    echo "FAILED (exit $rc): see $OUT/bench_$name.log"
   fi
-  tail -n 1 "$OUT/bench_$1.log"
+  tail -n 1 "$OUT/bench_$name.log"
 done
 echo "BENCH DONE ($failed failed)"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,59 @@
+"""scripts/bench_all.sh runs the commands docs/benchmarks.md quotes with its figures: a summary row's command is
+the one bench_all runs for that script (flags and environment included), every script of the summary is run,
+and a script with several rows (prefill) or none (cold_step) runs a command the page quotes."""
+from __future__ import annotations
+
+import re
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = (ROOT / "docs" / "benchmarks.md").read_text()
+CMD = re.compile(r"^(?:(?:[A-Z_]+=\S+) )*python benchmarks/(\w+)\.py(?: .*)?$")
+
+
+def _bench_all() -> dict[str, str]:
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "bench_all.sh"), "--list"], capture_output=True, text=True,
+                         check=True).stdout
+    cmds = {}
+    for line in out.splitlines():
+        m = CMD.match(line)
+        assert m, line
+        assert m.group(1) not in cmds, line
+        cmds[m.group(1)] = line
+    return cmds
+
+
+def _summary() -> dict[str, set[str]]:
+    table = PAGE.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    rows = defaultdict(set)
+    for line in table.splitlines():
+        cells = line.split(" | ")
+        if len(cells) > 1:
+            m = re.match(r"`([^`]+)`", cells[1].strip())
+            if m and CMD.match(m.group(1)):
+                rows[CMD.match(m.group(1)).group(1)].add(m.group(1))
+    return rows
+
+
+def test_every_script_runs_once_and_exists():
+    cmds = _bench_all()
+    assert set(cmds) == {p.stem for p in (ROOT / "benchmarks").glob("*.py")} - {"torchrun_launch"}
+
+
+def test_summary_rows_name_the_commands_bench_all_runs():
+    cmds, rows = _bench_all(), _summary()
+    assert len(rows) >= 12
+    for script, documented in rows.items():
+        assert script in cmds, script
+        if len(documented) == 1:
+            assert cmds[script] == next(iter(documented)), (script, documented)
+    for script, cmd in cmds.items():
+        if len(rows.get(script, ())) != 1:
+            assert f"`{cmd}`" in PAGE, cmd
+
+
+def test_a_bad_option_is_refused():
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "bench_all.sh"), "--nope"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "error:" in r.stderr
