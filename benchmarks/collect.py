@@ -55,7 +55,10 @@ def parse_args(argv=None):
                    help="interleaved rounds of the three arms, 1..10000 (default: %(default)s)")
     p.add_argument("--skip-e2e", action="store_true", help="skip part 2, the end-to-end probes.run")
     add_threads_flag(p)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.batch % 2:  # the prompts come in pairs: an odd count would silently run one fewer
+        p.error(f"--batch must be even (completion pairs), got {a.batch}")
+    return a
 
 
 def _timed(fn):

@@ -98,6 +98,7 @@ BAD = [
     ("benchmarks/collect_processes.py", ["--batch-size", "0"]),
     ("benchmarks/collect_processes.py", ["--repeats", "0"]),
     ("benchmarks/collect_processes.py", ["--timeout", "-5"]),
+    ("benchmarks/collect.py", ["--batch", "3"]),  # pairs: 3 would run 2 rows
     ("benchmarks/patching.py", ["--n-pairs", "-1"]),
     ("benchmarks/patching.py", ["--positions", "0"]),
     ("benchmarks/interventions.py", ["--n-pairs", "abc"]),
@@ -105,6 +106,8 @@ BAD = [
     ("benchmarks/attribution.py", ["--n-pairs", "5"]),
     ("benchmarks/fixed_point.py", ["--tol", "inf"]),
     ("benchmarks/prefill.py", ["--d-model", "6", "--heads", "2"]),
+    ("benchmarks/prefill.py", ["--short", "256", "--long", "256"]),  # equal lengths would share their JSON keys
+    ("benchmarks/prefill.py", ["--window-short", "1024", "--window-long", "1024"]),
     ("benchmarks/probes_run.py", ["--repeats", "0"]),
     ("benchmarks/probes_run.py", ["--warmup", "-1"]),
     ("benchmarks/recirculation.py", ["--new-tokens", "1"]),
