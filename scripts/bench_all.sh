@@ -1,8 +1,9 @@
 #!/bin/bash
 # Every benchmark in benchmarks/, one after the other (run on an otherwise idle machine), each as the command
-# docs/benchmarks.md quotes with its figure: the last line of each log is its JSON. Logs go to $OUT (made if
-# missing; default: the repository root, where this script runs). `bash scripts/bench_all.sh --list` prints the
-# commands and runs nothing.
+# docs/benchmarks.md quotes with its figure: the last line of each log is its JSON. Logs go to a fresh folder
+# $OUT/<date>_<time> ($OUT default bench_logs/ in the repository root, git-ignored; $STAMP names the folder instead
+# of the date); an existing folder is refused, so no earlier run's logs are overwritten.
+# `bash scripts/bench_all.sh --list` prints the commands and runs nothing.
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 # One entry a benchmark: leading VAR=VALUE words are its environment, then the script's name and its flags.
@@ -33,21 +34,27 @@ elif [ $# -gt 0 ]; then
   echo "error: the only option is --list (got: $*)" >&2
   exit 2
 fi
-OUT="${OUT:-.}"
-mkdir -p "$OUT" || { echo "error: cannot make \$OUT=$OUT" >&2; exit 2; }
+OUT="${OUT:-bench_logs}"
+RUN="$OUT/${STAMP:-$(date +%Y-%m-%d_%H%M%S)}"
+if [ -e "$RUN" ]; then
+  echo "error: $RUN exists: its logs are kept; give another \$OUT or \$STAMP" >&2
+  exit 2
+fi
+mkdir -p "$OUT" && mkdir "$RUN" || { echo "error: cannot make $RUN" >&2; exit 2; }
+echo "logs: $RUN"
 failed=0
 for b in "${BENCHES[@]}"; do
   set -- $b
   envs=(); while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
   name=$1
   echo "=== ${envs[*]}${envs:+ }python benchmarks/$name.py ${*:2}"
-  timeout 900 env "${envs[@]}" $PY benchmarks/$name.py "${@:2}" > "$OUT/bench_$name.log" 2>&1
+  timeout 900 env "${envs[@]}" $PY benchmarks/$name.py "${@:2}" > "$RUN/bench_$name.log" 2>&1
   rc=$?
   if [ "$rc" -ne 0 ]; then
     failed=$((failed + 1))
-    echo "FAILED (exit $rc): see $OUT/bench_$name.log"
+    echo "FAILED (exit $rc): see $RUN/bench_$name.log"
   fi
-  tail -n 1 "$OUT/bench_$name.log"
+  tail -n 1 "$RUN/bench_$name.log"
 done
 echo "BENCH DONE ($failed failed)"
 [ "$failed" -eq 0 ]

@@ -3,6 +3,7 @@ the one bench_all runs for that script (flags and environment included), every s
 and a script with several rows (prefill) or none (cold_step) runs a command the page quotes."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections import defaultdict
@@ -57,3 +58,17 @@ def test_summary_rows_name_the_commands_bench_all_runs():
 def test_a_bad_option_is_refused():
     r = subprocess.run(["bash", str(ROOT / "scripts" / "bench_all.sh"), "--nope"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "error:" in r.stderr
+
+
+def test_an_existing_log_folder_is_refused_before_anything_runs(tmp_path):
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run1" / "bench_collect.log").write_text("an earlier run's log\n")
+    env = {**os.environ, "OUT": str(tmp_path), "STAMP": "run1"}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "bench_all.sh")], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "exists" in r.stderr and r.stdout == ""
+    assert (tmp_path / "run1" / "bench_collect.log").read_text() == "an earlier run's log\n"
+
+
+def test_the_default_log_folder_is_git_ignored():
+    assert "/bench_logs/" in (ROOT / ".gitignore").read_text().splitlines()
