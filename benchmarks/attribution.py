@@ -3,7 +3,7 @@
     python benchmarks/attribution.py [--model tiny-fbt-track] [--task parity] [--mode recurrent-full]
                                      [--n-pairs 50] [--distractors 64] [--repeats 2] [--threads 2]
 
-Timed side by side, alternating, `--repeats` times each on the same CausalContext:
+Timed side by side, `--repeats` pairs on the same CausalContext, in a fixed order (exact, then attribution):
   exact        the paired sample's fed state swapped at every fused position t, each run recomputing t..T-1
                (interventions.suite.Suite.position_sweep with no position cap: T - 1 patched runs)
   attribution  engine.attribution.site_gradients: one forward and one backward giving the gradient at the fed state

@@ -5,9 +5,9 @@ T cached one-token steps (`engine.prefill.fixed_point_top`), which a 2-core CPU 
 the batch; with `--fixed-point-tol` (the shipped presets: 1e-3) the trainer first tries up to 16 parallel
 Jacobi passes and keeps them once the largest relative state change is below the tolerance. This times both,
 side by side, on the micro-batches the trainer itself draws (`training.data.make_batches`, preset tiny-fbt, a
-run of consecutive steps), on a trained checkpoint (default tiny-fbt), alternating the two per micro-batch, and
-reports the total time of each, their ratio, and how far the tolerance result is from the exact one (relative
-error per position: max and mean over real positions).
+run of consecutive steps), on a trained checkpoint (default tiny-fbt), the two in turn per micro-batch (exact
+first, a fixed order), and reports the total time of each, their ratio, and how far the tolerance result is
+from the exact one (relative error per position: max and mean over real positions).
 
 Human-readable lines first; the LAST line of stdout is one JSON object with all the figures.
 

@@ -1,6 +1,7 @@
 """The default probes command, end to end, against an earlier commit's: `python -m probes.run --task completion
 --no-cache` (each run into a fresh temporary --out), run as whole processes, baseline and current in turn
-(B A B A ...), so a machine whose speed drifts (other jobs) slows both alike.
+(B A B A ...: the baseline first in every pair, the order fixed), so a machine whose speed drifts (other jobs)
+slows both alike.
 
     python benchmarks/probes_run.py                          # baseline: commit 7e5b62d in a temporary worktree
     python benchmarks/probes_run.py --baseline-dir /tmp/old  # an existing checkout of the baseline
