@@ -14,7 +14,6 @@ from common.cpus import sequential_threads
 from common.errors import UserError
 from engine.cache import new_cache
 from engine.inputs import check_inputs, check_stepwise, model_context, to_model
-from engine.result import require_finite
 
 
 def check_generation(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -34,16 +33,23 @@ def check_generation(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     return input_ids, attention_mask
 
 
-def next_token(logits: torch.Tensor, step: int) -> torch.Tensor:
-    """Greedy token ids [batch] from logits [batch, vocab]; UserError where a row's logits hold a NaN or inf (argmax
-    would return a token for it all the same, silently)."""
-    if not bool(torch.isfinite(logits).all()):
-        cause = f"its forward overflows or diverges in {logits.dtype}"
-        if logits.dtype == torch.float64:
+def next_token(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(greedy token ids [batch], whether each row's top logit is finite [batch]) from logits [batch, vocab]: a NaN
+    row's max is NaN, where argmax answers a token all the same. One pass (max), and no host sync per step: the
+    caller collects the flags and checks them once (`check_finite_steps`)."""
+    top, tok = logits.max(-1)  # max's index is argmax's (the first maximum)
+    return tok, torch.isfinite(top)
+
+
+def check_finite_steps(ok: torch.Tensor, dtype: torch.dtype) -> None:
+    """UserError where any row's greedy step met NaN / inf logits (`ok`: [batch] flags, and-ed over the steps)."""
+    if not bool(ok.all()):
+        cause = f"its forward overflows or diverges in {dtype}"
+        if dtype == torch.float64:
             cause += ("; in float64, eager attention turns a left-padded row's masked queries into NaN: run the "
                       "model in float32 or with SDPA attention")
-        require_finite(logits, f"generation step {step}", cause)
-    return logits.argmax(-1)
+        raise UserError(f"generation: the model's logits are NaN or inf in {int((~ok).sum())} of {len(ok)} rows "
+                        f"({cause}): their tokens would be arbitrary")
 
 
 @contextmanager
@@ -64,17 +70,19 @@ def greedy_steps(model, out, cache, input_ids: torch.Tensor, attention_mask: tor
     embeddings only (std)."""
     prev, logits = out.top[:, -1], out.logits[:, -1]
     mask = attention_mask
-    new = []
+    new, ok = [], torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)
     with step_loop():
         for step in range(max_new_tokens):
-            tok = next_token(logits, step)  # [batch]
+            tok, finite = next_token(logits)  # [batch]
             new.append(tok)
+            ok = ok & finite
             if step == max_new_tokens - 1:
                 break
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             state = prev[:, None] if fed else None
             out = model(tok[:, None], mask, state=state, cache=cache, use_cache=True)
             prev, logits = out.top[:, -1], out.logits[:, -1]
+    check_finite_steps(ok, logits.dtype)
     return torch.stack(new, dim=1) if new else input_ids.new_zeros((input_ids.shape[0], 0))
 
 

@@ -13,7 +13,7 @@ import torch
 from common.errors import UserError
 
 MODES = ("convex", "residual")
-_SPEC_RE = re.compile(r"^\s*(-?\d+)\s*:\s*(-?\d+)\s*:\s*([^:]+?)\s*(?::\s*(\w+)\s*)?(?::\s*ramp(\d+)\s*)?$")
+_SPEC_RE = re.compile(r"^\s*(-?\d+)\s*:\s*(-?\d+)\s*:\s*([^:]+?)\s*(?::\s*(\w+)\s*)?(?::\s*(?i:ramp)(\d+)\s*)?$")
 SPEC_FORM = "s:d:alpha[:convex|residual][:rampN]"
 
 
@@ -99,7 +99,9 @@ def parse_recirculate(value: str, n_layers: int | None = None) -> RecircSpec:
     if not math.isfinite(alpha):
         raise UserError(f"bad recirculation spec {value!r}: alpha must be in [0, 1]")
     mode, ramp = (m.group(4) or "convex").lower(), int(m.group(5) or 0)
-    if m.group(5) is None and mode.startswith("ramp") and mode[4:].isdigit():  # s:d:alpha:rampN (convex)
+    if mode.startswith("ramp") and mode[4:].isdigit():  # s:d:alpha:rampN (convex)
+        if m.group(5) is not None:
+            raise UserError(f"bad recirculation spec {value!r}: one ramp at most ({SPEC_FORM})")
         mode, ramp = "convex", int(mode[4:])
     spec = RecircSpec(int(m.group(1)), int(m.group(2)), alpha, mode, ramp)
     return spec.validate(n_layers) if n_layers is not None else spec

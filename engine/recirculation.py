@@ -314,10 +314,11 @@ class RecirculatedLM(nn.Module):
                     if j is not None:
                         hn = h[:, c_n]
                         if logits is None:
-                            logits = torch.empty(B, len(cols), self.config.vocab_size, dtype=hn.dtype)
-                            top = torch.empty(B, len(cols), hn.shape[-1], dtype=hn.dtype)
+                            like = dict(dtype=hn.dtype, device=hn.device)  # the model's device, not the host
+                            logits = torch.empty(B, len(cols), self.config.vocab_size, **like)
+                            top = torch.empty(B, len(cols), hn.shape[-1], **like)
                             if collect:
-                                resid = torch.empty(B, len(cols), self.n_layers + 1, hn.shape[-1], dtype=hn.dtype)
+                                resid = torch.empty(B, len(cols), self.n_layers + 1, hn.shape[-1], **like)
                         logits[:, j] = self._head(hn)
                         top[:, j] = hn
                         if rec is not None:
@@ -351,12 +352,13 @@ class RecirculatedLM(nn.Module):
         logits = top = resid = None
         if here:
             hn = h[:, [t for t, _ in here]]
-            logits = torch.empty(B, n_cols, self.config.vocab_size, dtype=hn.dtype)
-            top = torch.empty(B, n_cols, hn.shape[-1], dtype=hn.dtype)
+            like = dict(dtype=hn.dtype, device=hn.device)
+            logits = torch.empty(B, n_cols, self.config.vocab_size, **like)
+            top = torch.empty(B, n_cols, hn.shape[-1], **like)
             jj = [j for _, j in here]
             logits[:, jj], top[:, jj] = self._head(hn), hn
             if rec is not None:
-                resid = torch.empty(B, n_cols, self.n_layers + 1, hn.shape[-1], dtype=hn.dtype)
+                resid = torch.empty(B, n_cols, self.n_layers + 1, hn.shape[-1], **like)
                 resid[:, jj] = rec.take()
         return k, inj.zs[:, 0], (logits, top, resid)
 
@@ -388,9 +390,10 @@ class RecirculatedLM(nn.Module):
         cache = new_cache()
         inj = _Injector(self.layers, self.spec)
         rec = ResidualRecorder(self.base) if collect else None
-        logits = torch.empty(B, len(cols), self.config.vocab_size, dtype=dtype)
-        top = torch.empty(B, len(cols), self.base.d_model, dtype=dtype)
-        resid = torch.empty(B, len(cols), self.n_layers + 1, self.base.d_model, dtype=dtype) if collect else None
+        like = dict(dtype=dtype, device=input_ids.device)
+        logits = torch.empty(B, len(cols), self.config.vocab_size, **like)
+        top = torch.empty(B, len(cols), self.base.d_model, **like)
+        resid = torch.empty(B, len(cols), self.n_layers + 1, self.base.d_model, **like) if collect else None
         try:
             if rec is not None:
                 rec.__enter__()
@@ -488,7 +491,7 @@ class RecirculatedLM(nn.Module):
 
         Returns new token ids [batch, max_new_tokens]. Identity mixing = the base model's cached greedy decoding.
         """
-        from engine.decode import check_generation, next_token
+        from engine.decode import check_finite_steps, check_generation, next_token
 
         self._check(input_ids, attention_mask)
         input_ids, attention_mask = check_generation(self.base, input_ids, attention_mask, max_new_tokens)
@@ -505,12 +508,13 @@ class RecirculatedLM(nn.Module):
         mask = attention_mask
         prev = input_ids[:, -1]
         inj = _Injector(self.layers, self.spec)
-        new = []
+        new, ok = [], torch.ones(B, dtype=torch.bool, device=logits.device)
         with sequential_threads():  # one-token steps: 1 thread (common.cpus)
             try:
                 for step in range(max_new_tokens):
-                    tok = next_token(logits, step)
+                    tok, finite = next_token(logits)
                     new.append(tok)
+                    ok = ok & finite
                     if step == max_new_tokens - 1:
                         break
                     mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
@@ -525,6 +529,7 @@ class RecirculatedLM(nn.Module):
                     logits = self._head(h[:, 1])
             finally:
                 inj.remove()
+        check_finite_steps(ok, logits.dtype)
         return torch.stack(new, 1)
 
 

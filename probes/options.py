@@ -51,7 +51,7 @@ def parse_args(argv):
     p.add_argument("--recirculate", action="append", default=[], metavar="S:D:ALPHA[:convex|residual][:rampN]",
                    help="also probe the model under training-free recirculation (engine.recirculation, exact "
                         "sequential prefill): depth S mixed into depth D with weight ALPHA (rampN: alpha grows over the first N positions); repeatable. Adds a mode "
-                        "named recirc-S:D:ALPHA:MODE beside --modes")
+                        "named recirc-S:D:ALPHA:MODE[:rampN] beside --modes")
     p.add_argument("--distractors",
                    help=f"comma-separated distractor counts N (0..{MAX_DISTRACTORS}; >= 1 for parity and "
                         "shell_game); default per task (a JSONL file: the N values it holds)")

@@ -563,10 +563,12 @@ def test_every_spec_name_reads_back_as_itself(spec):
     back = parse_mode(spec.name, n_layers=3).recirc
     assert back.same_run(spec) and back.ramp == spec.ramp and back.mode == spec.mode
     assert parse_recirculate("3:1:0.1:ramp2").ramp == 2  # the mode may be left out (convex)
+    for spelled in ("3:1:0.1:convex:RAMP2", "3:1:0.1:Convex:Ramp2", "3:1:0.1:RAMP2"):  # case, as the mode's
+        assert parse_recirculate(spelled).same_run(RecircSpec(3, 1, 0.1, ramp=2)), spelled
 
 
 @pytest.mark.parametrize("value", ["\u0663:1:0.1", "3:1:0.1:convex:ramp\u0662", "3:1:0.1:ramp2:convex",
-                                   "3:1:0.1:convex:ramp"])
+                                   "3:1:0.1:convex:ramp", "3:1:0.1:ramp5:ramp3"])
 def test_a_spec_has_one_spelling(value):
     with pytest.raises(UserError):
         parse_recirculate(value, n_layers=3)

@@ -283,14 +283,13 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
             raise UserError(f"{flag} needs a real tokenizer (not the byte stand-in of the tiny random models)")
 
     # (f) and (g)'s datasets now: a task the tokenizer cannot serve is refused before the text study, not after it
-    if run_f:
-        mediation_inputs(tok, a.mediation_source, a.mediation_pairs, a.mediation_distractors, a.seed)
-    if run_g:
-        targeted_inputs(tok, a.targeted_task, a.targeted_pairs, a.targeted_distractors, a.seed)
+    med_inputs = (mediation_inputs(tok, a.mediation_source, a.mediation_pairs, a.mediation_distractors, a.seed)
+                  if run_f else None)
+    tg_inputs = targeted_inputs(tok, a.targeted_task, a.targeted_pairs, a.targeted_distractors, a.seed) if run_g else None
 
     def run_targeted():
         return targeted(model, tok, tg_sd, a.targeted_task, a.targeted_pairs, a.targeted_distractors,
-                        a.targeted_alpha_list, a.batch or TASK_BATCH, a.seed, ramp=a.ramp)
+                        a.targeted_alpha_list, a.batch or TASK_BATCH, a.seed, ramp=a.ramp, inputs=tg_inputs)
 
     if model.family.own_causal_bias and not (a.mediation_only or a.targeted_only):  # refused now, not at (e)
         raise UserError(f"the text study's cost section (e) runs blockwise recirculation, which "
@@ -306,7 +305,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
             cands = [med_spec] if med_spec else [RecircSpec(s, d, a.alpha, mode, ramp=a.ramp) for s, d in pairs
                                                  for mode in ("convex", "residual")]
             res["mediation"] = mediation(model, tok, cands, a.mediation_source, a.mediation_pairs,
-                                         a.mediation_distractors, a.batch or TASK_BATCH, a.seed)
+                                         a.mediation_distractors, a.batch or TASK_BATCH, a.seed, inputs=med_inputs)
         if run_g:  # (g)
             res["targeted"] = run_targeted()
         res["seconds_total"] = time.perf_counter() - t_start
@@ -338,7 +337,7 @@ def _run(a, argv, out: Path, alphas, temps, passes_list, pairs, docs, placement:
     res = st.res
     if a.mediation:  # (f)
         res["mediation"] = mediation(model, tok, [med_spec or best_spec], a.mediation_source, a.mediation_pairs,
-                                     a.mediation_distractors, a.batch or TASK_BATCH, a.seed)
+                                     a.mediation_distractors, a.batch or TASK_BATCH, a.seed, inputs=med_inputs)
     if a.targeted:  # (g)
         res["targeted"] = run_targeted()
     res["seconds_total"] = time.perf_counter() - t_start

@@ -57,7 +57,8 @@ def mediation_inputs(tok, task, n_pairs: int, n_distractors: int, seed: int):
     return src, samples, ids, lab
 
 
-def mediation(model, tok, specs, task, n_pairs: int, n_distractors: int, batch: int, seed: int) -> dict:
+def mediation(model, tok, specs, task, n_pairs: int, n_distractors: int, batch: int, seed: int,
+              inputs=None) -> dict:
     """(f): recirculate the task-state subspace vs its complement vs a random subspace of equal rank.
 
     With several candidate `specs`, the one whose full recirculation changes the label logit difference most
@@ -66,7 +67,9 @@ def mediation(model, tok, specs, task, n_pairs: int, n_distractors: int, batch: 
 
     if isinstance(tok, ByteTokenizer):
         raise UserError("--mediation needs a real tokenizer (not the byte stand-in of the tiny random models)")
-    src, samples, ids, lab = mediation_inputs(tok, task, n_pairs, n_distractors, seed)
+    # `inputs`: mediation_inputs' result for these arguments, made once by the CLI's early check (a user's
+    # module:function task runs once)
+    src, samples, ids, lab = inputs or mediation_inputs(tok, task, n_pairs, n_distractors, seed)
     task = src.name
     K = len(lab)
     y = np.array([smp.label for smp in samples])

@@ -98,7 +98,7 @@ def targeted_inputs(tok, task: str, n_pairs: int, n_distractors: int, seed: int)
 
 
 def targeted(model, tok, spec_sd, task: str, n_pairs: int, n_distractors: int, alphas, batch: int, seed: int,
-             ramp: int = 0, n_boot: int = N_BOOT) -> dict:
+             ramp: int = 0, n_boot: int = N_BOOT, inputs=None) -> dict:
     """(g): base vs uniform vs targeted recirculation at every alpha (module doc). `spec_sd`: 'S:D[:MODE]' or a
     (source, target, mode) tuple."""
     if isinstance(tok, ByteTokenizer):
@@ -108,7 +108,7 @@ def targeted(model, tok, spec_sd, task: str, n_pairs: int, n_distractors: int, a
     alphas = sorted({float(a) for a in alphas})
     if not alphas:
         raise UserError("--targeted-alphas is empty")
-    samples, ids, lab, keys = targeted_inputs(tok, task, n_pairs, n_distractors, seed)
+    samples, ids, lab, keys = inputs or targeted_inputs(tok, task, n_pairs, n_distractors, seed)  # (CLI: made once)
     K = len(lab)
     y = np.array([smp.label for smp in samples])
     other = pair_partner_labels(samples)
