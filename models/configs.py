@@ -39,7 +39,7 @@ def check_config(config, where) -> None:
 
     from common.errors import UserError
 
-    from models.families import HEAD_DIM_FROM_WIDTH, model_type_of
+    from models.families import FAMILIES, HEAD_DIM_FROM_WIDTH, model_type_of
 
     ignored = {"head_dim"} if model_type_of(config) in HEAD_DIM_FROM_WIDTH else set()  # width // heads there
 
@@ -65,7 +65,8 @@ def check_config(config, where) -> None:
         v = get(key)
         if v is not None and (not is_num(v) or v <= 0):
             refuse(f"{key} must be a finite number > 0, got {v!r}")
-    for key in ("final_logit_softcapping", "attn_logit_softcapping"):  # HF computes tanh(x / cap) * cap
+    softcapped = any(model_type_of(config) in f.softcap_types for f in FAMILIES)  # HF reads them (a stray key: no)
+    for key in ("final_logit_softcapping", "attn_logit_softcapping") if softcapped else ():  # tanh(x / cap) * cap
         v = get(key)
         if v is not None and (not is_num(v) or v <= 0):  # 0: every logit 0 (a blind model); null turns it off
             refuse(f"{key} must be a finite number > 0 or null, got {v!r}")

@@ -76,6 +76,7 @@ class Family:
     heads_field: str = "num_attention_heads"
     context_field: str = "max_position_embeddings"
     logit_softcap_field: str | None = None
+    softcap_types: tuple[str, ...] = ()  # the model types whose HF model reads the soft-caps (Gemma 2 / 3, not 1)
     positions: str = "rotary"  # how positions enter: "rotary" (in attention) or "learned" (added before block 0)
     lean_step: bool = False  # models.lean_step reproduces its one-token step (HF's Llama / Qwen decoder layers)
     flat_mlp: bool = False  # the MLP runs on the rows flattened, [batch * cols, d_model] (OPT)
@@ -138,7 +139,8 @@ class Family:
     def logits(self, lm, top: torch.Tensor) -> torch.Tensor:
         """The causal LM's logits from its post-final-norm state: the head, then the family's soft-cap if any."""
         logits = self.head(lm)(top)
-        cap = _field(lm.config, self.logit_softcap_field) if self.logit_softcap_field else None
+        capped = self.logit_softcap_field and _field(lm.config, "model_type") in self.softcap_types
+        cap = _field(lm.config, self.logit_softcap_field) if capped else None  # a stray key elsewhere: none (HF's)
         if cap is not None:  # as HF tests it (models.configs.check_config refuses a cap <= 0)
             logits = torch.tanh(logits / cap) * cap
         return logits
@@ -231,6 +233,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpt_neox", ("gpt_neox",), final_norm_path="final_layer_norm", embedding_path="embed_in",
            attn_path="attention", attn_out_path="dense"),
     Family("gemma", ("gemma", "gemma2", "gemma3_text"), logit_softcap_field="final_logit_softcapping",
+           softcap_types=("gemma2", "gemma3_text"),
            window_rules=(("gemma2", "layer_types"), ("gemma3_text", "layer_types")),
            rope_by_layer_type=("gemma3_text",),
            post_norms=(("gemma2", "post_attention_layernorm", "post_feedforward_layernorm"),

@@ -820,3 +820,18 @@ def test_the_block_sites_are_what_the_block_adds(model_type):
     for layer in range(len(hs) - 2):  # the last hidden state is after the final norm
         update = got[(layer, "attn_out")] + got[(layer, "mlp_out")]
         assert (hs[layer + 1] - hs[layer] - update).abs().max() < 1e-4, layer
+
+
+def test_a_stray_soft_cap_key_is_read_where_hf_reads_it_only():
+    """Gemma 1 and Llama never read final_logit_softcapping: a stray key is neither refused nor applied (HF's
+    logits); Gemma 2 applies it."""
+    from models.configs import check_config
+    from models.full_bandwidth import FullBandwidthLM
+
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
+    for model_type in ("gemma", "llama"):
+        check_config(tiny_config(model_type, 64, final_logit_softcapping=0.0), "x")
+        lm = tiny_lm(model_type, final_logit_softcapping=0.5)
+        with torch.no_grad():
+            ref, got = lm(input_ids=ids).logits, FullBandwidthLM(lm, fusion=False)(ids, torch.ones_like(ids)).logits
+        assert (got - ref).abs().max() < 1e-5 and ref.abs().max() > 0.5, model_type

@@ -50,7 +50,7 @@ def test_a_killed_overwrite_runs_progress_is_refused_not_removed(tmp_path, capsy
     out = _state(tmp_path / "run")  # the earlier run
     staging = _state(tmp_path / ".run.staging-k1ll3d")  # the --overwrite run killed after a checkpoint
     _expect_error(FAST + ["--out", str(out), *flags], capsys,
-                  re.escape(str(staging)) + r" holds the checkpoints of an interrupted --overwrite run.*move it into "
+                  re.escape(str(staging)) + r" holds the checkpoints of a killed --overwrite run.*move it into "
                   r"place.*--overwrite")
     assert (staging / STATE_FILE).read_bytes() == b"state"
     assert check_output(out, resume=False, overwrite=True)  # --overwrite discards it (its --help says so)
@@ -66,6 +66,10 @@ def test_a_fresh_run_keeps_a_staging_folder_with_progress(tmp_path):
     with RunOutput(out, staged=False):
         pass
     assert progress.is_dir() and not litter.exists()
+    # --overwrite into a missing --out (not staged: nothing to replace) discards it as its --help says
+    with RunOutput(out, staged=False, overwrite=True):
+        pass
+    assert not progress.exists()
 
 
 def test_overwrite_help_says_an_interrupted_overwrite_run_cannot_be_resumed():

@@ -70,3 +70,17 @@ def test_a_preset_given_on_resume_replaces_the_recipe_and_says_how(stopped, tmp_
     assert sorted(printed) == ["--resume: eval_every 1000 -> 2", "--resume: lr 0.01 -> 0.002",
                                "--resume: save_every 1000 -> 2", "--resume: steps 6 -> 4"]
     assert log["config"]["lr"] == 0.002 and [h["step"] for h in log["history"]][-1] == 4
+
+
+def test_an_architecture_change_on_resume_is_refused_before_anything_is_said_or_built(stopped, tmp_path, monkeypatch,
+                                                                                       capsys):
+    """--resume --d-model 64 printed 'd_model 32 -> 64' and was refused only once the model was built."""
+    out = tmp_path / "run"
+    shutil.copytree(stopped / "stopped", out)
+    monkeypatch.setattr(tcli, "train", lambda *a, **k: pytest.fail("the run started"))
+    saved = json.loads((out / "train_log.json").read_text())["config"]["d_model"]
+    with pytest.raises(SystemExit) as e:
+        tcli.main(QUIET + ["--out", str(out), "--resume", "--d-model", str(2 * saved)])
+    captured = capsys.readouterr()
+    assert e.value.code == 2 and "--resume:" not in captured.out
+    assert f"cannot change the model's architecture (d_model {saved} -> {2 * saved})" in captured.err

@@ -131,6 +131,9 @@ def config_of(args, saved: TrainConfig | None = None) -> TrainConfig:
 # fixed-point starts, its weight and the consistency term).
 MULTIPASS_ONLY = ("lam", "noise", "prefix_mix", "warm_passes", "warm_prob", "fixed_point_prob", "fixed_point_tol",
                   "consistency", "consistency_window", "consistency_layers")
+# What a resumed run's weights must match (training.checkpoint.load_resume checks the built model as well).
+ARCHITECTURE = ("base", "arch", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "max_len", "attn_window",
+                "tie_embeddings")
 # The sizes and init of a model built from scratch: --base keeps the base's own.
 FROM_SCRATCH = ("arch", "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "max_len", "attn_window",
                 "tie_embeddings", "depth_scale")
@@ -233,12 +236,19 @@ def main(argv=None):
     world, rank, _ = env_place()
     cfg.check_world(world)  # torchrun's environment checked before any work; train() checks it again
     staged = check_output(out, args.resume, args.overwrite)
+    if isinstance(before, TrainConfig):  # refused now, not once the model is built (training.checkpoint.load_resume)
+        moved = [f"{k} {_shown(getattr(before, k))} -> {_shown(getattr(cfg, k))}" for k in ARCHITECTURE
+                 if getattr(before, k) != getattr(cfg, k)]
+        if moved:
+            raise UserError(f"--resume cannot change the model's architecture ({'; '.join(moved)}): resume with the "
+                            "run's own sizes, or start a new run in another --out")
     if before is not None and rank == 0:
         for line in recipe_changes(before, cfg):
             print(f"--resume: {line}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    train(cfg, out, staged, resume=args.resume, stop=stop, progress=not args.no_progress, device=device)
+    train(cfg, out, staged, resume=args.resume, stop=stop, progress=not args.no_progress, device=device,
+          overwrite=args.overwrite)
 
 
 if __name__ == "__main__":  # `python -m training.cli` = `python -m training.train`

@@ -105,16 +105,17 @@ def _step_gradients(net, micro, cfg: TrainConfig, gen, procs: Processes):
 
 
 def train(cfg: TrainConfig, out: Path, staged: bool, *, resume: bool, stop: int, progress: bool = True,
-          device: str = "cpu") -> None:
+          device: str = "cpu", overwrite: bool = False) -> None:
     """Train `cfg` into `out` up to step `stop` (checked by training.cli: every refusal comes before this)."""
     procs = Processes.start(device)
     try:
-        _train(cfg, out, staged, resume, stop, progress, procs)
+        _train(cfg, out, staged, resume, stop, progress, procs, overwrite)
     finally:
         procs.end()
 
 
-def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, progress: bool, procs: Processes):
+def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, progress: bool, procs: Processes,
+           overwrite: bool = False):
     rank = procs.rank
     cfg.check_world(procs.world)  # the CLI refuses this first; a caller of train() may not
     tok = build_tokenizer()
@@ -149,7 +150,8 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     with contextlib.ExitStack() as held:
-        dest = RunOutput(out, staged, active=rank == 0, resume=resume)  # the others' writes nothing
+        dest = RunOutput(out, staged, active=rank == 0, resume=resume, overwrite=overwrite)  # the others' write
+        #                                                                                        nothing
         procs.together(lambda: held.enter_context(dest))  # a refusal at rank 0's lock is every process's
         if not procs.is_main:
             held.enter_context(dest)

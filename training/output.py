@@ -37,13 +37,14 @@ def _has_progress(folder: Path) -> bool:
 
 
 def _refuse_staged_progress(out: Path, doing: str) -> None:
-    """A killed --overwrite run's progress sits in its staging folder, which the next run of `out` removes: say so
-    instead of `doing` that silently (a --resume continued the earlier run and deleted the newer one)."""
+    """A killed --overwrite run's progress sits in its staging folder: refuse `doing` beside it (a --resume once
+    continued the earlier run and deleted the newer one); only --overwrite discards it."""
     for folder in staging_folders(out):
         if _has_progress(folder):
-            raise UserError(f"{folder} holds the checkpoints of an interrupted --overwrite run of {out}, which "
-                            f"{doing} would delete: to continue that run, move it into place (mv {out} {out}.old; mv "
-                            f"{folder} {out}) and --resume; to discard it, delete it or run with --overwrite")
+            raise UserError(f"{doing} refused: {folder} holds the checkpoints of a killed --overwrite run of {out} "
+                            f"(or of one still running); to continue that run, move it into place (mv {out} "
+                            f"{out}.old; mv {folder} {out}) and --resume; to discard it, delete it or run with "
+                            "--overwrite")
 
 
 def check_output(out: Path, resume: bool, overwrite: bool, staging: bool = True) -> bool:
@@ -119,8 +120,10 @@ class RunOutput:
     folder is removed and the earlier run in `out` stays as it was. Otherwise checkpoints go into `out` directly.
     """
 
-    def __init__(self, out: Path, staged: bool, active: bool = True, resume: bool | None = None):
+    def __init__(self, out: Path, staged: bool, active: bool = True, resume: bool | None = None,
+                 overwrite: bool = False):
         self.out, self.staged, self.active = Path(out), staged, active
+        self.overwrite = overwrite or staged  # a killed --overwrite run's staging folder: discarded (CLI's help)
         self.resume = resume  # not None: check_output again once `out` is locked (another run may have written it
         #                       between this run's checks and its lock: a slow --base load is a wide window)
         self.target = self.out.resolve() if staged else self.out  # a symlinked --out: replace what it points to
@@ -147,7 +150,7 @@ class RunOutput:
                                     "it was replaced; look at it, then run again")
             prefix = f".{self.target.name}.staging-"
             for old in staging_folders(self.out):  # a killed run's (any live one would hold the lock on out)
-                if self.staged or not _has_progress(old):  # progress: only --overwrite discards it
+                if self.overwrite or not _has_progress(old):  # progress: only --overwrite discards it
                     shutil.rmtree(old, ignore_errors=True)
             remove_stale(self.out)
             if self.staged:
