@@ -83,4 +83,4 @@ def test_an_architecture_change_on_resume_is_refused_before_anything_is_said_or_
         tcli.main(QUIET + ["--out", str(out), "--resume", "--d-model", str(2 * saved)])
     captured = capsys.readouterr()
     assert e.value.code == 2 and "--resume:" not in captured.out
-    assert f"cannot change the model's architecture (d_model {saved} -> {2 * saved})" in captured.err
+    assert f"has another architecture than this recipe (d_model {saved} -> {2 * saved})" in captured.err

@@ -240,8 +240,9 @@ def main(argv=None):
         moved = [f"{k} {_shown(getattr(before, k))} -> {_shown(getattr(cfg, k))}" for k in ARCHITECTURE
                  if getattr(before, k) != getattr(cfg, k)]
         if moved:
-            raise UserError(f"--resume cannot change the model's architecture ({'; '.join(moved)}): resume with the "
-                            "run's own sizes, or start a new run in another --out")
+            raise UserError(f"--resume: the run in {out} has another architecture than this recipe "
+                            f"({'; '.join(moved)}): the architecture cannot change on --resume; resume with the run's "
+                            "own sizes, or start a new run in another --out")
     if before is not None and rank == 0:
         for line in recipe_changes(before, cfg):
             print(f"--resume: {line}")
