@@ -130,13 +130,14 @@ def check_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             raise UserError(f"token id {lo if lo < 0 else hi} is outside the model's vocabulary 0..{emb.num_embeddings - 1}")
     T = input_ids.shape[1]
     ctx = model_context(model)
-    longest = int(attention_mask.sum(-1).max())
+    lengths = attention_mask.sum(-1)  # [batch] real tokens a row
+    longest = int(lengths.max())
     if ctx is not None and longest > ctx:
         raise UserError(f"prompt of {longest} tokens is longer than the model's context ({ctx})")
-    lengths = attention_mask.sum(-1)
     for rope, original in _per_call_contexts(model.config):  # HF picks them by the batch's longest row
-        if int(lengths.min()) <= original < int(lengths.max()):
-            raise UserError(f"a batch with prompts of {int(lengths.min())} to {int(lengths.max())} tokens on a model "
+        shortest = int(lengths.min())
+        if shortest <= original < longest:
+            raise UserError(f"a batch with prompts of {shortest} to {longest} tokens on a model "
                             f"with {rope} rotary embeddings: rows within its original context ({original}) would take "
                             "the frequencies of the rows past it (each call picks one set for the whole batch), not "
                             f"their own; batch the prompts of at most {original} tokens apart from the longer ones")
