@@ -1,4 +1,4 @@
-"""benchmarks/recirculation.py (section 1) and benchmarks/cold_step.py run every arm once untimed before their timed
+"""benchmarks/recirculation.py (both sections) and benchmarks/cold_step.py run every arm once untimed before their timed
 rounds: at one repeat no timed arm is the process's first call of its kind. Spies record, for every call of an
 arm, whether it ran inside the script's timer; the first call of each arm must not. Tiny sizes: seconds."""
 from __future__ import annotations
@@ -42,6 +42,27 @@ def test_recirculation_generation_arms_are_warmed_before_they_are_timed(monkeypa
         timings = [t for a, t in calls if a == arm]
         assert timings[0] is False and True in timings, (arm, timings)
     assert '"gen_latency_ratio"' in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_recirculation_prefill_arms_are_warmed_before_they_are_timed(monkeypatch):
+    mod = _load("benchmarks/recirculation.py")
+    state, calls = {"timing": False}, []
+    monkeypatch.setattr(mod, "_time", _timer_spy(mod, "_time", state))
+    real_prefill = mod.RecirculatedLM.prefill
+
+    def prefill(self, x, xm, engine, *args, **kw):
+        if x.shape[1] == 5:  # section 2's prompt (section 1's is 4 tokens long)
+            calls.append(((engine, kw.get("passes")), state["timing"]))
+        return real_prefill(self, x, xm, engine, *args, **kw)
+
+    monkeypatch.setattr(mod.RecirculatedLM, "prefill", prefill)
+    mod.main(["--repeats", "1", "--prompt-len", "4", "--new-tokens", "3", "--prefill-len", "5", "--passes", "1,2",
+              "--threads", "1"])
+    arms = {arm for arm, _ in calls}
+    assert arms == {("sequential", None), ("blockwise", 1), ("blockwise", 2)}
+    for arm in arms:
+        timings = [t for a, t in calls if a == arm]
+        assert timings == [False, True], (arm, timings)
 
 
 def test_cold_step_arms_are_warmed_before_they_are_timed(monkeypatch, capsys):
