@@ -85,7 +85,7 @@ position, K-class labels) keeps every field of version 1 and adds:
                                 its stack} (depth L at T is the donor's own output: normalized effect 1)
 <metrics> = n, n_groups, n_donor_rows, follows_donor, changed, ld_clean_mean, ld_ref_mean, ld_mean, accuracy,
 follows_donor_rate, changed_rate, normalized_effect and their *_ci (interventions.metrics). Standard as the mode under study has no fed state: interventions = [],
-subspace / dose / position_sweep = null.
+subspace / dose = null, and position_sweep is the residual one (site "resid", no first_line_after).
 """
 from __future__ import annotations
 

@@ -107,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="LEACE rows: erase the label from the residual stream at T at these depths, one row each "
                         "(comma-separated 0..L; 'all' = every depth; 'none' = no residual rows; default from "
                         "--budget). "
-                        "The fed state at T, with a dose, and at every fused position at once are always erased "
-                        "(recurrent and fused modes)")
+                        "The fed state at T, with a dose, is always erased (recurrent and fused modes); at every fused "
+                        "position at once with --leace-all")
     p.add_argument("--leace-all", action=argparse.BooleanOptionalAction, default=None,
                    help="LEACE row leace_state_all: erase the label from the fed state at every fused position at "
                         "once (one eraser fitted per position: the battery's costliest row; default from --budget)")

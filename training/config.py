@@ -152,7 +152,7 @@ def opt(default=None, help: str = "", *, factory=None, parse=None):
 @dataclass
 class TrainConfig:
     """A training recipe. Validates itself on construction."""
-    arch: str = opt("qwen3", "architecture of a model trained from scratch (ignored with --base)")
+    arch: str = opt("qwen3", "architecture of a model trained from scratch (refused with --base)")
     n_layers: int = opt(6, "decoder blocks (from scratch)")
     d_model: int = opt(128, "model width (from scratch)")
     n_heads: int = opt(4, "attention heads (from scratch)")
