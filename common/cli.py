@@ -344,7 +344,7 @@ SHARED_HELP = {
     "--tasks": "comma-separated tasks, each a built-in task",
     "--seed": f"random seed, 0..{MAX_SEED}, of",
     "--out": "output",
-    "--overwrite": "replace an earlier run's results in --out (never done without it)",
+    "--overwrite": "replace an earlier run's results (never done without it)",
     "--device": "where the model runs: cpu, cuda, or auto (cuda when available)",
     "--dtype": "weights and activations: float32, bfloat16, or float16 (cuda only)",
     "--device-map": "'auto': let accelerate spread a plain HF model over the available devices (for models that "
