@@ -23,7 +23,6 @@ import numpy as np
 import torch
 from sklearn.model_selection import StratifiedGroupKFold
 
-from common.cli import derived_seed
 from common.errors import UserError
 from stats.linear import LinearProbe, ProbeConfig
 
@@ -44,8 +43,10 @@ def orthonormal(M: torch.Tensor) -> torch.Tensor:
     return q.to(M.dtype)
 
 
-def random_subspace(d: int, rank: int, seed: int, dtype=torch.float32) -> torch.Tensor:
-    g = torch.Generator().manual_seed(int(seed))
+def random_subspace(d: int, rank: int, seed: int | None, dtype=torch.float32, *,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """An orthonormal basis [d, rank] of a uniformly random subspace: from `seed`, or drawn next from `generator`."""
+    g = generator if generator is not None else torch.Generator().manual_seed(int(seed))
     return orthonormal(torch.randn(d, rank, generator=g, dtype=torch.float64)).to(dtype)
 
 
@@ -147,9 +148,11 @@ def per_fold_states(own: torch.Tensor, donor: torch.Tensor, folds: list[FoldSubs
                     random_rank_seed: int | None = None) -> torch.Tensor:
     """States [B, D] where each held-out row gets its fold's subspace swap (or a random one of equal rank)."""
     out = own.clone()
-    for i, f in enumerate(folds):
-        U = f.U if random_rank_seed is None else random_subspace(own.shape[1], f.U.shape[1],
-                                                                  derived_seed(random_rank_seed, i), own.dtype)
+    # the random bases come from one stream, one after another: a seed per fold (seed + i) gave --seed s + 1 four
+    # of --seed s's five bases, so a sweep over seeds drew overlapping baselines
+    g = None if random_rank_seed is None else torch.Generator().manual_seed(int(random_rank_seed))
+    for f in folds:
+        U = f.U if g is None else random_subspace(own.shape[1], f.U.shape[1], None, own.dtype, generator=g)
         idx = torch.as_tensor(f.test, dtype=torch.long)
         out[idx] = swap_part(own[idx], donor[idx], U, part)
     return out

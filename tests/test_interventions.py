@@ -173,6 +173,30 @@ def test_probe_subspaces_are_fitted_on_training_folds_only():
     assert torch.allclose(full, donor, atol=1e-5)
 
 
+def test_random_subspace_baselines_of_nearby_seeds_share_no_basis():
+    """The random-subspace swap draws every fold's basis anew for each --seed: no basis of --seed s is one of
+    --seed s + 1's (a seed per fold, seed + i, gave s + 1 four of s's five)."""
+    from interventions.subspace import FoldSubspace
+
+    D, n_folds = 8, 5
+    own = torch.randn(1, D, generator=torch.Generator().manual_seed(0)).expand(n_folds, D)  # one delta for every row
+    donor = own + torch.randn(1, D, generator=torch.Generator().manual_seed(1))
+    folds = [FoldSubspace(np.array([i]), torch.zeros(D, 1), 1.0) for i in range(n_folds)]  # row i: fold i's basis
+    rows = {s: per_fold_states(own, donor, folds, "subspace", random_rank_seed=s) for s in range(1000, 1003)}
+    for s in rows:
+        for t in rows:
+            for i in range(n_folds):
+                for j in range(n_folds):
+                    if (s, i) != (t, j):
+                        assert not torch.allclose(rows[s][i], rows[t][j], atol=1e-6), (s, i, t, j)
+    # each row is its fold's random rank-1 swap: own + (delta . u) u for a unit u
+    delta = (donor - own)[0]
+    for i in range(n_folds):
+        step = rows[1000][i] - own[i]
+        u = step / step.norm()
+        assert torch.allclose(step, (delta @ u) * u, atol=1e-5)
+
+
 def test_class_mean_subspaces_are_the_training_folds_class_means():
     """Per fold: an orthonormal basis of the training rows' class-mean differences (rank K - 1), the held-out rows
     left out of it; a coordinate that barely varies (where a standardized probe leans) does not pull it."""
