@@ -1,9 +1,14 @@
 """User-facing errors: every CLI turns a `UserError` into one line on stderr and exit code 2."""
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sys
+
+# A write the machine refused (a full disk or quota, a file past the size limit, a read-only file system): the run's
+# own cleanup has run by then (temporaries removed, an earlier run's results kept), so it is one line, exit 1
+WRITE_FAILURES = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 
 
 class UserError(Exception):
@@ -12,7 +17,8 @@ class UserError(Exception):
 
 def cli_entry(main):
     """Decorate a CLI `main(argv=None)`: `UserError` -> 'error: ...' on stderr (one line: the message's lines
-    joined by '; ') and exit 2, no traceback."""
+    joined by '; ') and exit 2, no traceback; a write the machine refused (`WRITE_FAILURES`: a full disk) -> one
+    line and exit 1."""
 
     @functools.wraps(main)
     def wrapper(argv=None):
@@ -27,6 +33,12 @@ def cli_entry(main):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise SystemExit(130)
+        except OSError as e:
+            if e.errno not in WRITE_FAILURES:
+                raise
+            where = f" ({e.filename})" if e.filename else ""
+            print(f"error: a write failed: {e.strerror}{where}", file=sys.stderr)
+            raise SystemExit(1)
 
     return wrapper
 

@@ -195,6 +195,30 @@ def test_cli_entry_prints_one_line_whatever_the_message(capsys):
     assert e.value.code == 2 and capsys.readouterr().err == "error: a user's code said; boom; on three lines\n"
 
 
+def test_cli_entry_says_a_full_disk_in_one_line(tmp_path, capsys):
+    """A write refused by the machine (ENOSPC) mid-run is one line and exit 1, after the run's own cleanup (no
+    temporary left); any other OSError is still a bug's traceback."""
+    import errno
+
+    @cli_entry
+    def main(argv=None):
+        def write(tmp):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        atomic_write(tmp_path / "results.json", write)
+
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 1 and list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().err == "error: a write failed: No space left on device\n"
+
+    @cli_entry
+    def other(argv=None):
+        raise OSError(errno.EBADF, "a bug")
+
+    with pytest.raises(OSError):
+        other([])
+
+
 @pytest.mark.parametrize("rank, local, said", [(None, None, True), ("0", "0", True), ("1", "1", False),
                                                ("3", "1", False), ("2", "0", True)])
 def test_a_refusal_under_torchrun_is_said_once_a_node(monkeypatch, capsys, rank, local, said):
