@@ -4,7 +4,10 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import re
+import signal
 import sys
+import threading
 
 # A write the machine refused (a full disk or quota, a file past the size limit, a read-only file system): the run's
 # own cleanup has run by then (temporaries removed, an earlier run's results kept), so it is one line, exit 1
@@ -15,13 +18,46 @@ class UserError(Exception):
     """Bad input from the user (unknown task, bad flag value, missing file...). Never a bug."""
 
 
+class Terminated(BaseException):
+    """SIGTERM (a batch scheduler's stop, `kill`), raised like Ctrl-C's KeyboardInterrupt so that every cleanup runs
+    (temporaries, staging folders, a folder the run made): Python's default action ends the process without them.
+    A BaseException, so that no `except Exception` swallows it."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
+def _write_failure(e: BaseException) -> int | None:
+    """The errno of a write the machine refused (`WRITE_FAILURES`), in `e` or the exceptions it was raised from;
+    safetensors' writer reports one as 'SafetensorError: ... (os error 28)'."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in WRITE_FAILURES:
+            return e.errno
+        if type(e).__module__.split(".")[0] == "safetensors":
+            m = re.search(r"\(os error (\d+)\)", str(e))
+            if m and int(m[1]) in WRITE_FAILURES:
+                return int(m[1])
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def cli_entry(main):
     """Decorate a CLI `main(argv=None)`: `UserError` -> 'error: ...' on stderr (one line: the message's lines
     joined by '; ') and exit 2, no traceback; a write the machine refused (`WRITE_FAILURES`: a full disk) -> one
-    line and exit 1."""
+    line and exit 1; Ctrl-C -> 'interrupted', exit 130; SIGTERM -> 'terminated', exit 143 (128 + 15, what a shell
+    reports for a process SIGTERM ended), after the same cleanup as an interrupt's."""
 
     @functools.wraps(main)
     def wrapper(argv=None):
+        # SIGTERM becomes an exception only where nobody else handles it (an outer cli_entry, a host program's own
+        # handler) and only in the main thread (the only one signal.signal may set)
+        own_term = (threading.current_thread() is threading.main_thread()
+                    and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+        if own_term:
+            signal.signal(signal.SIGTERM, _terminate)
         try:
             return main(argv)
         except UserError as e:  # one line whatever the message holds (a user's code may raise "a\nb")
@@ -33,12 +69,19 @@ def cli_entry(main):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise SystemExit(130)
-        except OSError as e:
-            if e.errno not in WRITE_FAILURES:
+        except Terminated:
+            print("terminated", file=sys.stderr)
+            raise SystemExit(143)
+        except Exception as e:
+            code = _write_failure(e)
+            if code is None:
                 raise
-            where = f" ({e.filename})" if e.filename else ""
-            print(f"error: a write failed: {e.strerror}{where}", file=sys.stderr)
+            name = getattr(e, "filename", None)
+            print(f"error: a write failed: {os.strerror(code)}{f' ({name})' if name else ''}", file=sys.stderr)
             raise SystemExit(1)
+        finally:
+            if own_term:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     return wrapper
 

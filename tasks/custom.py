@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Callable
 
-from common.errors import UserError
+from common.errors import Terminated, UserError
 from common.jsonio import loads_user, split_jsonl
 
 from .samples import ALL_TASKS, LABEL_WORDS, TRACKING_TASKS, Sample
@@ -476,7 +476,7 @@ def _run_user_code(what: str, call, failed: Callable[[Exception], str]):
             raise UserError(f"{what} called sys.exit({e.code!r}); a task's code must return or raise") from None
         except UserError as e:  # the user's code refusing its arguments
             raise UserError(_one_line(f"{what}: {e}")) from None
-        except (KeyboardInterrupt, _TimeUp):  # the user's Ctrl-C (exit 130); the time limit's own signal
+        except (KeyboardInterrupt, Terminated, _TimeUp):  # Ctrl-C (exit 130), SIGTERM (143); the time limit's signal
             raise
         except BaseException as e:  # a bug in the user's code, even a BaseException of its own: still one line
             raise UserError(_one_line(failed(e))) from None

@@ -377,6 +377,18 @@ def test_ctrl_c_in_a_task_stays_an_interrupt(user_module):
         resolve_task(f"{mod}:bad").make(2, 0, 0)
 
 
+def test_sigterm_in_a_task_stays_a_termination(user_module):
+    """cli_entry raises SIGTERM as common.errors.Terminated: arriving inside a user's generator it is the run's
+    stop (exit 143 after cleanup), not a one-line 'your task failed'."""
+    from common.errors import Terminated
+    from tasks import resolve_task
+
+    mod = user_module(GOOD + "from common.errors import Terminated\n"
+                             "def bad(n, k, s):\n    raise Terminated\nbad.label_words = ('0', '1')\n")
+    with pytest.raises(Terminated):
+        resolve_task(f"{mod}:bad").make(2, 0, 0)
+
+
 @pytest.mark.parametrize("where", ["generator", "import", "swallowing"])
 def test_a_task_that_never_ends_is_stopped(user_module, monkeypatch, where):
     import tasks.custom as custom

@@ -219,6 +219,77 @@ def test_cli_entry_says_a_full_disk_in_one_line(tmp_path, capsys):
         other([])
 
 
+def test_cli_entry_says_safetensors_full_disk_in_one_line(capsys):
+    """safetensors' writer (a checkpoint's weights, the trainer state) reports a full disk as its own
+    SafetensorError naming the OS error: one line too; its other errors stay tracebacks."""
+    from safetensors import SafetensorError
+
+    @cli_entry
+    def main(argv=None):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 1 and capsys.readouterr().err == "error: a write failed: No space left on device\n"
+
+    @cli_entry
+    def chained(argv=None):  # a library that re-raises the OSError as its own error
+        try:
+            raise OSError(28, "No space left on device", "/x/model.safetensors")
+        except OSError as err:
+            raise RuntimeError("could not save") from err
+
+    with pytest.raises(SystemExit) as e:
+        chained([])
+    assert e.value.code == 1 and capsys.readouterr().err == "error: a write failed: No space left on device\n"
+
+    @cli_entry
+    def other(argv=None):
+        raise SafetensorError("Error while deserializing header: HeaderTooLarge")
+
+    with pytest.raises(SafetensorError):
+        other([])
+
+
+def test_cli_entry_turns_sigterm_into_an_interrupt_with_cleanup(tmp_path, capsys):
+    """SIGTERM (a scheduler's stop) runs the same cleanup as Ctrl-C (Python's default action skips every finally:
+    temporaries, staging folders and a folder the run made were left behind): 'terminated', exit 143; the
+    default action is back afterwards, and a handler someone else installed is left alone."""
+    import signal
+
+    def write(tmp):
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered while the temporary exists
+        for _ in range(1000):  # the handler runs between bytecodes
+            pass
+        raise AssertionError("SIGTERM was not raised")
+
+    @cli_entry
+    def main(argv=None):
+        atomic_write(tmp_path / "results.json", write)
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(SystemExit) as e:
+            main([])
+        assert e.value.code == 143 and capsys.readouterr().err == "terminated\n"
+        assert list(tmp_path.iterdir()) == []  # atomic_write removed its temporary
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+        seen = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))  # a host program's own handler
+
+        @cli_entry
+        def hosted(argv=None):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                pass
+            return 0
+
+        assert hosted([]) == 0 and seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @pytest.mark.parametrize("rank, local, said", [(None, None, True), ("0", "0", True), ("1", "1", False),
                                                ("3", "1", False), ("2", "0", True)])
 def test_a_refusal_under_torchrun_is_said_once_a_node(monkeypatch, capsys, rank, local, said):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -194,6 +195,44 @@ def test_failed_write_keeps_the_old_run_and_leaves_no_tmp(tiny_ckpt, tmp_path, m
     assert _snapshot(out) == before  # old probes.json, depth_curves.html and activations/ intact
     assert _no_tmp(out) == [] and sorted(p.name for p in out.iterdir()) == ["activations", "depth_curves.html",
                                                                              "plotly.min.js", "probes.json"]
+
+
+def test_sigterm_mid_run_leaves_no_folder_and_keeps_an_earlier_run(tiny_ckpt, tmp_path, monkeypatch, capsys):
+    """A scheduler's SIGTERM during the write phase: 'terminated', exit 143; a fresh run leaves no folder (nor the
+    plotly.js temporary it had staged), an --overwrite run keeps the earlier results byte for byte."""
+    import signal
+
+    import probes.run
+
+    real = probes.run._json_dumps
+
+    def terminated(doc):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            pass
+        return real(doc)
+
+    monkeypatch.setattr(probes.run, "_json_dumps", terminated)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        fresh = tmp_path / "fresh"
+        with pytest.raises(SystemExit) as e:
+            _probes(["--task", "completion", "--model", tiny_ckpt, "--out", fresh, "--no-cache", *FAST])
+        assert e.value.code == 143 and capsys.readouterr().err.endswith("terminated\n")
+        assert not fresh.exists()
+
+        out = tmp_path / "o"
+        base = ["--task", "completion", "--model", tiny_ckpt, "--out", out, "--no-cache", *FAST]
+        monkeypatch.setattr(probes.run, "_json_dumps", real)
+        assert _probes(base) == 0
+        before = _snapshot(out)
+        monkeypatch.setattr(probes.run, "_json_dumps", terminated)
+        with pytest.raises(SystemExit) as e:
+            _probes(base + ["--seed", "2", "--overwrite"])
+        assert e.value.code == 143
+        assert _snapshot(out) == before and _no_tmp(out) == []
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_write_depth_curves_leaves_no_tmp_on_interrupt(tmp_path, monkeypatch):
