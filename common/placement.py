@@ -44,7 +44,8 @@ class Placement:
                 raise UserError("--device-map auto spreads one model over every GPU; under torchrun each process "
                                 "takes its own (LOCAL_RANK): drop the flag")
         if p.dtype == "float16" and p.torch_device.type == "cpu":
-            raise UserError("--dtype float16 needs --device cuda (use bfloat16 on CPU)")
+            where = "--device auto found no GPU" if p.device == "auto" else f"--device {p.device}"
+            raise UserError(f"--dtype float16 needs a CUDA device ({where}); use bfloat16 on the CPU")
         return p
 
     @property

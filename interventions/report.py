@@ -169,7 +169,8 @@ def verdict(report: dict) -> tuple[str, str]:
         return ("not applicable (no feedback)",
                 f"{_task_name(cfg)} ({report['model']['name']}, {cfg['mode']}, N={cfg['distractors']}): {why}, so "
                 f"the fed-state analyses do not apply (clean accuracy {_f(clean['accuracy'])} "
-                f"{_ci(clean, 'accuracy')}, n={clean['n']})" + _resid_clause(res, clean) + _loop_clause(res) + ".")
+                f"{_ci(clean, 'accuracy')}, n={clean['n']})" + _resid_clause(res, clean) + _loop_clause(res) + "."
+                + _precision_clause(res))
     ne, ci = swap["normalized_effect"], swap["normalized_effect_ci"]
     lo = ci[0] if ci else None
     if clean["accuracy"] is None or clean["accuracy"] < 0.6:
@@ -199,7 +200,26 @@ def verdict(report: dict) -> tuple[str, str]:
          f"{_ci(swap, 'normalized_effect')} (n={swap['n']}, {swap['n_groups']} groups; clean accuracy "
          f"{_f(clean['accuracy'], _places(clean['accuracy'], 0.6))} {_ci(clean, 'accuracy')}); "
          + _subspace_clause(res, sub, w) + ".")
-    return label, s + _path_clause(label, clean, _row(res, "gate_bypass_all"))
+    return label, s + _path_clause(label, clean, _row(res, "gate_bypass_all")) + _precision_clause(res)
+
+
+# Below this many rounding steps the clean |LD| (and every effect normalized by differences of LDs) is mostly
+# rounding of the low-precision logits
+RESOLVED_STEPS = 4
+
+
+def _precision_clause(res: dict) -> str:
+    """A bfloat16 / float16 run's logit resolution (Suite.precision), or ''."""
+    p = res.get("precision")
+    if not p:
+        return ""
+    s = (f" Logits are {p['dtype']}: each label-word logit is rounded to a step of up to {p['logit_step']:.3g} "
+         f"(largest |label-word logit| {p['max_abs_label_logit']:.3g}); the clean |LD| averages "
+         f"{p['clean_abs_ld_mean']:.3g}, {p['clean_abs_ld_in_steps']:.3g} steps")
+    if p["clean_abs_ld_in_steps"] < RESOLVED_STEPS:
+        return s + (f": LDs and effects at this scale are mostly rounding (fewer than {RESOLVED_STEPS} steps); "
+                    "rerun with --dtype float32.")
+    return s + "."
 
 
 def _rank_words(sub: dict) -> str:

@@ -28,6 +28,7 @@ Both cover the last `max_positions` positions (None = all).
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -161,6 +162,22 @@ class Suite:
 
     def metrics(self, logits, mode=None, donor=None, rows=None) -> dict:
         return self.summary(self.arrays(logits, mode, donor), rows)
+
+    def precision(self) -> dict | None:
+        """Where the model computes in bfloat16 / float16 (None otherwise): the step each label-word logit is rounded
+        to (the dtype's spacing at the largest |label-word logit| of the clean run under study) beside the clean
+        |LD|. LDs and the effects normalized by them are differences of rounded logits: finer than the step, they
+        are rounding (SmolLM2 in bfloat16: logits near 16-32, steps of 0.125-0.25, an unsolved task's LDs near 0.01
+        came back as multiples of the step)."""
+        dt = self.ctx.dtype
+        if not dt.is_floating_point or torch.finfo(dt).bits >= 32:
+            return None
+        clean = self.ctx.clean[self.mode].logits
+        top = float(clean[:, list(self.ctx.batch.label_ids)].abs().max())
+        step = torch.finfo(dt).eps * 2.0 ** math.floor(math.log2(top)) if top > 0 else torch.finfo(dt).tiny
+        ld = float(np.abs(self.arrays(clean)["ldc"]).mean())
+        return {"dtype": str(dt).removeprefix("torch."), "max_abs_label_logit": top, "logit_step": step,
+                "clean_abs_ld_mean": ld, "clean_abs_ld_in_steps": ld / step}
 
     def _timed(self, name, fn):
         t = time.perf_counter()
@@ -707,6 +724,7 @@ def run_suite(ctx: CausalContext, rank: int = 1, n_boot: int = 1000, seed: int =
             res.setdefault(k, None)
     if fed:
         res["state_words"] = ctx.words()  # how the report names this mechanism's fed state
+    res["precision"] = s.precision()
     res["timings_s"] = s.timings
     return res
 

@@ -49,12 +49,13 @@ def test_evaluate_in_bfloat16_records_it(tiny_ckpt, tmp_path):
 
 
 @pytest.mark.parametrize("kw, needle", [
-    ({"dtype": "float16"}, "float16 needs --device cuda"),
+    ({"dtype": "float16"}, "float16 needs a CUDA device (--device cpu)"),
+    ({"dtype": "float16", "device": "auto"}, "float16 needs a CUDA device (--device auto found no GPU)"),
     ({"device": "cuda"}, "no CUDA device"),
     ({"dtype": "float64"}, "--dtype 'float64'"),
 ])
 def test_refusals_are_one_line(kw, needle):
-    if kw.get("device") == "cuda" and torch.cuda.is_available():
+    if kw.get("device") in ("cuda", "auto") and torch.cuda.is_available():
         pytest.skip("this machine has a GPU: --device cuda is valid here")
 
     class A:
@@ -145,3 +146,28 @@ def test_interventions_run_in_bfloat16_end_to_end(tiny_ckpt, tmp_path):
     lp = rep["results"]["layer_patching"]["recurrent-1"]
     assert lp["normalized_effect"][-1][-1] == pytest.approx(1.0, abs=0.05)
     assert rep["results"]["interventions"]
+
+
+def test_a_bfloat16_causal_report_states_its_logit_resolution(tiny_ckpt, tmp_path):
+    """interventions.run --dtype bfloat16: results.precision gives the step each label-word logit is rounded to
+    (bfloat16's spacing at the largest |label-word logit|) beside the clean |LD|, and the verdict says it; a
+    float32 run has none."""
+    import math
+
+    from interventions.run import main
+
+    docs = {}
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / dtype
+        assert main(["--task", "completion", "--model", str(tiny_ckpt), "--mode", "recurrent-1", "--distractors", "0",
+                     "--n-pairs", "10", "--n-boot", "20", "--max-positions", "2", "--max-depths", "2",
+                     "--control-model", "none", "--no-progress", "--dtype", dtype, "--out", str(out)]) == 0
+        docs[dtype] = json.loads((out / "causal_report.json").read_text())
+    assert docs["float32"]["results"]["precision"] is None
+    assert "Logits are" not in docs["float32"]["verdict"]["sentence"]
+    p = docs["bfloat16"]["results"]["precision"]
+    assert p["dtype"] == "bfloat16"
+    assert p["logit_step"] == 2.0 ** (math.floor(math.log2(p["max_abs_label_logit"])) - 7)  # 8 significant bits
+    assert p["clean_abs_ld_in_steps"] == pytest.approx(p["clean_abs_ld_mean"] / p["logit_step"])
+    assert f"Logits are bfloat16: each label-word logit is rounded to a step of up to {p['logit_step']:.3g}" in \
+        docs["bfloat16"]["verdict"]["sentence"]
