@@ -468,7 +468,7 @@ class RecircPatcher(Patcher):
                      "branch)",
              "site_t": "the source-depth state recirculated from t-1 (z_{t-1,s})",
              "gate_bypass": "alpha = 0 at T-1: T-1's recirculation branch gets z_{T-1,d} unmixed",
-             "gate_bypass_all": "alpha = 0 at every position (= the base model's standard pass)"}
+             "gate_bypass_all": "alpha = 0 at every position (the base model's standard pass, to float rounding)"}
 
     def __init__(self, model, ids, mask, mode):
         super().__init__(model, ids, mask, mode)
