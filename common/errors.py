@@ -28,19 +28,26 @@ def _terminate(signum, frame):
     raise Terminated
 
 
-def _write_failure(e: BaseException) -> int | None:
-    """The errno of a write the machine refused (`WRITE_FAILURES`), in `e` or the exceptions it was raised from;
+def _write_failure(e: BaseException) -> OSError | Exception | None:
+    """The exception that reports a write the machine refused (`WRITE_FAILURES`): `e` or one it was raised *from*
+    (`raise ... from err`; an exception merely raised while one unwound, a cleanup's bug, stays a traceback);
     safetensors' writer reports one as 'SafetensorError: ... (os error 28)'."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in WRITE_FAILURES:
-            return e.errno
-        if type(e).__module__.split(".")[0] == "safetensors":
-            m = re.search(r"\(os error (\d+)\)", str(e))
-            if m and int(m[1]) in WRITE_FAILURES:
-                return int(m[1])
-        e = e.__cause__ or e.__context__
+        if _write_errno(e) is not None:
+            return e
+        e = e.__cause__
+    return None
+
+
+def _write_errno(e: BaseException) -> int | None:
+    if isinstance(e, OSError) and e.errno in WRITE_FAILURES:
+        return e.errno
+    if type(e).__module__.split(".")[0] == "safetensors":
+        m = re.search(r"\(os error (\d+)\)", str(e))
+        if m and int(m[1]) in WRITE_FAILURES:
+            return int(m[1])
     return None
 
 
@@ -73,14 +80,15 @@ def cli_entry(main):
             print("terminated", file=sys.stderr)
             raise SystemExit(143)
         except Exception as e:
-            code = _write_failure(e)
-            if code is None:
+            failed = _write_failure(e)
+            if failed is None:
                 raise
-            name = getattr(e, "filename", None)
-            print(f"error: a write failed: {os.strerror(code)}{f' ({name})' if name else ''}", file=sys.stderr)
+            name = getattr(failed, "filename", None)
+            print(f"error: a write failed: {os.strerror(_write_errno(failed))}{f' ({name})' if name else ''}",
+                  file=sys.stderr)
             raise SystemExit(1)
         finally:
-            if own_term:
+            if own_term and signal.getsignal(signal.SIGTERM) is _terminate:  # not a handler installed meanwhile
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     return wrapper

@@ -241,7 +241,8 @@ def test_cli_entry_says_safetensors_full_disk_in_one_line(capsys):
 
     with pytest.raises(SystemExit) as e:
         chained([])
-    assert e.value.code == 1 and capsys.readouterr().err == "error: a write failed: No space left on device\n"
+    assert e.value.code == 1  # the file named by the OSError the library's error was raised from
+    assert capsys.readouterr().err == "error: a write failed: No space left on device (/x/model.safetensors)\n"
 
     @cli_entry
     def other(argv=None):
@@ -249,6 +250,52 @@ def test_cli_entry_says_safetensors_full_disk_in_one_line(capsys):
 
     with pytest.raises(SafetensorError):
         other([])
+
+
+def test_cli_entry_keeps_a_bug_raised_while_a_full_disk_unwinds():
+    """An error raised while handling a full disk (a cleanup's own bug, an error raised `from None`) is that bug's
+    traceback, not 'a write failed': only an exception raised *from* the OSError stands for it."""
+    import errno
+
+    @cli_entry
+    def cleanup_bug(argv=None):
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/out/results.json")
+        finally:
+            {}["tmp"]  # the cleanup's bug: hidden behind the full disk's one line
+
+    with pytest.raises(KeyError):
+        cleanup_bug([])
+
+    @cli_entry
+    def suppressed(argv=None):
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:
+            raise ValueError("a bug in the fallback") from None
+
+    with pytest.raises(ValueError):
+        suppressed([])
+
+
+def test_cli_entry_leaves_a_sigterm_handler_installed_mid_run_alone():
+    """A library that installs its own SIGTERM handler during the run keeps it: cli_entry puts the default action
+    back only over its own handler."""
+    import signal
+
+    def theirs(signum, frame):
+        pass
+
+    @cli_entry
+    def main(argv=None):
+        signal.signal(signal.SIGTERM, theirs)
+        return 0
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        assert main([]) == 0 and signal.getsignal(signal.SIGTERM) is theirs
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_cli_entry_turns_sigterm_into_an_interrupt_with_cleanup(tmp_path, capsys):
