@@ -7,8 +7,10 @@
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 # Each benchmark's wall-clock limit: prefill takes 10-13 minutes on a slow 2-core machine, so a 15-minute limit
-# sat too close to it.
+# sat too close to it. The limit's SIGTERM runs a CLI's cleanup (common.errors.cli_entry), which a process blocked
+# in C (a gloo collective or rendezvous: a hang) only reaches once the call returns: SIGKILL follows after KILL_S.
 LIMIT_S=1800
+KILL_S=60
 # One entry a benchmark: leading VAR=VALUE words are its environment, then the script's name and its flags.
 BENCHES=(
   "collect"
@@ -51,11 +53,12 @@ for b in "${BENCHES[@]}"; do
   envs=(); while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
   name=$1
   echo "=== ${envs[*]}${envs:+ }python benchmarks/$name.py ${*:2}"
-  timeout $LIMIT_S env "${envs[@]}" $PY benchmarks/$name.py "${@:2}" > "$RUN/bench_$name.log" 2>&1
+  timeout -k $KILL_S $LIMIT_S env "${envs[@]}" $PY benchmarks/$name.py "${@:2}" > "$RUN/bench_$name.log" 2>&1
   rc=$?
   if [ "$rc" -ne 0 ]; then
     failed=$((failed + 1))
     why="exit $rc"; [ "$rc" -eq 124 ] && why="stopped after $LIMIT_S s"
+    [ "$rc" -eq 137 ] && why="killed: SIGKILL, $KILL_S s after the $LIMIT_S s limit, or out of memory"
     echo "FAILED ($why): see $RUN/bench_$name.log"
   fi
   tail -n 1 "$RUN/bench_$name.log"

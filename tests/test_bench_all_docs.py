@@ -72,3 +72,21 @@ def test_an_existing_log_folder_is_refused_before_anything_runs(tmp_path):
 
 def test_the_default_log_folder_is_git_ignored():
     assert "/bench_logs/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_a_benchmark_past_its_limit_is_killed_if_sigterm_does_not_end_it(tmp_path):
+    """Every CLI turns SIGTERM into an exception (common.errors.cli_entry), which a process blocked in C (a gloo
+    collective or rendezvous: the hangs a limit is for) only raises once the call returns: `timeout` must follow its
+    SIGTERM with a SIGKILL. A stand-in `timeout` records how each benchmark is started."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "timeout").write_text('#!/bin/bash\necho "$*" >> "$SHIM_LOG"\nexit 0\n')
+    (shim / "timeout").chmod(0o755)
+    log = tmp_path / "calls.txt"
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "SHIM_LOG": str(log), "OUT": str(tmp_path / "o"),
+           "STAMP": "run"}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "bench_all.sh")], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text().splitlines()
+    assert len(calls) == len(_bench_all()) and all(re.match(r"-k \d+ \d+ env ", c) for c in calls), calls
