@@ -25,7 +25,14 @@ class Terminated(BaseException):
 
 
 def _terminate(signum, frame):
+    # a second SIGTERM (a scheduler signals every process, and torchrun forwards its own to its workers) must not cut
+    # the first one's cleanup short; SIGKILL, a scheduler's next step, still ends the process
+    signal.signal(signal.SIGTERM, _terminating)
     raise Terminated
+
+
+def _terminating(signum, frame):
+    """SIGTERM while the first one's cleanup runs: nothing more to do."""
 
 
 def _write_failure(e: BaseException) -> OSError | Exception | None:
@@ -88,7 +95,7 @@ def cli_entry(main):
                   file=sys.stderr)
             raise SystemExit(1)
         finally:
-            if own_term and signal.getsignal(signal.SIGTERM) is _terminate:  # not a handler installed meanwhile
+            if own_term and signal.getsignal(signal.SIGTERM) in (_terminate, _terminating):  # not another's handler
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     return wrapper

@@ -298,6 +298,36 @@ def test_cli_entry_leaves_a_sigterm_handler_installed_mid_run_alone():
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_a_second_sigterm_lets_the_first_ones_cleanup_finish(capsys):
+    """A scheduler signals every process of a job and torchrun forwards its own SIGTERM to its workers: a worker
+    gets two, the second while the first's cleanup (a staging folder's removal) runs. It must not cut that cleanup
+    short (a --overwrite training run left its staging folder, a checkpoint in it)."""
+    import signal
+
+    done = []
+
+    @cli_entry
+    def main(argv=None):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                pass
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # the second one, mid-cleanup
+            for _ in range(1000):
+                pass
+            done.append(True)
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(SystemExit) as e:
+            main([])
+        assert e.value.code == 143 and done == [True] and capsys.readouterr().err == "terminated\n"
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_cli_entry_turns_sigterm_into_an_interrupt_with_cleanup(tmp_path, capsys):
     """SIGTERM (a scheduler's stop) runs the same cleanup as Ctrl-C (Python's default action skips every finally:
     temporaries, staging folders and a folder the run made were left behind): 'terminated', exit 143; the
