@@ -30,6 +30,8 @@ and, when run (interventions.run --das / --attribution; absent otherwise):
                                 (top_overlap null at 5 cells or fewer); with --attribution-ig, ig_path {n_rows,
                                 unresolved_rows, largest_step_share_median, total_change_mean, rule}: how well the
                                 path's points resolve each row's change (interventions.attribution.ig_path_resolution).
+    results.precision           null in float32; bfloat16 / float16: {dtype, max_abs_label_logit, logit_step,
+                                clean_abs_ld_mean, clean_abs_ld_in_steps} (Suite.precision; added without a bump)
 Version 7 adds recirculation modes (results.state_words: how the
 report names the mechanism's fed state, z_{t-1,s} under recirculation). Version 6 names the two readings of a "flip" apart:
 <metrics>.flip_rate is now follows_donor_rate (the prediction is the donor's label, over the n_donor_rows rows
