@@ -111,3 +111,57 @@ def _says_it() -> bool:
         return True
     dist = sys.modules.get("torch.distributed")  # never imported here just to ask
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def quiet_import_interrupts(package: str) -> None:
+    """`python -m PACKAGE.module ...`: a Ctrl-C in the entry point's first seconds, while its module imports torch
+    and transformers (before `cli_entry` runs), is 'interrupted' and exit 130 as later, not Python's traceback
+    (nor, where a library turned the interrupt into an import error, a bogus 'could not import' one). Each package
+    that holds entry points calls this at its import; `runpy` imports the package before the module. It does
+    nothing unless this process was started as one of the package's modules (`sys.orig_argv`), so importing the
+    package as a library (a notebook, pytest) leaves `sys.excepthook` alone. Any other error keeps its traceback."""
+    module = _dash_m_module(getattr(sys, "orig_argv", []))
+    if module is None or not (module == package or module.startswith(package + ".")):
+        return
+    if getattr(sys.excepthook, "_quiet_import_interrupts", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if not _interrupted(value):
+            return previous(kind, value, tb)
+        print("interrupted", file=sys.stderr)
+        if not isinstance(value, KeyboardInterrupt):  # an interrupt a library re-raised as another error
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+        # a KeyboardInterrupt itself: Python ends the process by SIGINT (exit 130 in a shell) once this returns
+
+    hook._quiet_import_interrupts = True
+    sys.excepthook = hook
+
+
+def _dash_m_module(argv: list[str]) -> str | None:
+    """The module of `python [options] -m MODULE ...` (`-mMODULE` too), else None."""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m":
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if arg.startswith("-m"):
+            return arg[2:]
+        if arg.startswith("-c") or arg == "-" or not arg.startswith("-"):  # `-c CODE`, stdin or a script
+            return None
+        i += 2 if arg in ("-W", "-X") else 1  # the two options whose value is the next argument
+    return None
+
+
+def _interrupted(e: BaseException | None) -> bool:
+    """Whether `e` is a KeyboardInterrupt or was raised from / while handling one."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False

@@ -1,0 +1,3 @@
+from common.errors import quiet_import_interrupts
+
+quiet_import_interrupts(__name__)  # a Ctrl-C while `python -m probes.X` imports: one line
