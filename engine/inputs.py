@@ -1,6 +1,8 @@
 """Input checks and padding shared by both engines (feedback and recirculation): one message per mistake."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from common.errors import UserError
@@ -150,3 +152,17 @@ def to_model(model, *tensors):
     """The tensors on the device of the model's input embedding (a device-mapped model: its first device)."""
     dev = model.lm.get_input_embeddings().weight.device
     return tuple(t.to(dev) for t in tensors)
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module):
+    """Run the block with `model` in eval mode, then put every module back in the mode it was in (also on an
+    error or interrupt): a library call that needs eval mode (the collector, a quick evaluation) leaves the
+    caller's model as it found it, e.g. training with dropout."""
+    was = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in was:
+            m.training = training

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.inputs import eval_mode
 from engine.prefill import pad_left, prefill_many
 from tasks import TRACKING_TASKS, label_token_ids, make_dataset, prompt_ids, prompt_prefix
 from training.config import TrainConfig
@@ -40,8 +41,13 @@ def settings(tok, cfg: TrainConfig, context: int | None = None) -> tuple[list, l
 
 def quick_eval(model, tok, cfg: TrainConfig, context: int | None = None) -> dict:
     """Label accuracy at N = 8 (and, for tracking tasks, N = 64) per mode; log keys `<task>` and `<task> N=64`;
-    a setting whose prompts exceed `context` is left out (`settings`)."""
-    model.eval()
+    a setting whose prompts exceed `context` is left out (`settings`). Runs in eval mode and leaves every module
+    in the mode it was in (the trainer's model goes on training; an eval-mode one stays so), also on an error."""
+    with eval_mode(model):  # the caller's modes are put back however this ends
+        return _quick_eval(model, tok, cfg, context)
+
+
+def _quick_eval(model, tok, cfg: TrainConfig, context: int | None) -> dict:
     out = {}
     if model.has_fusion:
         short, long = ["standard", "recurrent-1", "fused-8", "recurrent-full"], ["standard", "recurrent-full"]
@@ -52,5 +58,4 @@ def quick_eval(model, tok, cfg: TrainConfig, context: int | None = None) -> dict
     for task, n in settings(tok, cfg, context)[0]:  # N = 64: past the depth, where only a recurrence carries the state
         out[task if n == 8 else f"{task} N={n}"] = label_accuracy(model, tok, task, n, short if n == 8 else long,
                                                                   n_pairs=16)
-    model.train()
     return out

@@ -1,0 +1,114 @@
+"""Library calls leave the process and the caller's model as they found them.
+
+Researchers load a model once in a notebook and call the engine, probes, interventions and training helpers on it
+many times: a call that flips the model's train / eval mode, leaves a hook or an instance attribute behind, or moves
+a global setting would change every later computation. Each test snapshots that state (`snapshot`), calls one API
+(also one refused, or failing midway), and compares.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from test_families import tiny_lm
+
+HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+              "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+def snapshot(model) -> dict:
+    """What a library call must leave as it was: the model's tensors, flags, hooks, instance attributes, config, and
+    the process-wide settings and generators it could touch."""
+    lm = getattr(model, "lm", model)
+    return {
+        "tensors": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "requires_grad": {n: p.requires_grad for n, p in model.named_parameters()},
+        "no_grad_field": {n: p.grad is None for n, p in model.named_parameters()},
+        "training": {n: m.training for n, m in model.named_modules()},
+        "hooks": {n: {h: len(getattr(m, h)) for h in HOOK_DICTS} for n, m in model.named_modules()},
+        "instance_attrs": {n: sorted(vars(m)) for n, m in model.named_modules()},
+        "config": lm.config.to_dict(),
+        "attn": lm.config._attn_implementation,
+        "threads": torch.get_num_threads(),
+        "grad": torch.is_grad_enabled(),
+        "inference": torch.is_inference_mode_enabled(),
+        "dtype": torch.get_default_dtype(),
+        "torch_rng": torch.get_rng_state(),
+        "numpy_rng": np.random.get_state()[1].copy(),
+        "python_rng": random.getstate(),
+    }
+
+
+def changes(before: dict, after: dict) -> list[str]:
+    out = []
+    for k, a in before.items():
+        b = after[k]
+        if k == "tensors":
+            out += [f"tensor {n}" for n in a if n not in b or not torch.equal(a[n], b[n])]
+        elif isinstance(a, torch.Tensor) or isinstance(a, np.ndarray):
+            if not np.array_equal(np.asarray(a), np.asarray(b)):
+                out.append(k)
+        elif isinstance(a, dict) and k != "config":
+            out += [f"{k}[{n!r}]: {a.get(n)} -> {b.get(n)}" for n in set(a) | set(b) if a.get(n) != b.get(n)]
+        elif a != b:
+            out.append(f"{k}: {a!r:.80} -> {b!r:.80}")
+    return out
+
+
+def batch():
+    from engine.inputs import pad_left
+
+    return pad_left([[5, 9, 2, 7, 3, 11, 4, 8], [6, 1, 12, 3, 10], [7, 7, 2]])
+
+
+def raise_at(n: int, exc=RuntimeError):
+    """A forward hook that raises `exc` at its n-th call."""
+    calls = [0]
+
+    def hook(mod, args, out):
+        calls[0] += 1
+        if calls[0] == n:
+            raise exc("raised by a user hook")
+
+    return hook
+
+
+# ----- training helpers ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fbt_and_tok():
+    from models.configs import qwen3_config
+    from models.full_bandwidth import FullBandwidthLM
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = qwen3_config(len(tok), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, initializer_range=0.1)
+    return FullBandwidthLM.from_config(cfg, seed=0), tok
+
+
+def test_quick_eval_keeps_the_callers_mode(fbt_and_tok):
+    """quick_eval ran in eval mode and then set the model to train mode, whatever mode it came in: an eval-mode
+    model came back training (dropout on in every later run); a failure midway left it in eval mode."""
+    from models.full_bandwidth import decoder_layers
+    from training.config import TrainConfig
+    from training.quick_eval import quick_eval
+
+    model, tok = fbt_and_tok
+    cfg = TrainConfig(tasks=("completion",))
+    model.eval()
+    before = snapshot(model)
+    quick_eval(model, tok, cfg)
+    assert changes(before, snapshot(model)) == []
+
+    model.train()  # the trainer's model: training goes on afterwards, also after a failed evaluation
+    before = snapshot(model)
+    handle = decoder_layers(model.lm)[1].register_forward_hook(raise_at(3))
+    try:
+        with pytest.raises(RuntimeError, match="user hook"):
+            quick_eval(model, tok, cfg)
+    finally:
+        handle.remove()
+    assert changes(before, snapshot(model)) == []
+    model.eval()
