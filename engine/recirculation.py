@@ -167,7 +167,7 @@ class RecirculatedLM(nn.Module):
     def __init__(self, model: FullBandwidthLM | PreTrainedModel, spec: RecircSpec, bypass_identity: bool = True):
         super().__init__()
         if isinstance(model, PreTrainedModel):
-            model = FullBandwidthLM(model, fusion=False).eval()
+            model = _wrapped(model)
         if getattr(model, "has_fusion", False):
             raise UserError("recirculation is for off-the-shelf models: this model has a fusion module")
         self.base = model
@@ -537,7 +537,16 @@ def lm_only(model: FullBandwidthLM | PreTrainedModel) -> FullBandwidthLM:
     """The model recirculation runs: the LM alone (a fusion module, if any, is left out, never run)."""
     if isinstance(model, FullBandwidthLM) and not model.has_fusion:
         return model
-    return FullBandwidthLM(model.lm if isinstance(model, FullBandwidthLM) else model, fusion=False).eval()
+    return _wrapped(model.lm if isinstance(model, FullBandwidthLM) else model)
+
+
+def _wrapped(lm: PreTrainedModel) -> FullBandwidthLM:
+    """`lm` in a FullBandwidthLM without fusion, the caller's modules untouched: the wrapper takes the LM's mode
+    as its own flag only (`.eval()` on it would set the caller's whole model to eval mode for good, also when the
+    call is then refused), so recirculation runs the model as it is, like every other engine mode."""
+    w = FullBandwidthLM(lm, fusion=False)
+    w.training = lm.training
+    return w
 
 
 def recirc_calls(spec: RecircSpec, T: int) -> int:

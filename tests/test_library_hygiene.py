@@ -112,3 +112,48 @@ def test_quick_eval_keeps_the_callers_mode(fbt_and_tok):
         handle.remove()
     assert changes(before, snapshot(model)) == []
     model.eval()
+
+
+# ----- recirculation on a plain HF model ------------------------------------------------------------------------
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_recirculation_leaves_an_hf_models_mode(model_type):
+    """Wrapping a plain HF model (or a fused model's LM) for recirculation called `.eval()` on the wrapper, which
+    set the caller's whole model to eval mode for good, even when the call was then refused (a bad spec)."""
+    from common.errors import UserError
+    from engine.modes import parse_mode
+    from engine.recirculation import RecirculatedLM, lm_only, recirculated_prefill
+
+    ids, mask = batch()
+    lm = tiny_lm(model_type).train()
+    before = snapshot(lm)
+    with pytest.raises(UserError):
+        recirculated_prefill(lm, "9:0:0.5", ids, mask)  # refused: source depth 9 of 2 blocks
+    assert changes(before, snapshot(lm)) == []
+    recirculated_prefill(lm, "1:0:0.5", ids, mask)
+    RecirculatedLM(lm, parse_mode("recirc-1:0:0.5", 2).recirc)
+    lm_only(lm)
+    assert changes(before, snapshot(lm)) == []
+    # an eval-mode model gives the same numbers as before (and stays in eval mode)
+    lm.eval()
+    before = snapshot(lm)
+    a = recirculated_prefill(lm, "1:0:0.5", ids, mask).logits
+    b = RecirculatedLM(lm, parse_mode("recirc-1:0:0.5", 2).recirc).prefill(ids, mask, cols=torch.tensor([7])).logits
+    assert torch.equal(a, b)
+    assert changes(before, snapshot(lm)) == []
+
+
+def test_recirc_mode_of_a_fused_model_leaves_its_mode(fbt_and_tok):
+    """prefill_many's recirc modes on a model with a fusion run its LM alone (lm_only): that wrapper's `.eval()` set
+    the caller's LM to eval mode, while the same call's standard mode ran it as it was."""
+    from engine.prefill import generate, prefill_many
+
+    model, _ = fbt_and_tok
+    ids, mask = batch()
+    model.train()
+    try:
+        before = snapshot(model)
+        prefill_many(model, ids, mask, ["standard", "recirc-1:0:0.5"])
+        generate(model, ids, mask, 2, "recirc-1:0:0.5")
+        assert changes(before, snapshot(model)) == []
+    finally:
+        model.eval()
