@@ -48,6 +48,7 @@ from common.io import atomic_write
 from models.fingerprint import config_hash, tokenizer_hash, weights_hash
 from models.full_bandwidth import FullBandwidthLM, decoder_layers
 from engine.hooks import CallCounter
+from engine.inputs import eval_mode
 from engine.modes import canonical_modes, parse_mode
 from engine.prefill import call_schedule, pad_left, prefill_many
 
@@ -88,7 +89,7 @@ class Collector:
                  pad_id: int = 0, progress: bool = True):
         if batch_size < 1 or max_batch_tokens < 1:
             raise UserError("batch_size and max_batch_tokens must be positive")
-        self.model = model.eval()
+        self.model = model  # in eval mode while it collects, then as the caller had it (engine.inputs.eval_mode)
         self.envoy = NNsight(self.model)
         self.layers = self.envoy.get(_layers_path(self.model))
         self.n_layers = len(decoder_layers(self.model.lm))
@@ -136,6 +137,10 @@ class Collector:
     def collect_batch(self, ids: torch.Tensor, mask: torch.Tensor, modes) -> dict[str, torch.Tensor]:
         """One left-padded batch -> {mode: [batch, L+1, d_model]} (canonical mode names; a loop-R mode's L is its
         unrolled stack's)."""
+        with eval_mode(self.model):
+            return self._collect_batch(ids, mask, modes)
+
+    def _collect_batch(self, ids, mask, modes) -> dict[str, torch.Tensor]:
         from models.looped import looping
 
         modes = canonical_modes(modes, self.n_layers)

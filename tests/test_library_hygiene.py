@@ -157,3 +157,35 @@ def test_recirc_mode_of_a_fused_model_leaves_its_mode(fbt_and_tok):
         assert changes(before, snapshot(model)) == []
     finally:
         model.eval()
+
+
+# ----- probes -----------------------------------------------------------------------------------------------------
+def test_collector_leaves_the_models_mode(fbt_and_tok):
+    """The collector set the model to eval mode when built and left it so (a model being trained between probes
+    lost its dropout for good); a collection that fails midway (here a user hook) leaves it as it was too. The
+    activations are those of eval mode either way."""
+    from models.full_bandwidth import decoder_layers
+    from probes.collect import Collector, collect_activations
+
+    model, _ = fbt_and_tok
+    seqs = [[5, 9, 2, 7, 3], [6, 1, 12], [7, 7, 2, 4]]
+    model.eval()
+    ref = collect_activations(model, seqs, ["standard", "recurrent-1"])
+    model.train()
+    try:
+        before = snapshot(model)
+        got = collect_activations(model, seqs, ["standard", "recurrent-1"])
+        col = Collector(model, progress=False)
+        handle = decoder_layers(model.lm)[1].register_forward_hook(raise_at(2))
+        try:
+            with pytest.raises(RuntimeError, match="user hook"):
+                col.collect(seqs, ["recurrent-1"])
+        finally:
+            handle.remove()
+        after = snapshot(model)
+    finally:
+        model.eval()
+    # nnsight's wrapper (an instance `forward` on every module) stays: see the module doc of probes.collect
+    assert [c for c in changes(before, after) if not c.startswith("instance_attrs")] == []
+    for m in ref:
+        assert np.array_equal(got[m], ref[m]), m
