@@ -2,7 +2,9 @@
 
 How it works
     The model (a FullBandwidthLM; plain HF LMs are wrapped with ``fusion=False``) is wrapped once with
-    ``nnsight.NNsight``. For each batch ONE trace runs the prefill engine itself,
+    ``nnsight.NNsight`` (nnsight's wrapper is taken off the caller's model again once no collector uses it:
+    ``_wrap``; a collection runs in eval mode and leaves every module's mode as it was). For each batch ONE
+    trace runs the prefill engine itself,
     ``engine.prefill.prefill_many(model, ids, mask, modes, collect=False, logits=False)``, as the traced function
     (``envoy.trace(ids, mask, fn=...)``): there is a single prefill engine, nnsight only reads from it.
     The engine calls the model several times (recurrent-k: one full standard pass, then k single-token
@@ -36,6 +38,7 @@ import functools
 import hashlib
 import json
 import sys
+import weakref
 from pathlib import Path
 
 import nnsight
@@ -82,6 +85,57 @@ def _trace_batch(envoy, layers, run, ids, mask, steps):
     return got
 
 
+try:
+    from nnsight.intervention.source import STATE as _NNSIGHT_STATE
+except ImportError:  # pragma: no cover - another nnsight layout: its wrapper stays on the model, as nnsight leaves it
+    _NNSIGHT_STATE = None
+_NO_FORWARD = object()
+# modules whose nnsight wrapper a Collector installed: [collectors alive that use it, the instance forward it took]
+_WRAPPED: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+_OURS: "weakref.WeakSet" = weakref.WeakSet()  # the collectors' own interleavers
+
+
+def _wrap(collector, model):
+    """``NNsight(model)`` for `collector`, undone once no collector uses it. nnsight installs its wrapper for good
+    (an instance ``forward`` and its state on every module: inert outside a trace, but the model then never takes
+    the lean one-token step, models.lean_step, ~1.5-2x slower recurrences on the tiny models); each module a
+    collector wrapped gets its own forward back when the last collector using it is gone, unless an nnsight
+    wrapper of someone else's routes through it too."""
+    if _NNSIGHT_STATE is None:  # pragma: no cover
+        return NNsight(model)
+    fresh = [(m, vars(m).get("forward", _NO_FORWARD)) for m in model.modules() if _NNSIGHT_STATE not in vars(m)]
+    envoy = NNsight(model)
+    _OURS.add(envoy.interleaver)
+    for m, forward in fresh:
+        if _NNSIGHT_STATE in vars(m):
+            _WRAPPED[m] = [0, forward]
+    held = [m for m in model.modules() if m in _WRAPPED]
+    for m in held:
+        _WRAPPED[m][0] += 1
+    weakref.finalize(collector, _unwrap, held)
+    return envoy
+
+
+def _unwrap(modules) -> None:
+    for m in modules:
+        entry = _WRAPPED.get(m)
+        if entry is None:
+            continue
+        entry[0] -= 1
+        state = vars(m).get(_NNSIGHT_STATE)
+        others = state is not None and any(
+            (i := r[0]()) is not None and i not in _OURS for r in getattr(state, "routes", ()))
+        if entry[0] > 0 or others:
+            continue
+        del _WRAPPED[m]
+        d = vars(m)
+        d.pop(_NNSIGHT_STATE, None)
+        if entry[1] is _NO_FORWARD:
+            d.pop("forward", None)
+        else:
+            d["forward"] = entry[1]
+
+
 class Collector:
     """nnsight-wrapped model + batching; ``collect(token_ids, modes)`` -> {mode: float32 [N, L+1, D]}."""
 
@@ -90,7 +144,7 @@ class Collector:
         if batch_size < 1 or max_batch_tokens < 1:
             raise UserError("batch_size and max_batch_tokens must be positive")
         self.model = model  # in eval mode while it collects, then as the caller had it (engine.inputs.eval_mode)
-        self.envoy = NNsight(self.model)
+        self.envoy = _wrap(self, self.model)
         self.layers = self.envoy.get(_layers_path(self.model))
         self.n_layers = len(decoder_layers(self.model.lm))
         self.batch_size, self.max_batch_tokens = int(batch_size), int(max_batch_tokens)

@@ -164,6 +164,8 @@ def test_collector_leaves_the_models_mode(fbt_and_tok):
     """The collector set the model to eval mode when built and left it so (a model being trained between probes
     lost its dropout for good); a collection that fails midway (here a user hook) leaves it as it was too. The
     activations are those of eval mode either way."""
+    import gc
+
     from models.full_bandwidth import decoder_layers
     from probes.collect import Collector, collect_activations
 
@@ -182,10 +184,55 @@ def test_collector_leaves_the_models_mode(fbt_and_tok):
                 col.collect(seqs, ["recurrent-1"])
         finally:
             handle.remove()
+        del col  # (a collector keeps nnsight's wrapper while it lives: test_collection_leaves_no_nnsight_wrapper)
+        gc.collect()  # the failed call's traceback held it
         after = snapshot(model)
     finally:
         model.eval()
-    # nnsight's wrapper (an instance `forward` on every module) stays: see the module doc of probes.collect
-    assert [c for c in changes(before, after) if not c.startswith("instance_attrs")] == []
+    assert changes(before, after) == []
     for m in ref:
         assert np.array_equal(got[m], ref[m]), m
+
+
+def _lean(model) -> bool:
+    """Whether a cached one-token step of `model` takes the lean step (models.lean_step)."""
+    from engine.cache import new_cache
+    from models.lean_step import StepPlan, step_plan
+
+    with torch.no_grad():
+        return isinstance(step_plan(model.lm, model.family, torch.zeros(1, 1, model.d_model), new_cache()), StepPlan)
+
+
+def test_collection_leaves_no_nnsight_wrapper(fbt_and_tok):
+    """nnsight installs its wrapper for good: after one collection every module of the caller's model kept an
+    instance `forward`, and every later recurrence on it took HF's path instead of the lean one-token step (1.5-2x
+    slower on tiny-fbt-track). A collector's wrapper goes once no collector uses it; one the caller made stays."""
+    import gc
+
+    from nnsight import NNsight
+
+    from probes.collect import Collector, collect_activations
+
+    model, _ = fbt_and_tok
+    model.eval()
+    seqs = [[5, 9, 2, 7, 3], [6, 1, 12], [7, 7, 2, 4]]
+    assert _lean(model)
+    before = snapshot(model)
+    ref = collect_activations(model, seqs, ["standard", "recurrent-1"])
+    assert changes(before, snapshot(model)) == [] and _lean(model)
+
+    col = Collector(model, progress=False)  # a collector in use keeps its wrapper, however many others come and go
+    collect_activations(model, seqs, ["recurrent-1"])
+    got = col.collect(seqs, ["standard", "recurrent-1"])
+    assert all(np.array_equal(got[m], ref[m]) for m in ref)
+    del col
+    assert changes(before, snapshot(model)) == [] and _lean(model)
+
+    mine = NNsight(model)  # the caller's own wrapper: left in place, and still reads
+    wrapped = snapshot(model)
+    collect_activations(model, seqs, ["standard"])
+    gc.collect()
+    assert changes(wrapped, snapshot(model)) == []
+    with mine.trace(torch.tensor([seqs[0]]), torch.ones(1, 5, dtype=torch.long)):
+        out = mine.lm.model.layers[0].output.save()
+    assert out.shape[-1] == model.d_model
