@@ -33,7 +33,10 @@ class CausalContext:
     `modes`: the modes to prepare (canonical names or aliases; default standard and recurrent-1). `mode`: the
     mode under study (default: the first non-standard one), the default of the thin wrappers below. On a model
     without a fusion module, a recurrent or fused mode asked for by name is refused (UserError), unless
-    `drop_unfused` (a negative control run on whatever modes it has); the default modes drop it silently."""
+    `drop_unfused` (a negative control run on whatever modes it has); the default modes drop it silently.
+
+    It sets the model to eval mode and leaves it so: every patched run, DAS fit and attribution it serves later must
+    run as its clean runs did (put a model you go on training back with `.train()`)."""
 
     def __init__(self, model: FullBandwidthLM, batch: Batch, check_engine: bool = True, modes=MODES,
                  drop_unfused: bool = False):
