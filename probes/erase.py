@@ -69,6 +69,7 @@ def erased_depth_acts(model, token_ids, samples, mode: str, depth: int, clean_at
 
     `clean_at_depth` [n, D]: the clean residual at (depth, T) (the collector's), on which the erasers are fitted
     (training rows of each fold). Rows run in batches of whole pairs, sorted by length (little padding)."""
+    from engine.inputs import eval_mode
     from engine.modes import parse_mode
     from engine.patching import Patch, patcher, record_at_T
     from engine.prefill import pad_left
@@ -87,9 +88,10 @@ def erased_depth_acts(model, token_ids, samples, mode: str, depth: int, clean_at
     for s in range(0, len(pairs), batch_pairs):
         rows = [i for g in pairs[s:s + batch_pairs] for i in g]
         ids, mask = pad_left([token_ids[r] for r in rows], pad_id)
-        run = patcher(m, model.eval(), ids.to(w.device), mask.to(w.device))
-        for f in range(len(folds)):
-            patch = [Patch("resid", fe.by_fold(X[rows], f).to(w.device, w.dtype), depth=depth, pos=-1)]
-            _, resid = record_at_T(run, lambda: run.run(patch), patch)
-            out[f][rows, depth:] = resid[:, depth:].float().cpu().numpy()
+        with eval_mode(model):  # the caller's model keeps its own mode afterwards
+            run = patcher(m, model, ids.to(w.device), mask.to(w.device))
+            for f in range(len(folds)):
+                patch = [Patch("resid", fe.by_fold(X[rows], f).to(w.device, w.dtype), depth=depth, pos=-1)]
+                _, resid = record_at_T(run, lambda: run.run(patch), patch)
+                out[f][rows, depth:] = resid[:, depth:].float().cpu().numpy()
     return out, fe

@@ -236,3 +236,27 @@ def test_collection_leaves_no_nnsight_wrapper(fbt_and_tok):
     with mine.trace(torch.tensor([seqs[0]]), torch.ones(1, 5, dtype=torch.long)):
         out = mine.lm.model.layers[0].output.save()
     assert out.shape[-1] == model.d_model
+
+
+def test_erased_depth_rows_leave_the_models_mode(fbt_and_tok):
+    """probes.erase ran its patchers on `model.eval()`, leaving the caller's model in eval mode for good."""
+    from probes.collect import collect_activations
+    from probes.erase import erased_depth_rows
+    from stats.linear import ProbeConfig
+    from tasks import make_dataset, tokenize_samples
+
+    model, tok = fbt_and_tok
+    samples = make_dataset("completion", n_pairs=10, n_distractors=1, seed=0)
+    ids, _ = tokenize_samples(samples, tok)
+    model.eval()
+    acts = collect_activations(model, ids, ["recurrent-1"])["recurrent-1"]
+    config = ProbeConfig(n_boot=20)
+    ref = erased_depth_rows(model, ids, samples, None, "recurrent-1", 1, acts, config)
+    model.train()
+    try:
+        before = snapshot(model)
+        got = erased_depth_rows(model, ids, samples, None, "recurrent-1", 1, acts, config)
+        assert changes(before, snapshot(model)) == []
+    finally:
+        model.eval()
+    assert got == ref  # eval mode's numbers either way
