@@ -137,3 +137,110 @@ def test_mix_subspace_keeps_the_projection_of_the_change_by_hand():
     assert torch.allclose(mix(zd, zs, RecircSpec(2, 0, 0.2, subspace=U)), torch.tensor([[2.4, 4.0]]))
     assert torch.allclose(mix(zd, zs, RecircSpec(2, 0, 0.2, subspace=U, subspace_complement=True)),
                           torch.tensor([[3.0, 4.2]]))
+
+
+# ----- intervention metrics -------------------------------------------------------------------------------------
+def test_binary_changed_rate_counts_both_sides_of_a_tie_by_hand():
+    """Binary "changed": 1 - P(the patched and the clean decision agree), an exact tie (LD = 0) a coin flip
+    (mutant: only the patched-right / clean-wrong term). By hand, LD patched / clean per row:
+    (0, 1): the tie picks the clean label half the time, 0.5; (1, 1): 0; (-1, 1): 1; (2, 0): 0.5; (0, 0): the same
+    tie, 0 (the module doc: the same tied set is no change). Sum 2.0 over 5 rows."""
+    from interventions.metrics import summarize
+
+    ld_p = np.array([0.0, 1.0, -1.0, 2.0, 0.0])
+    ld_c = np.array([1.0, 1.0, 1.0, 0.0, 0.0])
+    y = np.array([0, 1, 0, 1, 0])
+    m = summarize(ld_p, ld_c, -ld_c, y, 1 - y, np.arange(5), n_boot=50, seed=0)
+    assert m["changed"] == pytest.approx(2.0)
+    assert m["changed_rate"] == pytest.approx(0.4)
+
+
+def test_k_class_changed_by_hand():
+    """K > 2: 1 - P(two uniform picks from the tied argmax sets agree) (`changed`), 0 for the same tied set
+    (mutant: the same tie of two counted as a half change). Clean argmax sets {0, 1}; patched {0, 1} -> 0,
+    {0} -> 1 - 1/2, {1, 2} -> 1 - 1/4, {2} -> 1."""
+    from interventions.metrics import changed
+
+    clean = torch.tensor([[2.0, 2.0, 0.0]]).repeat(4, 1)
+    patched = torch.tensor([[3.0, 3.0, 1.0], [3.0, 1.0, 1.0], [0.0, 3.0, 3.0], [0.0, 0.0, 1.0]])
+    assert changed(patched, clean, (0, 1, 2)).tolist() == pytest.approx([0.0, 0.5, 0.75, 1.0])
+
+
+def test_k_class_decisions_weigh_a_tie_by_its_size_by_hand():
+    """K > 2 correct / follows: 1/m where the label is among the m tied argmax label words (mutant: the own label's
+    score not divided by m, a tie counted as right)."""
+    from interventions.metrics import decisions
+
+    logits = torch.tensor([[2.0, 2.0, 0.0], [1.0, 3.0, 3.0], [5.0, 1.0, 1.0], [4.0, 4.0, 4.0]])
+    own, ref = decisions(logits, [0, 0, 0, 2], [1, 2, 1, 1], (0, 1, 2))
+    assert own.tolist() == pytest.approx([0.5, 0.0, 1.0, 1 / 3])
+    assert ref.tolist() == pytest.approx([0.5, 0.5, 0.0, 1 / 3])
+
+
+# ----- the cluster bootstrap ---------------------------------------------------------------------------------------
+def test_group_bootstrap_ci_is_the_mean_of_the_resampled_rows_with_unequal_groups():
+    """The CI of a mean over groups of unequal sizes: each replicate is the mean of the rows of the drawn groups,
+    rebuilt here draw by draw from the same seeded draws (mutant: the resampled sums divided by the original row
+    count, which only equal-sized groups hide)."""
+    from stats.bootstrap import ClusterBootstrap, group_bootstrap_ci
+
+    groups = np.array([0, 1, 1, 1, 1, 1, 2, 3, 3, 4])
+    v = np.array([9.0, 0.0, 1.0, 0.0, 1.0, 0.0, 5.0, 2.0, 3.0, -4.0])
+    boot = ClusterBootstrap(groups, 400, 3)
+    reps = []
+    for draw in boot.draws:
+        rows = np.concatenate([np.flatnonzero(groups == boot.groups_[j]) for j in draw])
+        reps.append(v[rows].mean())
+    lo, hi = np.percentile(reps, [2.5, 97.5])
+    assert group_bootstrap_ci(v, groups, 400, 3) == pytest.approx([lo, hi])
+
+
+# ----- the intervention battery --------------------------------------------------------------------------------------
+def test_dose_runs_from_the_clean_state_to_the_donors(tiny_model):
+    """The dose feeds (1 - a) h + a h_donor: a = 0 is the clean run (LD of the clean run, effect 0), a = 1 the state
+    swap (mutant: the two ends exchanged)."""
+    from interventions.suite import Suite
+
+    batch = _batch(tiny_model)
+    ctx = CausalContext(tiny_model, batch, modes=("standard", "recurrent-1"))
+    s = Suite(ctx, n_boot=20)
+    rows = s.dose(grid=(0.0, 1.0))["rows"]
+    clean = s.metrics(ctx.clean["recurrent-1"].logits)
+    swap = s.metrics(ctx.swap_state(batch.pair, "recurrent-1"))
+    assert rows[0]["ld_mean"] == pytest.approx(clean["ld_mean"]) and rows[0]["normalized_effect"] == pytest.approx(0.0)
+    assert rows[1]["ld_mean"] == pytest.approx(swap["ld_mean"], abs=1e-5)
+    assert abs(swap["ld_mean"] - clean["ld_mean"]) > 1e-3  # the two ends differ
+
+
+def test_the_random_state_has_the_norm_of_the_state_it_replaces(tiny_model, monkeypatch):
+    """The random-state ablation feeds a random direction at each row's own norm ||h_{T-1}|| (mutant: a raw
+    Gaussian, whose norm is ~sqrt(D) whatever the state's)."""
+    from interventions.suite import Suite
+
+    batch = _batch(tiny_model)
+    ctx = CausalContext(tiny_model, batch, modes=("standard", "recurrent-1"))
+    fed = []
+    real = ctx.patch_state
+    monkeypatch.setattr(ctx, "patch_state", lambda states, *a, **k: fed.append(states.clone()) or real(states, *a, **k))
+    rows = Suite(ctx, n_boot=20).state_interventions()
+    # state_swap, resample, mean, zero, random_state feed states (the bypasses feed none), in this order
+    assert [r["name"] for r in rows][-2:] == ["random_state", "gate_bypass_all"] and len(fed) == 5
+    h = ctx.h_prev
+    assert torch.allclose(fed[-1].norm(dim=-1), h.norm(dim=-1), rtol=1e-5)
+    assert not torch.allclose(fed[-1], h)
+
+
+def test_mean_resid_ablation_at_depth_0_of_a_shared_final_token_changes_nothing(tiny_model):
+    """The residual at (depth, T) replaced by its batch mean *at T*: where every row ends with the same token, the
+    depth-0 residual at T under standard prefill is one embedding, its own mean, so the ablation is the clean run
+    (mutant: the mean taken at column T-1)."""
+    from interventions.suite import Suite
+
+    batch = _batch(tiny_model, pad=False)
+    batch.input_ids[:, -1] = 7  # one final token, as every task's ":"
+    ctx = CausalContext(tiny_model, batch, modes=("standard",))
+    rows = Suite(ctx, n_boot=20).resid_mean_ablation()["rows"]
+    clean = Suite(ctx, n_boot=20).metrics(ctx.clean["standard"].logits)
+    assert rows[0]["depth"] == 0 and rows[0]["changed_rate"] == 0.0
+    assert rows[0]["ld_mean"] == pytest.approx(clean["ld_mean"], abs=1e-6)
+    assert rows[1]["ld_mean"] != pytest.approx(clean["ld_mean"], abs=1e-4)  # depth 1 mixes the other columns in
