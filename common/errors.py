@@ -66,6 +66,10 @@ def cli_entry(main):
 
     @functools.wraps(main)
     def wrapper(argv=None):
+        # from here on this wrapper reports interrupts: the import-time hook (quiet_import_interrupts) would hide a
+        # cleanup's bug raised while an interrupt unwound as 'interrupted' (its traceback lost, atexit skipped)
+        if getattr(sys.excepthook, "_quiet_import_interrupts", False):
+            sys.excepthook = sys.excepthook.previous
         # SIGTERM becomes an exception only where nobody else handles it (an outer cli_entry, a host program's own
         # handler) and only in the main thread (the only one signal.signal may set)
         own_term = (threading.current_thread() is threading.main_thread()
@@ -138,6 +142,7 @@ def quiet_import_interrupts(package: str) -> None:
         # a KeyboardInterrupt itself: Python ends the process by SIGINT (exit 130 in a shell) once this returns
 
     hook._quiet_import_interrupts = True
+    hook.previous = previous  # put back by cli_entry once the entry point runs: its imports are done
     sys.excepthook = hook
 
 

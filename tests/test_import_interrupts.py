@@ -22,6 +22,8 @@ class _Finder:
         if name != "torch":
             return None
         how = os.environ["FBPROBE_TEST_RAISE"]
+        if how == "pass":  # torch imports as usual
+            return None
         if how == "interrupt":
             raise KeyboardInterrupt
         if how == "wrapped":  # a library that turns the interrupt into an import error
@@ -79,3 +81,30 @@ def test_importing_the_packages_as_a_library_leaves_the_hook_alone(tmp_path):
 ])
 def test_the_module_of_a_command_line(argv, module):
     assert _dash_m_module(argv) == module
+
+
+def test_a_cleanup_bug_raised_while_an_interrupt_unwinds_keeps_its_traceback(tmp_path):
+    """The import-time hook outlived the imports: once the entry point ran, a bug in a cleanup that an interrupt
+    set off (an error raised while the KeyboardInterrupt unwound) was 'interrupted', exit 130, its traceback lost
+    and atexit's cleanups skipped (os._exit). cli_entry reports interrupts from then on; the bug is a traceback."""
+    pkg = tmp_path / "fbxpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from common.errors import quiet_import_interrupts\n"
+                                     "quiet_import_interrupts(__name__)\n")
+    (pkg / "cli.py").write_text(
+        "import atexit, sys\n"
+        "import torch\n"
+        "from common.errors import cli_entry\n"
+        "atexit.register(lambda: print('atexit ran', file=sys.stderr))\n"
+        "@cli_entry\n"
+        "def main(argv=None):\n"
+        "    try:\n"
+        "        raise KeyboardInterrupt\n"
+        "    except KeyboardInterrupt:\n"
+        "        {}['a cleanup bug']\n"
+        "main()\n")
+    r = _run(tmp_path, "pass", "-m", "fbxpkg.cli")
+    assert "KeyError: 'a cleanup bug'" in r.stderr and "atexit ran" in r.stderr, r.stderr[-2000:]
+    assert "interrupted" not in r.stderr and r.returncode == 1
+    r = _run(tmp_path, "interrupt", "-m", "fbxpkg.cli")  # still one line while the imports run
+    assert r.stderr == "interrupted\n", r.stderr[-2000:]
