@@ -147,17 +147,29 @@ def quiet_import_interrupts(package: str) -> None:
 
 
 def _dash_m_module(argv: list[str]) -> str | None:
-    """The module of `python [options] -m MODULE ...` (`-mMODULE` too), else None."""
+    """The module of `python [options] -m MODULE ...` (`-mMODULE`, `-um MODULE`: short options cluster as CPython
+    parses them), else None."""
     i = 1
     while i < len(argv):
         arg = argv[i]
-        if arg == "-m":
-            return argv[i + 1] if i + 1 < len(argv) else None
-        if arg.startswith("-m"):
-            return arg[2:]
-        if arg.startswith("-c") or arg == "-" or not arg.startswith("-"):  # `-c CODE`, stdin or a script
+        if arg == "--check-hash-based-pycs":  # the one long option whose value is the next argument
+            i += 2
+            continue
+        if arg in ("-", "--") or not arg.startswith("-"):  # stdin, a script, or `--` (a script follows)
             return None
-        i += 2 if arg in ("-W", "-X") else 1  # the two options whose value is the next argument
+        if arg.startswith("--"):  # --version, --help-env, ...: no value
+            i += 1
+            continue
+        for j, flag in enumerate(arg[1:], start=2):
+            if flag in "cmWX":  # an option with a value: the cluster's rest, else the next argument
+                value = arg[j:] or (argv[i + 1] if i + 1 < len(argv) else None)
+                if flag == "m":
+                    return value or None
+                if flag == "c":
+                    return None
+                i += 0 if arg[j:] else 1
+                break
+        i += 1
     return None
 
 

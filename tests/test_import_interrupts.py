@@ -76,6 +76,16 @@ def test_importing_the_packages_as_a_library_leaves_the_hook_alone(tmp_path):
     (["python", "-c", "import x", "-m", "probes.run"], None),
     (["python", "script.py", "-m", "probes.run"], None),
     (["python", "-"], None),
+    # short options cluster as CPython reads them (`python -um training.train` was a library import to the hook)
+    (["python", "-um", "training.train"], "training.train"),
+    (["python", "-uBmprobes.run"], "probes.run"),
+    (["python", "-bb", "-P", "-Xdev", "-Wd", "-m", "probes.run"], "probes.run"),
+    (["python", "--check-hash-based-pycs", "always", "-m", "probes.run"], "probes.run"),
+    (["python", "-E", "-s", "-I", "-O", "-B", "-u", "-q", "-X", "dev", "-W", "error::DeprecationWarning", "-m",
+      "probes.run"], "probes.run"),
+    (["python", "-uW", "-m", "-m", "probes.run"], "probes.run"),  # -W's value is "-m"
+    (["python", "-uc", "import x", "-m", "probes.run"], None),
+    (["python", "--", "-m", "probes.run"], None),
     (["python", "-m"], None),
     (["python"], None),
 ])
