@@ -46,6 +46,7 @@ n_layers)` validates the CLI value.
 """
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
@@ -57,7 +58,7 @@ from common.errors import UserError
 from common.cpus import sequential_threads
 from engine.cache import new_cache
 from engine.hooks import Hooks, ResidualRecorder, maybe_record, on_depth
-from engine.inputs import check_inputs, check_stepwise
+from engine.inputs import check_inputs, check_stepwise, eval_mode
 from models.full_bandwidth import FullBandwidthLM, decoder_layers, positions_from_mask
 
 from engine.mixing import MODES, RecircSpec, mix, parse_recirculate  # noqa: F401  (the spec is part of this engine's API)
@@ -161,6 +162,21 @@ class StepRecord:
     mixed: torch.Tensor  # z'_{t,d}: what enters the recirculation branch's block d+1
 
 
+def _runs_in_eval(method):
+    """A run of a RecirculatedLM built on a plain HF model or a fused model's LM (`_wrapped`) happens in eval mode,
+    the caller's modes put back afterwards: such a wrapper was `.eval()`ed, deterministic whatever mode the caller's
+    model was in (AutoModelForCausalLM.from_config gives a training one: dropout on)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if not getattr(self.base, "_eval_runs", False):
+            return method(self, *args, **kwargs)
+        with eval_mode(self.base):
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 class RecirculatedLM(nn.Module):
     """A recirculated view of a base LM (a FullBandwidthLM without fusion, or any HF causal LM)."""
 
@@ -235,6 +251,7 @@ class RecirculatedLM(nn.Module):
         return a if mix_mask is None else a * mix_mask.to(a.device)
 
     # ----- sequential (exact) -----------------------------------------------------------------------------
+    @_runs_in_eval
     @torch.no_grad()
     def sequential(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cols: torch.Tensor | None = None,
                    collect: bool = False, keep_cache: bool = False, *, start: int = 0, cache=None,
@@ -363,6 +380,7 @@ class RecirculatedLM(nn.Module):
         return k, inj.zs[:, 0], (logits, top, resid)
 
     # ----- blockwise / Jacobi -----------------------------------------------------------------------------
+    @_runs_in_eval
     @torch.no_grad()
     def blockwise(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, passes: int = 2,
                   block: int | None = None, cols: torch.Tensor | None = None, collect: bool = False,
@@ -458,6 +476,7 @@ class RecirculatedLM(nn.Module):
             resid = rec.take() if rec is not None else None
         return RecircOutput(out.logits[:, cols], out.top[:, cols], resid)
 
+    @_runs_in_eval
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, method: str = "sequential",
                 cols: torch.Tensor | None = None, collect: bool = False, passes: int = 2,
                 block: int | None = None, mix_mask: torch.Tensor | None = None) -> RecircOutput:
@@ -485,6 +504,7 @@ class RecirculatedLM(nn.Module):
         return self.blockwise(input_ids, attention_mask, passes, block, cols, collect, mix_mask=mix_mask)
 
     # ----- generation -------------------------------------------------------------------------------------
+    @_runs_in_eval
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
         """Greedy generation under recirculation (exact sequential prefill, then one [r_{t-1}, n_t] step per token).
@@ -543,9 +563,11 @@ def lm_only(model: FullBandwidthLM | PreTrainedModel) -> FullBandwidthLM:
 def _wrapped(lm: PreTrainedModel) -> FullBandwidthLM:
     """`lm` in a FullBandwidthLM without fusion, the caller's modules untouched: the wrapper takes the LM's mode
     as its own flag only (`.eval()` on it would set the caller's whole model to eval mode for good, also when the
-    call is then refused), so recirculation runs the model as it is, like every other engine mode."""
+    call is then refused); RecirculatedLM's runs on it happen in eval mode, the caller's modes put back afterwards
+    (`_runs_in_eval`: deterministic as they were when the wrapper was `.eval()`ed)."""
     w = FullBandwidthLM(lm, fusion=False)
     w.training = lm.training
+    w._eval_runs = True  # its runs happen in eval mode, as they did when it was `.eval()`ed (_runs_in_eval)
     return w
 
 

@@ -159,6 +159,56 @@ def test_recirc_mode_of_a_fused_model_leaves_its_mode(fbt_and_tok):
         model.eval()
 
 
+def _dropout_gpt2():
+    """A tiny GPT-2 with dropout 0.5 everywhere, as AutoModelForCausalLM.from_config gives it: in train mode."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64, resid_pdrop=0.5, embd_pdrop=0.5,
+                     attn_pdrop=0.5, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+def test_recirculation_on_a_training_hf_model_stays_deterministic():
+    """Recirculation wrapped a plain HF model (or a fused model's LM) in an `.eval()`ed FullBandwidthLM: its numbers
+    came without dropout whatever the caller's mode. Once the wrapper stopped calling `.eval()` (to leave the
+    caller's mode alone), a training model (from_config's) gave different logits at every call. Its runs are in
+    eval mode again: the eval-mode model's numbers, bit for bit, and the caller's mode is left as it was."""
+    from engine.modes import parse_mode
+    from engine.prefill import generate, prefill_many
+    from engine.recirculation import RecirculatedLM, recirculated_prefill
+    from models.full_bandwidth import FullBandwidthLM
+
+    ids, mask = batch()
+    spec = parse_mode("recirc-1:0:0.5", 2).recirc
+    lm = _dropout_gpt2()
+    lm.eval()
+    ref = recirculated_prefill(lm, spec, ids, mask).logits
+    ref_rlm = RecirculatedLM(lm, spec).prefill(ids, mask, method="blockwise").logits
+    ref_gen = RecirculatedLM(lm, spec).generate(ids, mask, 3)
+    lm.train()
+    before = snapshot(lm)
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        assert torch.equal(recirculated_prefill(lm, spec, ids, mask).logits, ref)
+        assert torch.equal(RecirculatedLM(lm, spec).prefill(ids, mask, method="blockwise").logits, ref_rlm)
+        assert torch.equal(RecirculatedLM(lm, spec).generate(ids, mask, 3), ref_gen)
+    after = snapshot(lm)
+    before.pop("torch_rng"), after.pop("torch_rng")
+    assert changes(before, after) == []
+
+    fused = FullBandwidthLM(lm, fusion=True)  # a fused model's recirc modes run its LM alone (lm_only)
+    fused.eval()
+    ref_many = prefill_many(fused, ids, mask, ["recirc-1:0:0.5"])["recirc-1:0:0.5"].logits
+    ref_gen = generate(fused, ids, mask, 3, "recirc-1:0:0.5")
+    fused.train()
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        assert torch.equal(prefill_many(fused, ids, mask, ["recirc-1:0:0.5"])["recirc-1:0:0.5"].logits, ref_many)
+        assert torch.equal(generate(fused, ids, mask, 3, "recirc-1:0:0.5"), ref_gen)
+    assert all(m.training for m in fused.modules())
+
+
 # ----- probes -----------------------------------------------------------------------------------------------------
 def test_collector_leaves_the_models_mode(fbt_and_tok):
     """The collector set the model to eval mode when built and left it so (a model being trained between probes
