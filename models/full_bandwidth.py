@@ -152,7 +152,7 @@ class FullBandwidthLM(nn.Module):
     @classmethod
     def from_config(cls, base_config, fusion: bool = True, seed: int | None = None) -> "FullBandwidthLM":
         """A randomly initialised model. `seed` seeds torch's global generator (HF initialises from it), which
-        the caller's later draws then continue from: the tests and the trainer rely on that order."""
+        the caller's later draws then continue from (the tests' inputs rely on that order)."""
         if seed is not None:
             torch.manual_seed(seed)
         lm = AutoModelForCausalLM.from_config(base_config, dtype=torch.float32)  # see from_pretrained
