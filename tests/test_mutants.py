@@ -244,3 +244,87 @@ def test_mean_resid_ablation_at_depth_0_of_a_shared_final_token_changes_nothing(
     assert rows[0]["depth"] == 0 and rows[0]["changed_rate"] == 0.0
     assert rows[0]["ld_mean"] == pytest.approx(clean["ld_mean"], abs=1e-6)
     assert rows[1]["ld_mean"] != pytest.approx(clean["ld_mean"], abs=1e-4)  # depth 1 mixes the other columns in
+
+
+# ----- MDL, erasure diagnostics ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("K", [2, 3])
+def test_mdl_codes_each_row_with_a_probe_that_never_saw_it(K):
+    """The probe that codes a block is fitted on the rows before it only: with a last block of ONE row, coding that
+    row under each of the K labels uses the same probe, so the K code lengths are -log2 of one probability
+    distribution and 2^-bits sums to 1 (mutant: the probe trained on the block it codes, so each relabelled row
+    taught the probe its own label and every label looked likely: the sum exceeds 1)."""
+    from probes.mdl import BlockPlan, online_code
+    from stats.linear import ProbeConfig
+
+    rng = np.random.default_rng(0)
+    n = 13 * K
+    y = np.arange(n) % K
+    X = rng.normal(size=(n, 3)) + 0.7 * np.eye(K, 3)[y]  # a weak signal: the probe is unsure of the last row
+    groups = np.arange(n)
+    plan = BlockPlan(np.arange(n), (6 * K, n - 1, n), 3)
+    probs = []
+    for label in range(K):
+        yy = y.copy()
+        yy[-1] = label
+        bits = online_code(X, yy, groups, ProbeConfig(), plan).block_bits
+        assert len(bits) == 3 and bits[0] == pytest.approx(6 * K * np.log2(K))
+        probs.append(2.0 ** -bits[-1])
+    assert sum(probs) == pytest.approx(1.0, abs=1e-9)
+    assert all(0.02 < p < 0.98 for p in probs)  # an unsure probe: a leak would move these
+
+
+def test_clean_on_erased_scores_the_clean_probe_on_the_erased_held_out_rows():
+    """clean_on_erased: a probe fitted on the CLEAN training rows, scored on the ERASED held-out rows. An 'eraser'
+    that sign-flips only the training rows of its fold leaves every held-out row as it was, so clean_on_erased is
+    exactly `before` (mutant: train and test swapped, the probe fitted on the flipped rows reads every clean held-out
+    row backwards: accuracy near 0)."""
+    from stats.erasure import FoldErasers, grouped_folds, probe_check
+    from stats.linear import ProbeConfig
+
+    class FlipTraining(FoldErasers):
+        def __init__(self, folds):
+            self.folds, self.n_classes, self.erasers = folds, 2, [None] * len(folds)
+
+        def by_fold(self, X, f, alpha=1.0):
+            out = X.detach().clone()
+            tr = torch.as_tensor(self.folds[f][0])
+            out[tr] = -out[tr]
+            return out
+
+    rng = np.random.default_rng(1)
+    y = np.tile([0, 1], 20)
+    groups = np.repeat(np.arange(20), 2)
+    X = torch.as_tensor(rng.normal(size=(40, 4)) + 2.0 * np.outer(2 * y - 1, [1, 0, 0, 0]))
+    cfg = ProbeConfig(n_boot=20)
+    out = probe_check(X, y, groups, FlipTraining(grouped_folds(y, groups, cfg)), cfg)
+    assert out["before"]["accuracy"] > 0.9
+    assert out["clean_on_erased"]["accuracy"] == out["before"]["accuracy"]
+    assert out["clean_on_erased"]["fold_accuracies"] == out["before"]["fold_accuracies"]
+    assert out["after"]["accuracy"] < 0.1  # fitted on flipped rows, scored on (unflipped) held-out rows
+
+
+# ----- stability ---------------------------------------------------------------------------------------------------
+def test_stability_of_a_padded_batch_pools_the_real_positions_of_each_row_run_alone(tiny_model):
+    """analysis.stability's state change and validation loss are means over REAL positions (targets whose input and
+    target are both real): on a left-padded batch they are the position-weighted pool of each row run alone,
+    unpadded (mutants: the state change averaged over padding too; the loss charged for predicting the first real
+    token from a pad)."""
+    from analysis.stability import stability_curve
+
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randint(2, 50, (n,), generator=g) for n in (5, 8, 8)]
+    ids = torch.zeros(3, 8, dtype=torch.long)
+    mask = torch.zeros(3, 8, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, 8 - len(r):], mask[i, 8 - len(r):] = r, 1
+    keep = {0, 1, 2}
+    batched = stability_curve(tiny_model, ids, mask, "t", 0, 2, keep)
+    alone = [stability_curve(tiny_model, r[None], torch.ones(1, len(r), dtype=torch.long), "t", 0, 2, keep)
+             for r in rows]
+    n = np.array([len(r) for r in rows], float)
+    for k in (1, 2):
+        change = sum(a[k]["state_change"] * m for a, m in zip(alone, n)) / n.sum()
+        loss = sum(a[k]["val_loss"] * (m - 1) for a, m in zip(alone, n)) / (n - 1).sum()
+        assert batched[k]["state_change"] == pytest.approx(change, rel=1e-4)
+        assert batched[k]["val_loss"] == pytest.approx(loss, rel=1e-4)
+    assert batched[1]["state_change"] > 1e-3  # the passes move the state
