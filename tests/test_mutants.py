@@ -328,3 +328,21 @@ def test_stability_of_a_padded_batch_pools_the_real_positions_of_each_row_run_al
         assert batched[k]["state_change"] == pytest.approx(change, rel=1e-4)
         assert batched[k]["val_loss"] == pytest.approx(loss, rel=1e-4)
     assert batched[1]["state_change"] > 1e-3  # the passes move the state
+
+
+# ----- the probe's confidence interval ---------------------------------------------------------------------------
+def test_probe_ci_of_a_perfect_probe_is_exactly_one_with_unequal_groups():
+    """Each bootstrap replicate of the probe's accuracy is the accuracy over the resampled rows (their correct count
+    over their own row count): a probe right on every row reads 1.0 on every resample, so its CI is exactly
+    [1, 1] even when the groups differ in size (mutant: every replicate divided by the original row count, so a
+    resample of large groups read above 1 and one of small groups below)."""
+    from stats.linear import ProbeConfig, grouped_cv_score
+
+    sizes = [1, 2, 3, 6] * 6  # 24 single-label groups of unequal size, 12 per class
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    y = np.repeat(np.arange(len(sizes)) % 2, sizes)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(len(y), 3)) + 6.0 * np.outer(2 * y - 1, [1, 0, 0])
+    s = grouped_cv_score(X, y, groups, ProbeConfig(n_boot=200))
+    assert s.accuracy == 1.0 and s.fold_accuracies == [1.0] * len(s.fold_accuracies)
+    assert (s.ci_low, s.ci_high) == (1.0, 1.0)
