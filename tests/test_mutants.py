@@ -346,3 +346,55 @@ def test_probe_ci_of_a_perfect_probe_is_exactly_one_with_unequal_groups():
     s = grouped_cv_score(X, y, groups, ProbeConfig(n_boot=200))
     assert s.accuracy == 1.0 and s.fold_accuracies == [1.0] * len(s.fold_accuracies)
     assert (s.ci_low, s.ci_high) == (1.0, 1.0)
+
+
+def _unequal_groups_data(seed=0, signal=0.5):
+    sizes = [1, 2, 3, 5] * 8  # 32 single-label groups of unequal size, 16 per class
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    y = np.repeat(np.arange(len(sizes)) % 2, sizes)
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(len(y), 4))
+    X[:, 0] += signal * (2 * y - 1)
+    X += np.repeat(rng.normal(size=(len(sizes), 4)), sizes, axis=0)  # a shared offset per group
+    return X, y, groups
+
+
+def test_grouped_cv_score_is_the_pooled_held_out_accuracy_over_grouped_folds_by_hand():
+    """grouped_cv_score written out from its module doc: outer StratifiedGroupKFold(n_splits, shuffle=True,
+    random_state) over the groups, a LinearProbe fitted on each training fold, accuracy = all held-out predictions
+    pooled, accuracy_std = population std (ddof 0) of the fold accuracies. Unequal groups make unequal folds, so
+    pooled != mean of folds (mutants: accuracy = mean of fold accuracies; outer folds ignoring the groups;
+    fold std with ddof=1)."""
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    from stats.linear import LinearProbe, ProbeConfig, grouped_cv_score
+
+    cfg = ProbeConfig(n_boot=20)
+    X, y, groups = _unequal_groups_data()
+    cv = StratifiedGroupKFold(n_splits=cfg.n_splits, shuffle=True, random_state=cfg.random_state)
+    correct, folds, sizes = np.zeros(len(y), bool), [], []
+    for tr, te in cv.split(np.zeros(len(y)), y, groups):
+        assert not set(groups[tr]) & set(groups[te])
+        correct[te] = LinearProbe(cfg).fit(X[tr], y[tr], groups[tr]).predict(X[te]) == y[te]
+        folds.append(float(correct[te].mean()))
+        sizes.append(len(te))
+    assert len(set(sizes)) > 1
+    assert correct.mean() != pytest.approx(np.mean(folds), abs=1e-6)  # the data tell the two apart
+    s = grouped_cv_score(X, y, groups, cfg)
+    assert s.fold_accuracies == pytest.approx(folds, abs=1e-12)
+    assert s.accuracy == pytest.approx(correct.mean(), abs=1e-12)
+    assert s.accuracy_std == pytest.approx(np.sqrt(np.mean((np.array(folds) - np.mean(folds)) ** 2)), abs=1e-12)
+
+
+def test_the_inner_cv_choosing_c_never_splits_a_group():
+    """The inner CV that chooses a probe's C holds out whole groups (a pair's members on both sides of an inner
+    split would reward memorizing): no group has rows on both sides of any inner split, and a group's rows all
+    land in one inner test fold (mutant: the inner StratifiedGroupKFold given one group per row)."""
+    from stats.linear import ProbeConfig, _inner_splits
+
+    X, y, groups = _unequal_groups_data()
+    splits = _inner_splits(y, groups, ProbeConfig())
+    assert splits and len(splits) >= 2
+    for tr, te in splits:
+        assert not set(groups[tr]) & set(groups[te])
+        assert sorted(np.concatenate([tr, te]).tolist()) == list(range(len(y)))
