@@ -398,3 +398,28 @@ def test_the_inner_cv_choosing_c_never_splits_a_group():
     for tr, te in splits:
         assert not set(groups[tr]) & set(groups[te])
         assert sorted(np.concatenate([tr, te]).tolist()) == list(range(len(y)))
+
+
+# ----- patching ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["recurrent-1", "recurrent-full", "fused-2", "recirc-2:0:0.4"])
+def test_a_state_patch_on_some_rows_patches_those_rows_and_leaves_the_others_clean(tiny_model, mode):
+    """Patch(rows=mask) on the fed state: the masked rows read exactly what the all-rows patch gives them, the others
+    their clean logits (rows of a batch do not interact). Mutant: the mask inverted in the recurrent patcher's
+    state edit (the unmasked rows patched)."""
+    from engine.modes import parse_mode
+    from engine.patching import Patch, patcher
+
+    batch = _batch(tiny_model, pad=False)
+    B = batch.input_ids.shape[0]
+    g = torch.Generator().manual_seed(5)
+    value = torch.randn(B, tiny_model.config.hidden_size, generator=g) * 3
+    rows = torch.tensor([True, False] * (B // 2))
+    with torch.no_grad():
+        r = patcher(parse_mode(mode, tiny_model.config.num_hidden_layers), tiny_model, batch.input_ids,
+                    batch.attention_mask)
+        clean = r.run([Patch("state", value.clone(), pos=-1, rows=torch.zeros(B, dtype=torch.bool))])
+        full = r.run([Patch("state", value.clone(), pos=-1)])
+        part = r.run([Patch("state", value.clone(), pos=-1, rows=rows)])
+    assert (full - clean).abs().amax(-1).min() > 1e-3  # the patch moves every row
+    torch.testing.assert_close(part[rows], full[rows], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(part[~rows], clean[~rows], rtol=1e-5, atol=1e-5)
