@@ -423,3 +423,22 @@ def test_a_state_patch_on_some_rows_patches_those_rows_and_leaves_the_others_cle
     assert (full - clean).abs().amax(-1).min() > 1e-3  # the patch moves every row
     torch.testing.assert_close(part[rows], full[rows], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(part[~rows], clean[~rows], rtol=1e-5, atol=1e-5)
+
+
+def test_the_mean_state_ablation_feeds_every_row_the_batch_mean_state(tiny_model, monkeypatch):
+    """The 'mean' state ablation feeds every row the mean over the batch's rows of the fed state h_{T-1}, one
+    D-vector (mutant: the mean over each row's own D coordinates, a constant vector per row)."""
+    from interventions.suite import Suite
+
+    batch = _batch(tiny_model)
+    ctx = CausalContext(tiny_model, batch, modes=("standard", "recurrent-1"))
+    fed = []
+    real = ctx.patch_state
+    monkeypatch.setattr(ctx, "patch_state", lambda states, *a, **k: fed.append(states.clone()) or real(states, *a, **k))
+    rows = Suite(ctx, n_boot=20).state_interventions()
+    names = [r["name"] for r in rows]
+    assert names.index("mean") == 3 and len(fed) == 5  # state_swap, resample, mean, zero, random_state
+    h = ctx.h_prev.double()
+    want = (sum(h[i] for i in range(len(h))) / len(h)).expand_as(h)
+    torch.testing.assert_close(fed[2].double(), want, rtol=1e-6, atol=1e-6)
+    assert h[:, 0].std() > 1e-3  # rows differ: the mean is not any row's own state
