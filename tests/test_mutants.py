@@ -442,3 +442,55 @@ def test_the_mean_state_ablation_feeds_every_row_the_batch_mean_state(tiny_model
     want = (sum(h[i] for i in range(len(h))) / len(h)).expand_as(h)
     torch.testing.assert_close(fed[2].double(), want, rtol=1e-6, atol=1e-6)
     assert h[:, 0].std() > 1e-3  # rows differ: the mean is not any row's own state
+
+
+# ----- recirculation -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("s,d", [(3, 1), (2, 1)])
+def test_a_residual_patch_at_the_source_depth_is_the_state_fed_back(s, d):
+    """A residual patch at the source depth s of a column before T changes z_s, which the next tokens read through
+    their recirculation branch: the patched run matches the hand-written recirculation with the patch applied
+    before z_s is kept (mutant: _Injector._at recording z_s from the residual as it came in, before the patch's
+    edit, so the patch never reached the fed state and later tokens saw the clean z_s)."""
+    from engine.patching import Patch
+    from interventions.core import CausalContext as Ctx
+    from models.full_bandwidth import FullBandwidthLM
+    from tests.test_site_patching import B as SB, D as SD, _batch as site_batch, _lm, _ref_recirc
+
+    model = FullBandwidthLM(_lm(7), fusion=False).eval()
+    batch = site_batch(2)
+    mode = f"recirc-{s}:{d}:0.4:convex"
+    ctx = Ctx(model, batch, modes=[mode])
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        ref_clean = _ref_recirc(model.lm, batch.input_ids, s, d, 0.4)
+        for pos in (-4, -2):
+            p = Patch("resid", torch.randn(SB, SD, generator=g) * 3, depth=s, pos=pos)
+            got = ctx.run(mode, [p]).logits
+            ref = _ref_recirc(model.lm, batch.input_ids, s, d, 0.4, [p])
+            torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+            assert (got - ref_clean).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("spec_args", [(3, 1, 0.5, "convex"), (2, 0, 0.7, "residual")])
+def test_the_step_record_keeps_z_d_before_mixing_and_z_prime_after(spec_args):
+    """sequential(record=True).steps: column t's z'_t = mix(z_{t,d}, z_{t,s}) written out (convex: a |z_d|/|z_s| z_s
+    + (1-a) z_d; residual: a |z_d|/|z_s| z_s + z_d), from the record's own zd and zs (mutant: the record's zd and
+    mixed swapped)."""
+    from engine.recirculation import RecircSpec, RecirculatedLM
+    from models.configs import qwen3_config
+    from models.full_bandwidth import FullBandwidthLM
+
+    base = FullBandwidthLM.from_config(qwen3_config(50, n_layers=3, d_model=32, initializer_range=0.1),
+                                       fusion=False, seed=0).eval().float()
+    s, d, a, kind = spec_args
+    ids = torch.randint(2, 50, (2, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        rec = RecirculatedLM(base, RecircSpec(s, d, a, kind)).sequential(ids, torch.ones_like(ids), record=True).steps
+    T = ids.shape[1]
+    assert torch.isnan(rec.zd[:, T - 1]).all() and torch.isnan(rec.mixed[:, T - 1]).all()
+    for t in range(T - 1):
+        zd, zs = rec.zd[:, t].double(), rec.zs[:, t].double()
+        scale = zd.norm(dim=-1, keepdim=True) / zs.norm(dim=-1, keepdim=True)
+        want = a * scale * zs + ((1 - a) if kind == "convex" else 1.0) * zd
+        torch.testing.assert_close(rec.mixed[:, t].double(), want, atol=1e-5, rtol=1e-5)
+        assert (rec.mixed[:, t] - rec.zd[:, t]).abs().max() > 1e-3
