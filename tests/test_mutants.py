@@ -494,3 +494,29 @@ def test_the_step_record_keeps_z_d_before_mixing_and_z_prime_after(spec_args):
         want = a * scale * zs + ((1 - a) if kind == "convex" else 1.0) * zd
         torch.testing.assert_close(rec.mixed[:, t].double(), want, atol=1e-5, rtol=1e-5)
         assert (rec.mixed[:, t] - rec.zd[:, t]).abs().max() > 1e-3
+
+
+def test_resample_draws_each_row_a_donor_from_another_pair(tiny_model, monkeypatch):
+    """The resample ablation's donor of row i is a row of ANOTHER pair, uniform over the B - 2 of them: never i, never
+    its pair partner, and every other row reachable (mutant: the second shift past the pair dropped, so a row could
+    draw itself or its partner, a swap that is no ablation)."""
+    from interventions.suite import Suite
+
+    batch = _batch(tiny_model, n_pairs=3)
+    ctx = CausalContext(tiny_model, batch, modes=("standard", "recurrent-1"))
+    donors = []
+    real = ctx.swap_state
+    monkeypatch.setattr(ctx, "swap_state", lambda donor, *a, **k: donors.append(donor.clone()) or real(donor, *a, **k))
+    monkeypatch.setattr(ctx, "patch_state", lambda states, *a, **k: ctx.clean[ctx.mode].logits)  # no model runs
+    monkeypatch.setattr(ctx, "gate_bypass", lambda *a, **k: ctx.clean[ctx.mode].logits)
+    B = batch.input_ids.shape[0]
+    seen = [set() for _ in range(B)]
+    for seed in range(12):
+        donors.clear()
+        Suite(ctx, n_boot=2, seed=seed).state_interventions()
+        assert len(donors) == 2 and torch.equal(donors[0], batch.pair)  # state_swap, then resample
+        rs = donors[1]
+        for i in range(B):
+            assert int(rs[i]) not in (i, int(batch.pair[i])), (seed, i)
+            seen[i].add(int(rs[i]))
+    assert all(s == set(range(B)) - {i, int(batch.pair[i])} for i, s in enumerate(seen))
