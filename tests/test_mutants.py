@@ -520,3 +520,28 @@ def test_resample_draws_each_row_a_donor_from_another_pair(tiny_model, monkeypat
             assert int(rs[i]) not in (i, int(batch.pair[i])), (seed, i)
             seen[i].add(int(rs[i]))
     assert all(s == set(range(B)) - {i, int(batch.pair[i])} for i, s in enumerate(seen))
+
+
+def test_the_ld_of_a_row_whose_donor_shares_its_label_is_against_its_pairs_label(tiny_model):
+    """Suite.arrays' LD is logit(own label word) - logit(other), other = the donor's label where it differs from the
+    row's own, else the pair partner's (binary: always 1 - y), written out on known logits (mutant: the two cases
+    swapped, so a same-label donor gave LD against the row's own label, 0, and a donor of a third class was read
+    against the partner's label)."""
+    from interventions.batch import Batch
+    from interventions.suite import Suite
+
+    base = _batch(tiny_model, n_pairs=3)
+    for label_ids, labels in (((10, 11), [0, 1, 0, 1, 1, 0]), ((10, 11, 12), [0, 1, 0, 2, 1, 2])):
+        b = Batch(base.input_ids, base.attention_mask, torch.tensor(labels), base.pair, base.groups, label_ids)
+        s = Suite(CausalContext(tiny_model, b, modes=("standard",)), n_boot=2)
+        logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        donor = torch.tensor([2, 3, 4, 5, 0, 1])
+        a = s.arrays(logits.float(), donor=donor)
+        y, pair = b.labels.tolist(), b.pair.tolist()
+        want = []
+        for i in range(6):
+            other = y[donor[i]] if y[donor[i]] != y[i] else y[pair[i]]
+            want.append(float(logits[i, label_ids[y[i]]]) - float(logits[i, label_ids[other]]))
+        assert any(y[donor[i]] == y[i] for i in range(6))  # the same-label case occurs
+        np.testing.assert_allclose(a["ld"], want, rtol=1e-6, atol=1e-6)
+        assert np.all(a["ld"] != 0)
