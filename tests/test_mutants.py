@@ -545,3 +545,18 @@ def test_the_ld_of_a_row_whose_donor_shares_its_label_is_against_its_pairs_label
         assert any(y[donor[i]] == y[i] for i in range(6))  # the same-label case occurs
         np.testing.assert_allclose(a["ld"], want, rtol=1e-6, atol=1e-6)
         assert np.all(a["ld"] != 0)
+
+
+def test_energy_fraction_is_the_share_of_squared_swap_length_in_the_subspace_by_hand():
+    """energy_fraction = sum over held-out rows of |U^T (donor - own)|^2 / sum of |donor - own|^2, each row in its
+    fold's subspace, on numbers small enough to do by hand (mutant: the numerator summed |U^T delta| unsquared)."""
+    from interventions.subspace import FoldSubspace, energy_fraction
+
+    own = torch.zeros(3, 3)
+    donor = torch.tensor([[3.0, 4.0, 0.0], [0.0, 0.0, 2.0], [1.0, 1.0, 1.0]])
+    e = torch.eye(3)
+    folds = [FoldSubspace(np.array([0, 1]), e[:, :1], 1.0),  # rows 0, 1 in span(e0)
+             FoldSubspace(np.array([2]), e[:, 1:], 1.0)]  # row 2 in span(e1, e2)
+    # inside: 3^2 + 0 + (1 + 1) = 11; total: 25 + 4 + 3 = 32
+    assert energy_fraction(own, donor, folds) == pytest.approx(11 / 32, abs=1e-12)
+    assert energy_fraction(own + 1, donor + 1, folds) == pytest.approx(11 / 32, abs=1e-12)  # differences only
