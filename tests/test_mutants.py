@@ -560,3 +560,18 @@ def test_energy_fraction_is_the_share_of_squared_swap_length_in_the_subspace_by_
     # inside: 3^2 + 0 + (1 + 1) = 11; total: 25 + 4 + 3 = 32
     assert energy_fraction(own, donor, folds) == pytest.approx(11 / 32, abs=1e-12)
     assert energy_fraction(own + 1, donor + 1, folds) == pytest.approx(11 / 32, abs=1e-12)  # differences only
+
+
+def test_the_state_sweep_counts_only_rows_whose_fed_state_comes_from_a_real_token(tiny_model):
+    """The fed state at column c is the top state of column c-1: a row (or its partner) whose column c-1 is padding
+    has no real state there, and the sweep leaves it out even where column c itself is real. _batch pads rows 0
+    and 1 (a pair) at columns 0 and 1: at column 2 four rows count, at column 3 all six (mutant: the fused site
+    checked only column c, counting the two rows fed from a pad at column 2)."""
+    from interventions.suite import Suite
+
+    batch = _batch(tiny_model)  # 6 rows, T = 7, rows 0, 1 padded at columns 0, 1
+    T = batch.input_ids.shape[1]
+    assert batch.attention_mask[:2, :2].sum() == 0 and batch.attention_mask[:, 2:].all()
+    ctx = CausalContext(tiny_model, batch, modes=("standard", "recurrent-full"))
+    rows = {r["position"]: r["n"] for r in Suite(ctx, n_boot=2).position_sweep()["rows"]}
+    assert rows[2 - T] == 4 and rows[3 - T] == 6 and rows[-1] == 6
