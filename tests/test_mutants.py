@@ -212,17 +212,21 @@ def test_dose_runs_from_the_clean_state_to_the_donors(tiny_model):
     assert abs(swap["ld_mean"] - clean["ld_mean"]) > 1e-3  # the two ends differ
 
 
-def test_the_random_state_has_the_norm_of_the_state_it_replaces(tiny_model, monkeypatch):
-    """The random-state ablation feeds a random direction at each row's own norm ||h_{T-1}|| (mutant: a raw
-    Gaussian, whose norm is ~sqrt(D) whatever the state's)."""
+def _state_interventions_feeding(tiny_model, monkeypatch):
+    """(context, the state interventions' rows, every state they fed through `patch_state`, in order)."""
     from interventions.suite import Suite
 
-    batch = _batch(tiny_model)
-    ctx = CausalContext(tiny_model, batch, modes=("standard", "recurrent-1"))
+    ctx = CausalContext(tiny_model, _batch(tiny_model), modes=("standard", "recurrent-1"))
     fed = []
     real = ctx.patch_state
     monkeypatch.setattr(ctx, "patch_state", lambda states, *a, **k: fed.append(states.clone()) or real(states, *a, **k))
-    rows = Suite(ctx, n_boot=20).state_interventions()
+    return ctx, Suite(ctx, n_boot=20).state_interventions(), fed
+
+
+def test_the_random_state_has_the_norm_of_the_state_it_replaces(tiny_model, monkeypatch):
+    """The random-state ablation feeds a random direction at each row's own norm ||h_{T-1}|| (mutant: a raw
+    Gaussian, whose norm is ~sqrt(D) whatever the state's)."""
+    ctx, rows, fed = _state_interventions_feeding(tiny_model, monkeypatch)
     # state_swap, resample, mean, zero, random_state feed states (the bypasses feed none), in this order
     assert [r["name"] for r in rows][-2:] == ["random_state", "gate_bypass_all"] and len(fed) == 5
     h = ctx.h_prev
@@ -428,14 +432,7 @@ def test_a_state_patch_on_some_rows_patches_those_rows_and_leaves_the_others_cle
 def test_the_mean_state_ablation_feeds_every_row_the_batch_mean_state(tiny_model, monkeypatch):
     """The 'mean' state ablation feeds every row the mean over the batch's rows of the fed state h_{T-1}, one
     D-vector (mutant: the mean over each row's own D coordinates, a constant vector per row)."""
-    from interventions.suite import Suite
-
-    batch = _batch(tiny_model)
-    ctx = CausalContext(tiny_model, batch, modes=("standard", "recurrent-1"))
-    fed = []
-    real = ctx.patch_state
-    monkeypatch.setattr(ctx, "patch_state", lambda states, *a, **k: fed.append(states.clone()) or real(states, *a, **k))
-    rows = Suite(ctx, n_boot=20).state_interventions()
+    ctx, rows, fed = _state_interventions_feeding(tiny_model, monkeypatch)
     names = [r["name"] for r in rows]
     assert names.index("mean") == 3 and len(fed) == 5  # state_swap, resample, mean, zero, random_state
     h = ctx.h_prev.double()
