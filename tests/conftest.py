@@ -9,12 +9,24 @@ block. Only tests that request them are parametrized.
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 import pytest
 import torch
 
 TINY_VOCAB = 50
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs one worker per CPU, up to 4), each worker gets its share of the CPUs as
+    torch threads: workers with every CPU's threads each would contend, and a contended OpenMP op waits for a
+    descheduled thread (common/cpus.py). A test that needs another count sets it and restores it."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        from common.cpus import available_cpus
+
+        torch.set_num_threads(max(1, available_cpus() // int(workers)))
 
 
 def tiny_config_for(family: str, **kw):
