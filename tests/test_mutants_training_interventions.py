@@ -38,3 +38,27 @@ def test_a_basis_off_orthonormal_by_one_percent_is_refused():
         with pytest.raises(UserError, match="orthonormal columns"):
             make(off)
         make(U * (1 + 2e-4))  # 4e-4 off: within 1e-3, accepted
+
+
+def test_row_swap_refuses_a_donor_one_past_the_last_row():
+    """RowSwap's donor rows must lie in 0..B-1 (one UserError line, not an IndexError from inside a hook). Mutant
+    killed: the range check `max >= B` -> `max > B` (donor == B slips through)."""
+    from engine.edits import RowSwap
+
+    base = torch.randn(4, 3)
+    with pytest.raises(UserError, match="donor rows must lie in 0..3"):
+        RowSwap(torch.ones(4, dtype=torch.bool), torch.tensor([1, 2, 3, 4]))(base)
+    want = base[[1, 0, 3, 2]]
+    assert torch.equal(RowSwap(torch.ones(4, dtype=torch.bool), torch.tensor([1, 0, 3, 2]))(base), want)
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_add_takes_one_vector_per_row_at_any_batch_size(rows):
+    """Add(vector) with vector [batch, width] adds row r's vector to row r (module doc: `Add(vector)  base + vector`,
+    [width] or [batch, width]); a batch of 2 rows is no special case. Mutant killed: the per-row branch taken only
+    for `vector.shape[0] > 2` (a [2, width] vector then refused as not one vector)."""
+    from engine.edits import Add
+
+    g = torch.Generator().manual_seed(2)
+    base, v = torch.randn(rows, 5, generator=g), torch.randn(rows, 5, generator=g)
+    torch.testing.assert_close(Add(v)(base), base + v)
