@@ -4,6 +4,8 @@ docstring the mutant it was written to kill (a one-line change of the code that 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 from dataclasses import replace
 
 import pytest
@@ -62,3 +64,104 @@ def test_add_takes_one_vector_per_row_at_any_batch_size(rows):
     g = torch.Generator().manual_seed(2)
     base, v = torch.randn(rows, 5, generator=g), torch.randn(rows, 5, generator=g)
     torch.testing.assert_close(Add(v)(base), base + v)
+
+
+# ------------------------------------------------------------------------------------------- training.quick_eval
+
+@pytest.fixture(scope="module")
+def lm_and_tok():
+    from models.configs import qwen3_config
+    from models.full_bandwidth import FullBandwidthLM
+    from tasks import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = qwen3_config(len(tok), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1, initializer_range=0.5)
+    return FullBandwidthLM.from_config(cfg, seed=3).eval(), tok
+
+
+def _hand_label_accuracy(model, tok, task, n, n_pairs, seed=10_000):
+    """Each prompt alone (no padding), one standard forward, argmax over the task's label words at its last token."""
+    from tasks import label_token_ids, make_dataset, prompt_ids, prompt_prefix
+
+    words = label_token_ids(tok, task)
+    right = []
+    with torch.no_grad():
+        for s in make_dataset(task, n_pairs=n_pairs, n_distractors=n, seed=seed):
+            ids = torch.tensor([prompt_ids(tok, s.text, prompt_prefix(tok))])
+            logits = model(ids, torch.ones_like(ids)).logits[0, -1]
+            right.append(int(logits[list(words)].argmax()) == s.label)
+    return sum(right) / len(right)
+
+
+def test_quick_eval_label_accuracy_is_the_argmax_over_the_label_words_at_the_prompts_end(lm_and_tok):
+    """label_accuracy: label accuracy at the final prompt position, argmax over the label words (docstring), on the
+    prompt without its answer. Checked against one unpadded forward per prompt. Mutants killed: argmax over the whole
+    vocabulary; argmin; the prompt's full_text (answer included) read instead of its text."""
+    from training.quick_eval import label_accuracy
+
+    model, tok = lm_and_tok
+    for task in ("completion", "parity"):
+        want = _hand_label_accuracy(model, tok, task, 8, n_pairs=8)
+        assert want not in (0.0, 0.5, 1.0), want  # the random model's answers tell the mutants apart (not vacuous)
+        got = label_accuracy(model, tok, task, 8, ["standard"], n_pairs=8)["standard"]
+        assert got == pytest.approx(want), task
+
+
+def test_quick_eval_scores_tracking_tasks_at_n_64(lm_and_tok):
+    """quick_eval: N = 8 for every task and N = 64 for the tracking tasks, logged as `<task>` and `<task> N=64`
+    (docstring). Mutant killed: the N = 64 entry evaluated at N = 8."""
+    from training.config import TrainConfig
+    from training.quick_eval import quick_eval
+
+    model, tok = lm_and_tok
+    got = quick_eval(model, tok, TrainConfig(tasks=("parity",), distractors={8: 1.0}))
+    assert set(got) == {"parity", "parity N=64"}
+    assert got["parity N=64"]["standard"] == pytest.approx(_hand_label_accuracy(model, tok, "parity", 64, 16))
+    assert got["parity"]["standard"] == pytest.approx(_hand_label_accuracy(model, tok, "parity", 8, 16))
+
+
+# --------------------------------------------------------------------------------------------- interventions.das
+
+def test_leace_interchange_takes_from_the_source_what_the_eraser_erases():
+    """das._leace_edit(eraser, source)(base) = base + Q (source - base) with erase(x) = x - Q (x - b) (column
+    convention, das.py): the same as source + erase(base) - erase(source), whatever Q (LEACE's Q is not symmetric
+    where the covariance is not isotropic). Checked against the eraser's own map. Mutant killed: `delta @ Q.T` ->
+    `delta @ Q` (row-vector transpose dropped)."""
+    from interventions.das import _leace_edit
+    from stats.erasure import fit_eraser
+
+    g = torch.Generator().manual_seed(4)
+    D = 6
+    A = torch.randn(D, D, generator=g, dtype=torch.float64)  # a correlated, anisotropic covariance
+    y = torch.tensor([0, 1] * 40)
+    X = torch.randn(80, D, generator=g, dtype=torch.float64) @ A + 1.5 * y[:, None].double() * A[0]
+    eraser = fit_eraser(X, y, 2)
+    Q = (eraser.proj_left @ eraser.proj_right).double()
+    assert not torch.allclose(Q, Q.T, atol=1e-6)  # not vacuous: Q vs Q^T differ
+    base, source = X[:5], X[40:45]
+    want = source + eraser(base) - eraser(source)
+    torch.testing.assert_close(_leace_edit(eraser, source)(base).double(), want, atol=1e-9, rtol=1e-9)
+
+
+def test_das_fit_reads_only_its_training_rows():
+    """fit_rotation trains R "on the `train` rows" only (docstring; das_battery then scores held-out rows with it,
+    "so no row is ever scored with a subspace fitted on it"): what the other rows' targets say cannot change the
+    fitted rotation. Mutant killed: the cross-entropy taken over every row instead of z[train]."""
+    from interventions.das import DasConfig, fit_rotation
+
+    g = torch.Generator().manual_seed(5)
+    B, d = 12, 6
+    base, source = torch.randn(B, d, generator=g), torch.randn(B, d, generator=g)
+    W = torch.randn(4, d, generator=g)
+
+    def run(edit):
+        return edit(base) @ W.T  # logits [B, 4], differentiable in the edit's basis
+
+    train = np.arange(0, 8)
+    target = torch.tensor([0, 1] * 6)
+    other = target.clone()
+    other[8:] = 1 - other[8:]  # the held-out rows' targets flipped
+    cfg = DasConfig(ranks=(2,), steps=15, lr=0.05)
+    r1, _ = fit_rotation(run, source, target, train, (0, 3), 2, cfg, seed=1)
+    r2, _ = fit_rotation(run, source, other, train, (0, 3), 2, cfg, seed=1)
+    torch.testing.assert_close(r1.basis.detach(), r2.basis.detach(), atol=0, rtol=0)
