@@ -165,3 +165,42 @@ def test_das_fit_reads_only_its_training_rows():
     r1, _ = fit_rotation(run, source, target, train, (0, 3), 2, cfg, seed=1)
     r2, _ = fit_rotation(run, source, other, train, (0, 3), 2, cfg, seed=1)
     torch.testing.assert_close(r1.basis.detach(), r2.basis.detach(), atol=0, rtol=0)
+
+
+def _scripted_fit(losses_wanted):
+    """fit_rotation on a 'model' whose cross-entropy at step i is losses_wanted[i] exactly (one run per step; the
+    edit enters with weight 0, so the logits stay differentiable in R)."""
+    from interventions.das import DasConfig, fit_rotation
+
+    calls = []
+    B, d = 4, 3
+    base, source = torch.zeros(B, d), torch.ones(B, d)
+
+    def run(edit):
+        L = losses_wanted[len(calls)]
+        calls.append(1)
+        a = math.log(1.0 / (math.exp(L) - 1.0))  # CE of logits [a, 0] at target 0 is log(1 + e^-a) = L
+        z = torch.tensor([[a, 0.0]] * B)
+        return z + 0.0 * edit(base)[:, :2]
+
+    target = torch.zeros(B, dtype=torch.long)
+    cfg = DasConfig(ranks=(1,), steps=len(losses_wanted), lr=0.01)
+    _, info = fit_rotation(run, source, target, np.arange(B), (0, 1), 1, cfg, seed=0)
+    assert info["loss_first"] == pytest.approx(losses_wanted[0], rel=1e-5)
+    assert info["loss_last"] == pytest.approx(losses_wanted[-1], rel=1e-5)
+    return info["still_falling"]
+
+
+def test_das_still_falling_is_a_fall_over_the_last_tenth_above_the_floor():
+    """still_falling: "the loss still fell by more than 5% over the last tenth of the steps, above 0.05" (das.py,
+    docs/formats.md). Scripted loss curves of 40 steps: flat -> no; fell early and flat over the last tenth -> no;
+    fell 20% over the last tenth -> yes; the same fall ending under 0.05 -> no. Mutants killed: `and` -> `or`
+    between the two conditions; the fall measured from the first step instead of the last tenth."""
+    flat = [0.69] * 40
+    early = [2.0 - 0.05 * i for i in range(34)] + [0.3] * 6
+    late = [1.0] * 36 + [1.0, 0.95, 0.9, 0.8]
+    late_low = [0.05] * 36 + [0.05, 0.045, 0.04, 0.04]
+    assert _scripted_fit(flat) is False
+    assert _scripted_fit(early) is False
+    assert _scripted_fit(late) is True
+    assert _scripted_fit(late_low) is False
