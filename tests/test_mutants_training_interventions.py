@@ -239,3 +239,58 @@ def test_leace_basis_spans_the_column_space_of_the_erasers_perturbation(K):
     assert B is not None and B.shape == (D, K - 1)
     torch.testing.assert_close(B.T @ B, torch.eye(K - 1, dtype=torch.float64), atol=1e-9, rtol=0)
     torch.testing.assert_close(B @ (B.T @ Q), Q, atol=1e-8, rtol=1e-8)
+
+
+def test_das_battery_fits_on_each_folds_real_training_rows_and_scores_its_real_held_out_rows(monkeypatch):
+    """das_battery (module doc and docstring): per fold, a rotation "fitted on the fold's training rows and applied
+    to its held-out rows", training and scoring only the rows where the site is real (`rows`); the probe's rank is
+    "the smallest over folds" and LEACE's "the largest over folds" of its basis's columns (docs/formats.md). The fit
+    is replaced by a spy that records its rows and tags each fold's rotation. Mutants killed: test / train sets not
+    restricted to `rows`; the training set taken from the fold's held-out rows; every fold scored with fold 0's
+    rotation; the probe's rank the largest over folds; LEACE's rank the basis's row count (d)."""
+    from types import SimpleNamespace
+
+    import interventions.das as das
+    from engine.edits import Lambda
+    from interventions.subspace import FoldSubspace
+    from stats.erasure import fit_eraser
+
+    g = torch.Generator().manual_seed(7)
+    B, d = 24, 4
+    base = torch.randn(B, d, generator=g)
+    pair = torch.arange(B) ^ 1
+    source = base[pair]
+    target = torch.tensor([1, 0] * (B // 2))  # the donor's label
+    groups = np.repeat(np.arange(B // 2), 2)
+    folds = [(np.flatnonzero(groups % 3 != f), np.flatnonzero(groups % 3 == f)) for f in range(3)]
+    rows = np.ones(B, bool)
+    rows[[0, 7, 13]] = False  # padding at the site
+    W = torch.randn(3, d, generator=g)
+    seen_train, seen_runs = [], []
+
+    class Spy:
+        def __init__(self, i):
+            self.i = i
+
+        def edit(self, source, exact=False):
+            return Lambda(lambda b, i=self.i: (seen_runs.append(i), b)[1])
+
+        def exact_basis(self):
+            return torch.eye(d, dtype=torch.float64)[:, :1]
+
+    def fit(run, source, target, train, label_ids, k, config, seed):
+        seen_train.append(np.asarray(train).copy())
+        return Spy(len(seen_train) - 1), {"loss_first": 1.0, "loss_last": 0.5, "still_falling": False}
+
+    monkeypatch.setattr(das, "fit_rotation", fit)
+    probe_folds = [FoldSubspace(te, torch.linalg.qr(torch.randn(d, r, generator=g))[0], 0.9)
+                   for (_, te), r in zip(folds, (2, 1, 2))]
+    erasers = SimpleNamespace(erasers=[fit_eraser(base[tr].double(), target[tr], 2) for tr, _ in folds])
+    out = das.das_battery(lambda edit: edit(base) @ W.T, base, source, target, (0, 2), groups, folds, rows,
+                          das.DasConfig(ranks=(1,), steps=1), probe_folds=probe_folds, leace=erasers, n_boot=20)
+    for f, (tr, te) in enumerate(folds):
+        assert sorted(seen_train[f]) == sorted(tr[rows[tr]])  # the fold's real training rows, none held out
+    assert seen_runs == [0, 1, 2]  # fold f's held-out rows scored with fold f's rotation
+    assert out["rows"][0]["n"] == int(rows.sum())  # every real row scored once, no padding row
+    assert out["probe"]["rank"] == 1 and out["probe"]["fold_ranks"] == [2, 1, 2]
+    assert out["leace"]["rank"] == 1
