@@ -294,3 +294,93 @@ def test_das_battery_fits_on_each_folds_real_training_rows_and_scores_its_real_h
     assert out["rows"][0]["n"] == int(rows.sum())  # every real row scored once, no padding row
     assert out["probe"]["rank"] == 1 and out["probe"]["fold_ranks"] == [2, 1, 2]
     assert out["leace"]["rank"] == 1
+
+
+# ------------------------------------------------------------------------------------------ interventions.report
+
+def _report(ne, ci, acc=1.0, acc_ci=(0.9, 1.0), bypass_ci=None):
+    """A minimal report verdict() reads (tests/test_report_text.py's shape), with a gate-bypass row if asked."""
+    row = {"name": "state_swap", "normalized_effect": ne, "normalized_effect_ci": ci, "follows_donor_rate": 0.5,
+           "follows_donor_rate_ci": [0.4, 0.6], "changed_rate": 0.5, "changed_rate_ci": [0.4, 0.6], "n": 32,
+           "n_groups": 16}
+    rows = [row]
+    if bypass_ci is not None:
+        rows.append({"name": "gate_bypass_all", "accuracy": sum(bypass_ci) / 2, "accuracy_ci": list(bypass_ci)})
+    return {"config": {"task": "parity", "mode": "recurrent-full", "distractors": 8}, "model": {"name": "m"},
+            "results": {"clean": {"recurrent-full": {"accuracy": acc, "accuracy_ci": list(acc_ci), "n": 32}},
+                        "interventions": rows, "subspace": {"rank": 1, "skipped": "test", "rows": []}}}
+
+
+@pytest.mark.parametrize("ne, ci, acc, want", [
+    (0.9, [0.5, 1.0], 1.0, "partly used"),  # lower end 0.5 does not exceed 0.5
+    (0.9, [0.51, 1.0], 1.0, "causally used"),
+    (0.3, [0.1, 0.6], 1.0, "partly used"),  # judged by the lower end, not the upper
+    (0.2, [0.04, 0.5], 1.0, "not detectably used"),  # lower end 0.04: not above 0.05
+    (0.2, [0.05, 0.5], 1.0, "not detectably used"),  # 0.05 does not exceed 0.05
+    (-0.2, [-0.5, 0.1], 1.0, "not detectably used"),  # upper end 0.1: not below -0.05
+    (-0.2, [-0.5, -0.05], 1.0, "not detectably used"),  # -0.05 is not below -0.05
+    (-0.2, [-0.5, -0.06], 1.0, "used in reverse"),
+    (0.9, [0.1, 0.5], 1.0, "inconclusive (the effect's bootstrap CI does not contain its estimate)"),  # above it
+    (0.0, [0.1, 0.5], 1.0, "inconclusive (the effect's bootstrap CI does not contain its estimate)"),  # below it
+    (0.9, [0.8, 1.0], 0.6, "causally used"),  # a clean accuracy of 0.6 is not under 0.6
+    (0.9, [0.8, 1.0], 0.599, "inconclusive (the model does not solve the task)"),
+])
+def test_the_verdict_follows_its_printed_rule_at_every_bar(ne, ci, acc, want):
+    """verdict's rule as its sentence prints it: "causally used where its lower end exceeds 0.5, partly used above
+    0.05, used in reverse where its upper end is below -0.05, not detectably used otherwise; inconclusive at a
+    clean accuracy under 0.6 or a CI that misses its estimate" (strict inequalities: a bar itself is not past it).
+    Mutants killed: `<= 0.6`; `lo >= 0.5`; the partial bar halved; reverse judged by the lower end; `lo = ci[1]`;
+    the CI-contains-estimate check reduced to its lower side."""
+    from interventions.report import verdict
+
+    assert verdict(_report(ne, ci, acc))[0] == want
+
+
+def test_the_verdict_prints_the_effect_and_its_ci_in_order():
+    """The sentence reads "normalized effect X [lo, hi]" (lo first). Mutant killed: _ci printing [hi, lo]."""
+    from interventions.report import verdict
+
+    assert "normalized effect 0.30 [0.10, 0.60]" in verdict(_report(0.3, [0.1, 0.6]))[1]
+
+
+def test_the_path_clause_compares_the_bypass_upper_end_with_the_clean_lower_end():
+    """_path_clause: a "partly used" / "not detectably used" verdict says the model depends on its fused inputs
+    where the gate bypass's accuracy CI lies wholly more than 0.1 below the clean one (its upper end under the clean
+    lower end - 0.1). Mutants killed: the bypass's lower end compared instead; the clause only for "not detectably
+    used"."""
+    from interventions.report import verdict
+
+    overlap = verdict(_report(0.3, [0.1, 0.6], acc_ci=(0.9, 1.0), bypass_ci=(0.3, 0.85)))[1]
+    assert "depends on its fused inputs" not in overlap  # 0.85 is not under 0.9 - 0.1
+    for ne, ci in ((0.3, [0.1, 0.6]), (0.0, [-0.1, 0.1])):  # partly used, not detectably used
+        below = verdict(_report(ne, ci, acc_ci=(0.9, 1.0), bypass_ci=(0.3, 0.75)))[1]
+        assert "depends on its fused inputs" in below, ne
+    assert "depends on its fused inputs" not in verdict(_report(0.9, [0.6, 1.0], bypass_ci=(0.3, 0.5)))[1]
+
+
+def test_report_clauses_at_their_bars():
+    """The smaller rules the report prints by: a loop state "makes most predictions follow the donor" above 0.5
+    (0.5 itself is not most), the all-position swap counted from iteration 1 (s_0 is the prelude's output); a
+    model under 0.6 gets no layer-patching summary; fewer than 4 logit steps of clean |LD| is "mostly rounding";
+    a probe subspace with fewer directions on some fold says how many; a CI list prints [lo, hi]. Mutants killed:
+    `> 0.5` -> `>= 0.5`; iteration 0 counted for every position; the unsolved bar 0.6 -> 0.5; the precision test
+    flipped; `all` -> `any` in _rank_words; _cis printing lo twice."""
+    from interventions.report import _cis, _loop_clause, _precision_clause, _rank_words, _resid_clause
+
+    def loop(t, every):
+        rows = [{"iteration": i, "swap_T": {"follows_donor_rate": a, "follows_donor_rate_ci": None},
+                 "swap_all_positions": {"follows_donor_rate": b, "follows_donor_rate_ci": None}}
+                for i, (a, b) in enumerate(zip(t, every))]
+        return {"loop_iterations": {"rows": rows, "mode": "loop-3", "iterations": 3}}
+
+    text = _loop_clause(loop([0.5, 0.5, 0.5], [0.9, 0.1, 0.2]))
+    assert "swapped at T at no iteration (at most 0.50)" in text
+    assert "at every position at no iteration (at most 0.20)" in text
+    lp = {"modes": ["standard"], "depths": [0, 1], "positions": ["T"], "top_depth": {"standard": 1},
+          "standard": {"normalized_effect": [[0.4], [1.0]]}}
+    assert "not summarized" in _resid_clause({"layer_patching": lp}, {"accuracy": 0.55})
+    p = {"dtype": "bfloat16", "logit_step": 0.06, "max_abs_label_logit": 8.0, "clean_abs_ld_mean": 0.2}
+    assert "mostly rounding" in _precision_clause({"precision": {**p, "clean_abs_ld_in_steps": 3.3}})
+    assert "mostly rounding" not in _precision_clause({"precision": {**p, "clean_abs_ld_in_steps": 12.0}})
+    assert _rank_words({"rank": 2, "fold_ranks": [2, 1, 2]}) == "2 asked, 1-2 found per fold (2, 1, 2)"
+    assert _cis([0.1, 0.2]) == "[0.10, 0.20]"
