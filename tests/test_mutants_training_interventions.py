@@ -384,3 +384,32 @@ def test_report_clauses_at_their_bars():
     assert "mostly rounding" not in _precision_clause({"precision": {**p, "clean_abs_ld_in_steps": 12.0}})
     assert _rank_words({"rank": 2, "fold_ranks": [2, 1, 2]}) == "2 asked, 1-2 found per fold (2, 1, 2)"
     assert _cis([0.1, 0.2]) == "[0.10, 0.20]"
+
+
+# ------------------------------------------------------------------------------------------------ training.loss
+
+def test_ntp_loss_skips_the_targets_at_skip_pos_by_hand():
+    """ntp_loss: "targets at `skip_pos` get weight 0" (the token AT a skip position is not predicted: the random
+    value symbols, training.data._value_targets). By hand: mean cross-entropy of logits[j - 1] against ids[j] over
+    the targets j not skipped, the label (last token) weighted `label_weight`. Mutant killed: skip_pos[:, :-1]
+    (the weight of the target one column later zeroed)."""
+    import torch.nn.functional as F
+
+    from training.loss import ntp_loss
+
+    g = torch.Generator().manual_seed(8)
+    B, T, V = 2, 7, 11
+    logits = torch.randn(B, T, V, generator=g)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    skip = torch.zeros(B, T, dtype=torch.bool)
+    skip[0, 3] = skip[1, 5] = True
+    num = den = 0.0
+    for b in range(B):
+        for j in range(1, T):
+            if skip[b, j]:
+                continue
+            w = 3.0 if j == T - 1 else 1.0
+            num += w * float(F.cross_entropy(logits[b, j - 1][None], ids[b, j][None]))
+            den += w
+    assert float(ntp_loss(logits, ids, mask, 3.0, skip_pos=skip)) == pytest.approx(num / den, rel=1e-5)
