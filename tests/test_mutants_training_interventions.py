@@ -413,3 +413,47 @@ def test_ntp_loss_skips_the_targets_at_skip_pos_by_hand():
             num += w * float(F.cross_entropy(logits[b, j - 1][None], ids[b, j][None]))
             den += w
     assert float(ntp_loss(logits, ids, mask, 3.0, skip_pos=skip)) == pytest.approx(num / den, rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------- interventions.attribution
+
+def test_agreement_by_hand():
+    """attribution.agreement: Spearman (None under 3 finite cells), the overlap of the 5 largest |effects| (None at
+    5 cells or fewer: every cell is in both tops), the sign agreement over the cells whose exact effect is not ~0
+    (|ex| > 1e-6 of the largest), the mean |error|. Mutants killed: top-5 chosen by signed value; the overlap given
+    at exactly 5 cells; signs compared over every cell; Spearman over 2 cells; the ~0 bar 1e-6 -> 1e-1."""
+    from interventions.attribution import agreement
+
+    keys = list("abcdefg")
+    est = [5.0, -4.0, 3.0, 0.1, -0.2, 2.0, 0.05]
+    ex = [4.0, -5.0, 1.0, 0.3, 0.05, 3.0, -0.01]
+    a = agreement(est, ex, keys)
+    assert a["top_estimate"] == ["a", "b", "c", "f", "e"] and a["top_exact"] == ["b", "a", "f", "c", "d"]
+    assert a["top_overlap"] == 4 and a["n"] == 7 and a["top_k"] == 5
+    assert a["sign_agreement"] == pytest.approx(5 / 7)  # e and g differ in sign; every exact effect is above the bar
+    assert a["abs_error_mean"] == pytest.approx(sum(abs(x - y) for x, y in zip(est, ex)) / 7)
+    five = agreement(est[:5], ex[:5], keys[:5])
+    assert five["top_overlap"] is None and five["top_k"] == 5
+    assert agreement([1.0, 2.0], [1.0, 3.0], ["a", "b"])["spearman"] is None
+    # an exact effect at 1e-3 of the largest is an effect, and its sign counts
+    assert agreement([1.0, -1.0, 1.0], [1.0, 1e-3, 2.0], ["a", "b", "c"])["sign_agreement"] == pytest.approx(2 / 3)
+    # exact zeros are left out of the signs (np.sign(0) matches nothing)
+    assert agreement([1.0, -1.0, 1.0], [1.0, 0.0, 2.0], ["a", "b", "c"])["sign_agreement"] == 1.0
+
+
+def test_ig_path_resolution_by_hand():
+    """ig_path_resolution: per row, the steps between start, the path's points and end; unresolved where one step
+    carries MORE than 0.5 of the total variation (sum of |steps|); total_change_mean = mean(end - start). Mutants
+    killed: `>` -> `>=` at the 0.5 bar; signed steps (variation that cancels); end and start swapped."""
+    from interventions.attribution import ig_path_resolution
+
+    start = torch.tensor([0.0, 0.0, 0.0, 0.0])
+    end = torch.tensor([1.0, 2.0, 0.0, 1.0])
+    path = torch.tensor([[0.5, 0.5],  # steps 0.5, 0, 0.5: largest share exactly 0.5 -> resolved
+                         [0.2, 1.9],  # steps 0.2, 1.7, 0.1: 0.85 -> unresolved
+                         [1.0, 1.0],  # steps 1, 0, -1 (total 2, net 0): largest share 0.5 -> resolved
+                         [0.6, 0.1]])  # steps 0.6, -0.5, 0.9 (total 2, net 1): 0.45 -> resolved
+    r = ig_path_resolution(path, start, end)
+    assert r["n_rows"] == 4 and r["unresolved_rows"] == 1
+    assert r["largest_step_share_median"] == pytest.approx(0.5)
+    assert r["total_change_mean"] == pytest.approx(1.0)
