@@ -457,3 +457,19 @@ def test_ig_path_resolution_by_hand():
     assert r["n_rows"] == 4 and r["unresolved_rows"] == 1
     assert r["largest_step_share_median"] == pytest.approx(0.5)
     assert r["total_change_mean"] == pytest.approx(1.0)
+
+
+def test_consistency_window_holds_only_fused_columns_before_a_label():
+    """window_positions: "the fused columns whose states predict a label target or sit < `width` before one"
+    (column c predicts token c + 1: c is in the window where a label sits at c + 1 .. c + width, and c is fused).
+    By hand, with an unfused column (prefix mixin) inside the window. Mutant killed: `& fuse_mask` dropped (the
+    consistency window's mean then divides by unfused columns too)."""
+    from training.loss import window_positions
+
+    mask = torch.ones(1, 8, dtype=torch.long)
+    label = torch.zeros(1, 8, dtype=torch.bool)
+    label[0, 6] = True
+    fuse = torch.ones(1, 8, dtype=torch.bool)
+    fuse[0, :5] = False  # fused from column 5 on
+    got = window_positions(label, mask, fuse, 3)  # columns 3, 4, 5 predict / sit before the label: only 5 is fused
+    assert got[0].tolist() == [False] * 5 + [True, False, False]
