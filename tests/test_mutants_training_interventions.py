@@ -473,3 +473,54 @@ def test_consistency_window_holds_only_fused_columns_before_a_label():
     fuse[0, :5] = False  # fused from column 5 on
     got = window_positions(label, mask, fuse, 3)  # columns 3, 4, 5 predict / sit before the label: only 5 is fused
     assert got[0].tolist() == [False] * 5 + [True, False, False]
+
+
+# ----------------------------------------------------------------------------------- training: warm passes, decoy
+
+def test_warm_passes_are_that_many_extra_jacobi_passes_before_pass_2(tiny_model):
+    """`warm` = w runs w extra no-grad Jacobi passes from pass 1's states before pass 2 (training/loss.py,
+    multipass_loss), so pass 2 of a K = 2 objective with warm w is pass w + 2 of the plain Jacobi chain, written
+    out by hand in tests/test_train.py (`_ref_multipass`). Mutant killed: `range(warm)` -> `range(warm - 1)`, one
+    warm pass too few (nothing counted them)."""
+    import training.loss as tloss
+    from test_train import _batch, _cfg, _close, _ref_multipass
+
+    ids, mask = _batch(seed=5)
+    cfg = _cfg()
+    with torch.no_grad():
+        chain = _ref_multipass(tiny_model, ids, mask, 5, cfg)[1]  # the NTP loss of Jacobi passes 1..5
+        for w in (1, 2, 3):
+            parts = tloss.multipass_loss(tiny_model, ids, mask, 2, cfg, warm=w)[1]
+            assert _close(parts[0], chain[0])
+            assert _close(parts[1], chain[w + 1]), w
+            assert not _close(parts[1], chain[w]), w  # the chain has not converged: one pass more or less shows
+
+
+def test_the_recurrent_objective_trains_on_the_decoy_columns_it_is_given(tiny_model):
+    """training.loss.StepLoss under the recurrent objective computes its logits with the micro-batch's decoy columns
+    (their cached keys / values from the partner row's fed state, docs/recipe.md), equal to the hand-written
+    no-cache recurrence of tests/test_decoy.py and the hand-written NTP loss of tests/test_train.py. Mutant killed:
+    StepLoss passing no decoy to the recurrence (decoy training that trained on the clean recurrence)."""
+    from test_decoy import naive_decoy_both
+    from test_train import _cfg, _ref_ntp
+    from training.data import Batch
+    from training.loss import StepLoss
+
+    A, B = [7, 3, 41, 12, 5, 29, 33, 8, 19, 4], [7, 22, 9, 30, 44, 1, 17, 38, 26, 4]  # apart from column 1 on
+    ids = torch.tensor([A, B])
+    mask = torch.ones_like(ids)
+    at = torch.zeros_like(ids, dtype=torch.bool)
+    cols = list(range(4, ids.shape[1] - 1))  # every column after the rows differ but the label's: a sizeable effect
+    at[:, cols] = True
+    T = ids.shape[1]
+    label_pos = torch.zeros_like(ids, dtype=torch.bool)
+    label_pos[:, T - 1] = True
+    cfg = _cfg(objective="recurrent")
+    mb = Batch(ids, mask, 1, 0, torch.zeros(2, dtype=torch.long), "decoy", label_pos, decoy=at,
+               decoy_donor=torch.tensor([1, 0]))
+    with torch.no_grad():
+        loss = StepLoss(tiny_model, cfg)(mb)[0]
+        clean = StepLoss(tiny_model, cfg)(mb._replace(decoy=None, decoy_donor=None))[0]
+        ref = _ref_ntp(naive_decoy_both(tiny_model, [A, B], cols), ids, mask, cfg.label_weight)
+    # float32 rounding leaves ~1e-7 between the engine and the reference; the decoy moves the loss by ~3e-4
+    assert abs(float(loss - ref)) < 0.05 * abs(float(clean - ref))
