@@ -1,0 +1,241 @@
+"""Tests written while hand-mutation testing tasks/ and analysis/: each pins a number a user reads against a
+hand-written reference or an invariant of the documented definition, and names the mutant it kills."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from models.configs import qwen3_config
+from models.full_bandwidth import FullBandwidthLM
+from tasks import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def _model(tok, seed):
+    return FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=2, d_model=32, n_heads=2, n_kv_heads=1,
+                                                    initializer_range=0.1), seed=seed).eval()
+
+
+@pytest.fixture(scope="module")
+def two_ckpts(tmp_path_factory, tok):
+    out = []
+    for seed in (0, 1):
+        d = tmp_path_factory.mktemp("m") / f"fbt{seed}"
+        _model(tok, seed).save_pretrained(d, tokenizer=tok)
+        out.append(d)
+    return out
+
+
+# ----- analysis.stability --------------------------------------------------------------------------------------
+def test_stability_curve_numbers_by_hand_on_a_padded_batch(tok):
+    """analysis.stability.stability_curve against its module doc on a left-padded batch of unequal prompts:
+    val_loss = mean next-token NLL over the positions whose token and next token are both real; state_change =
+    mean over real positions of ||h^(k) - h^(k-1)|| (k - 1 the previous PASS, even when it is not kept);
+    state_norm = mean over real positions of ||h^(k)||; label_accuracy = argmax at the final prompt token.
+    Kills: valid mask without the mask[:, :-1] factor; nll.mean() over pad positions; (top + prev); the norms'
+    mean over pad positions; `prev = out.top` only on kept passes; logits[:, -1] for the label."""
+    from analysis.stability import stability_curve, task_ids
+    from engine.prefill import iter_fused
+
+    torch.manual_seed(0)
+    model = _model(tok, 0)
+    with torch.no_grad():  # the top state is RMS-normed: unequal norm weights make its norm vary by position
+        for name, prm in model.named_parameters():
+            if "norm" in name:
+                prm.uniform_(0.5, 1.5)
+    ids, mask = task_ids(tok, "multi_register", 2, 3)  # writes 2, 4, 8: three prompt lengths
+    assert len(set(mask.sum(1).tolist())) == 3 and (mask[:, 0] == 0).any()  # really padded
+    rows = stability_curve(model, ids, mask, "multi_register", 2, 3, keep={0, 1, 3})
+    assert [r["passes"] for r in rows] == [0, 1, 3]
+    with torch.no_grad():
+        outs = {k: (o.logits.float().clone(), o.top.float().clone()) for k, o in iter_fused(model, ids, mask, 3)}
+    B, T = ids.shape
+    for r in rows:
+        k = r["passes"]
+        logits, top = outs[k]
+        nll = [float(-torch.log_softmax(logits[b, p], -1)[ids[b, p + 1]])
+               for b in range(B) for p in range(T - 1) if mask[b, p] and mask[b, p + 1]]
+        assert r["val_loss"] == pytest.approx(sum(nll) / len(nll), rel=1e-5)
+        real = [(b, p) for b in range(B) for p in range(T) if mask[b, p]]
+        norm = sum(float(top[b, p].norm()) for b, p in real) / len(real)
+        assert float(top.norm(dim=-1).mean()) != pytest.approx(norm, rel=1e-4)  # the pads' would change it
+        assert r["state_norm"] == pytest.approx(norm, rel=1e-5)
+        if k == 0:
+            assert r["state_change"] is None
+        else:
+            prev = outs[k - 1][1]  # the pass before, kept or not
+            change = sum(float((top[b, p] - prev[b, p]).norm()) for b, p in real) / len(real)
+            assert r["state_change"] == pytest.approx(change, rel=1e-4)
+        acc = sum(int(logits[b, T - 2].argmax()) == int(ids[b, T - 1]) for b in range(B)) / B
+        assert r["label_accuracy"] == pytest.approx(acc)
+
+
+def test_gate_digit_difference_is_the_mean_absolute_difference(tok):
+    """analysis.stability.gate_token_dependence: digits_01_abs_diff = mean |gate("0") - gate("1")| over units and
+    token_std = std over the vocabulary per unit, averaged over units (docstring), checked by hand on a gate whose
+    weights are set. Kills: mean of the signed difference then abs; std over units (dim 1) instead of tokens."""
+    from analysis.stability import gate_token_dependence
+
+    model = _model(tok, 0)
+    emb = model.embed(torch.arange(len(tok))[None])[0].detach()
+    with torch.no_grad():
+        g = torch.sigmoid(model.fusion.gate(emb))
+    i0, i1 = tok.convert_tokens_to_ids("0"), tok.convert_tokens_to_ids("1")
+    d = (g[i0] - g[i1]).tolist()
+    assert any(x > 0 for x in d) and any(x < 0 for x in d)  # signed differences cancel in a wrong formula
+    out = gate_token_dependence(model, tok)
+    assert out["digits_01_abs_diff"] == pytest.approx(sum(abs(x) for x in d) / len(d), rel=1e-5)
+    n = g.shape[0]
+    stds = []
+    for u in range(g.shape[1]):
+        col = g[:, u].double()
+        m = float(col.mean())
+        stds.append(math.sqrt(float(((col - m) ** 2).sum()) / (n - 1)))
+    assert out["token_std"] == pytest.approx(sum(stds) / len(stds), rel=1e-4)
+
+
+# ----- analysis.gains ------------------------------------------------------------------------------------------
+def test_gains_arms_are_the_documented_model_and_mode(two_ckpts, tmp_path, tok):
+    """analysis.gains with two DIFFERENT checkpoints: each arm's row is the documented (model, mode) evaluated
+    alone (baseline = the standard model, std; fbt/std, fbt/soft, fbt/fused = the fbt model in that mode), and
+    rows are sorted by task, then N ascending, then arm. Kills: baseline read from the fbt model; soft and fused
+    arms swapped; the std model evaluated in another mode; the N order reversed."""
+    from analysis import gains
+    from analysis.evaluate import evaluate
+
+    fbt_dir, std_dir = two_ckpts
+    gains.main(["--fbt", str(fbt_dir), "--std", str(std_dir), "--tasks", "memory", "--distractors", "0,2",
+                "--n-pairs", "4", "--out", str(tmp_path / "g"), "--no-progress"])
+    rows = json.loads((tmp_path / "g" / "gains.json").read_text())["results"]
+    assert [(r["n_distractors"], r["arm"]) for r in rows] == \
+        [(n, a) for n in (0, 2) for a in ("baseline", "fbt/std", "fbt/soft", "fbt/fused")]
+    fbt, std = FullBandwidthLM.from_pretrained(fbt_dir).eval(), FullBandwidthLM.from_pretrained(std_dir).eval()
+    ref = {}
+    for which, m, modes in (("std", std, ["std", "soft"]), ("fbt", fbt, ["std", "soft", "fused"])):
+        for r in evaluate(m, tok, ["memory"], [0, 2], modes, 0, 4, progress=False):
+            ref[(which, r["mode"], r["n_distractors"])] = (r["accuracy"], r["label_loss"])
+    arm_src = {"baseline": ("std", "std"), "fbt/std": ("fbt", "std"), "fbt/soft": ("fbt", "soft"),
+               "fbt/fused": ("fbt", "fused")}
+    for r in rows:
+        acc, loss = ref[(*arm_src[r["arm"]], r["n_distractors"])]
+        assert r["accuracy"] == acc and r["label_loss"] == pytest.approx(loss, rel=1e-5), r
+    # the arms are distinguishable here, so the check above can tell them apart
+    assert ref[("std", "std", 2)][1] != pytest.approx(ref[("fbt", "std", 2)][1], rel=1e-4)
+    assert ref[("fbt", "soft", 2)][1] != pytest.approx(ref[("fbt", "fused", 2)][1], rel=1e-4)
+    assert ref[("std", "std", 2)][1] != pytest.approx(ref[("std", "soft", 2)][1], rel=1e-4)
+
+
+# ----- analysis.evaluate ---------------------------------------------------------------------------------------
+def test_fused_sweep_rows_equal_the_single_fused_modes(tok):
+    """analysis.evaluate: `fused-1..K` 'evaluates every fused-k for k = 1..K in one Jacobi run and reports each k'
+    (module doc): each sweep row equals the same fused-k evaluated as a single mode (accuracy, CI, label loss).
+    Kills: sweep_correct / sweep_nll indexed k - 1 (pass k - 1 reported as fused-k); the sweep's labels out of
+    sample order (y[None].flip(-1))."""
+    from analysis.evaluate import evaluate
+
+    from tasks import label_token_ids
+
+    model = _model(tok, 0)
+    with torch.no_grad():  # the label words' rows scaled up: the full-vocabulary argmax lands on them, both ways
+        model.lm.model.embed_tokens.weight[label_token_ids(tok, "shell_game")] *= 4
+    single = evaluate(model, tok, ["shell_game"], [3], ["fused-1", "fused-2", "fused-3"], 0, 6, progress=False)
+    swept = evaluate(model, tok, ["shell_game"], [3], ["std"], 3, 6, progress=False)
+    key = lambda rows: {r["mode"]: r for r in rows}  # noqa: E731
+    s, w = key(single), key(swept)
+    for k in (1, 2, 3):
+        a, b = s[f"fused-{k}"], w[f"fused-{k}"]
+        assert (a["accuracy"], a["ci_low"], a["ci_high"]) == pytest.approx((b["accuracy"], b["ci_low"], b["ci_high"]))
+        assert a["label_loss"] == pytest.approx(b["label_loss"], rel=1e-4)
+    # pass k and pass k - 1 differ here, so an off-by-one in the sweep's index would show
+    assert w["std"]["label_loss"] != pytest.approx(w["fused-1"]["label_loss"], rel=1e-4)
+    assert w["fused-1"]["label_loss"] != pytest.approx(w["fused-2"]["label_loss"], rel=1e-4)
+    assert w["std"]["accuracy"] != w["fused-1"]["accuracy"] and 0 < w["fused-3"]["accuracy"] < 1
+
+
+def test_table_last_column_is_the_minimum_over_the_sweep():
+    """analysis.evaluate.table: the column 'min fused-1..K' is the minimum accuracy over fused-1..K (its name).
+    Kills: max instead of min."""
+    from analysis.evaluate import table
+
+    base = {"task": "memory", "n_distractors": 8}
+    rows = [{**base, "mode": "std", "accuracy": 0.9}] + \
+        [{**base, "mode": f"fused-{k}", "accuracy": a} for k, a in ((1, 0.75), (2, 0.25), (3, 0.5))]
+    text = table(rows, 3)
+    assert text.splitlines()[0].split()[-1] == "fused-1..3"
+    assert text.splitlines()[1].split()[-1] == "0.250"
+
+
+@pytest.mark.parametrize("k,n", [(0, 10), (3, 10), (7, 20), (20, 20), (1, 1), (5, 13), (9, 10), (0, 1)])
+def test_wilson_interval_matches_the_closed_form(k, n):
+    """analysis.evaluate.wilson_interval against the Wilson score interval written out here, z = 1.959964
+    (95%): centre (p + z^2/2n) / (1 + z^2/n), half-width z sqrt(p(1-p)/n + z^2/4n^2) / (1 + z^2/n); exact 0 and 1
+    at k = 0 and k = n only. Kills: a changed term of the formula; an exact 1 given at k = n - 1."""
+    from analysis.evaluate import wilson_interval
+
+    z = 1.959963984540054
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    lo, hi = wilson_interval(k, n)
+    assert lo == pytest.approx(max(0.0, centre - half), abs=1e-12)
+    assert hi == pytest.approx(min(1.0, centre + half), abs=1e-12)
+    assert (hi == 1.0) == (k == n) and (lo == 0.0) == (k == 0)
+
+
+# ----- tasks.generators ----------------------------------------------------------------------------------------
+def test_multi_register_reads_are_all_there_and_answered_with_the_latest_write():
+    """tasks.generators._with_reads: `reads` answered queries of registers written so far, each answered with the
+    register's latest value (docstring). With N = 0 (no nop) every slot follows a write, so each prompt holds
+    exactly `reads` reads plus the final query, and the label is the queried register's latest write.
+    Kills: read slots drawn from 0.. (a slot before any write is dropped); the first write kept as the answer."""
+    from tasks import make_dataset
+
+    reads = 12
+    for s in make_dataset("multi_register", 30, 0, seed=3, writes=2, reads=reads):
+        lines = s.text.split("\n")
+        assert sum(ln.startswith("get ") for ln in lines) == reads + 1
+        latest = {}
+        for i, ln in enumerate(lines[:-2]):
+            if ln.startswith("get "):
+                reg = ln[4:]
+                assert reg in latest and lines[i + 1] == f"value: {latest[reg]}", (i, s.text)
+            elif " = " in ln:
+                reg, v = ln.split(" = ")
+                latest[reg] = int(v)
+        assert lines[-2].startswith("get ") and latest[lines[-2][4:]] == s.label
+
+
+# ----- analysis.fixed_point ------------------------------------------------------------------------------------
+def test_fixed_point_errors_are_the_relative_errors_of_fused_k(tok, capsys):
+    """analysis.fixed_point.errors prints, per task, relative error = ||h - h_std||^2 / ||h_std||^2 of the top state
+    averaged over REAL positions, for fused-k from the standard states, k = 1..8 (module doc); the reference here is
+    the engine's own fused-k (engine.prefill.iter_fused), and multi_register's prompts are padded. Kills: a
+    denominator without the square; the mean over pad positions too."""
+    from analysis import fixed_point
+    from engine.prefill import iter_fused
+
+    model = _model(tok, 0)
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            if "norm" in name:
+                prm.uniform_(0.5, 1.5)
+    batches = fixed_point._checked_batches(model, tok, 2, False)
+    fixed_point.errors(model, tok, 2, batches)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "fused-k from std" in ln]
+    assert len(lines) == 3
+    for task, ln in zip(fixed_point.ERROR_TASKS, lines):
+        _, ids, mask = batches[task]
+        with torch.no_grad():
+            tops = [o.top.float().clone() for _, o in iter_fused(model, ids, mask, 8)]
+        real = mask.bool()
+        ref = [float(((t - tops[0]).pow(2).sum(-1) / tops[0].pow(2).sum(-1))[real].mean()) for t in tops[1:]]
+        got = [float(v) for v in ln.split("k = 1..8:")[1].split("|")[0].split()]
+        assert got == pytest.approx(ref, abs=1.5e-3), (task, got, ref)
+        assert max(ref) > 0.01  # not trivially 0
