@@ -239,3 +239,78 @@ def test_fixed_point_errors_are_the_relative_errors_of_fused_k(tok, capsys):
         got = [float(v) for v in ln.split("k = 1..8:")[1].split("|")[0].split()]
         assert got == pytest.approx(ref, abs=1.5e-3), (task, got, ref)
         assert max(ref) > 0.01  # not trivially 0
+
+
+def test_parse_modes_keeps_the_longest_sweep():
+    """analysis.evaluate.parse_modes: 'Several sweeps: the longest (it reports every shorter one)' (docstring),
+    whatever their order. Kills: the last sweep given wins."""
+    from analysis.evaluate import parse_modes
+
+    assert parse_modes("std,fused-1..4,fused-1..2") == (["std"], 4)
+    assert parse_modes("fused-1..2,fused-1..5,std") == (["std"], 5)
+
+
+def test_evaluate_mean_tokens_is_the_mean_prompt_length(tok):
+    """analysis.evaluate: a row's mean_tokens is the mean token count of the cell's prompts, counted here by hand
+    on multi_register (writes 2, 4, 8: three prompt lengths). Kills: the longest prompt's length reported."""
+    from analysis.evaluate import EVAL_SEED, evaluate
+    from tasks import make_dataset, tokenize_samples
+
+    model = _model(tok, 0)
+    row, = evaluate(model, tok, ["multi_register"], [2], ["std"], 0, 3, progress=False)
+    seqs, _ = tokenize_samples(make_dataset("multi_register", 3, 2, seed=EVAL_SEED), tok)
+    lengths = [len(s) for s in seqs]
+    assert len(set(lengths)) == 3
+    assert row["mean_tokens"] == pytest.approx(sum(lengths) / len(lengths))
+
+
+def test_evaluate_refuses_a_prompt_one_token_past_the_context_before_any_forward(tok, monkeypatch):
+    """analysis.evaluate.evaluate refuses a prompt longer than the model's context (max_position_embeddings) before
+    the first forward (of any N), and runs one that fits exactly. Kills: the early refusal only from context + 2
+    tokens on (the engine then refuses later, after the shorter N's forwards ran)."""
+    import analysis.evaluate as ev
+    from common.errors import UserError
+    from tasks import make_dataset, tokenize_samples
+
+    seqs, _ = tokenize_samples(make_dataset("memory", 2, 2, seed=ev.EVAL_SEED), tok)
+    longest = max(map(len, seqs))
+    real_prefill = ev.prefill_many
+    for ctx, refused in ((longest - 1, True), (longest, False)):
+        model = FullBandwidthLM.from_config(qwen3_config(len(tok), n_layers=1, d_model=16, n_heads=2, n_kv_heads=1,
+                                                         max_len=ctx), seed=0).eval()
+        if refused:
+            def no_forward(*a, **k):
+                raise AssertionError("a forward ran before the refusal")
+            monkeypatch.setattr(ev, "prefill_many", no_forward)
+            with pytest.raises(UserError, match="longer than the model's context"):
+                ev.evaluate(model, tok, ["memory"], [0, 2], ["std"], 0, 2, progress=False)
+        else:
+            monkeypatch.setattr(ev, "prefill_many", real_prefill)
+            assert [r["n_samples"] for r in ev.evaluate(model, tok, ["memory"], [0, 2], ["std"], 0, 2,
+                                                        progress=False)] == [4, 4]
+
+
+def test_adaptive_loop_rows_report_the_mean_and_max_iterations(tok):
+    """analysis.evaluate with loop-R:TOL (adaptive exit, iterations vary per prompt): mean_iterations and
+    max_iterations are the mean and the maximum of the per-prompt iterations, taken here from the engine
+    (engine.prefill.prefill_many) prompt by prompt. Kills: min reported as max_iterations."""
+    from transformers import AutoModelForCausalLM
+
+    from analysis.evaluate import EVAL_SEED, evaluate
+    from engine.prefill import pad_left, prefill_many
+    from models.looped import LoopedLM, LoopSpec
+    from tasks import make_dataset, tokenize_samples
+
+    torch.manual_seed(0)
+    cfg = qwen3_config(len(tok.get_vocab()), n_layers=4, d_model=32, n_heads=2, n_kv_heads=1)
+    model = LoopedLM(AutoModelForCausalLM.from_config(cfg), LoopSpec(1, 2, 1, 3)).eval()
+    row, = evaluate(model, tok, ["multi_register"], [2], ["loop-8:0.5"], 0, 4, batch_size=3, progress=False)
+    seqs, _ = tokenize_samples(make_dataset("multi_register", 4, 2, seed=EVAL_SEED), tok)
+    its = []
+    for s in seqs:  # one prompt at a time
+        ids, mask = pad_left([s], tok.pad_token_id)
+        with torch.no_grad():
+            its += prefill_many(model, ids, mask, ["loop-8:0.5"], collect=False)["loop-8:0.5"].iterations.tolist()
+    assert min(its) != max(its)
+    assert row["max_iterations"] == max(its)
+    assert row["mean_iterations"] == pytest.approx(sum(its) / len(its))
