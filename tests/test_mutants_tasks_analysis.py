@@ -314,3 +314,66 @@ def test_adaptive_loop_rows_report_the_mean_and_max_iterations(tok):
     assert min(its) != max(its)
     assert row["max_iterations"] == max(its)
     assert row["mean_iterations"] == pytest.approx(sum(its) / len(its))
+
+
+def test_language_tasks_take_both_ends_of_their_n_range():
+    """tasks.generators.make_dataset: a language task takes N in LANGUAGE_N_RANGE[task] = lo..hi, both ends
+    included (its docstring: 'within LANGUAGE_N_RANGE'; ioi and binding N = 0 are default N values), and refuses
+    lo - 1 and hi + 1. Kills: the lower bound made exclusive."""
+    from common.errors import UserError
+    from tasks import make_dataset
+    from tasks.language import LANGUAGE_DISTRACTORS, LANGUAGE_N_RANGE
+
+    assert 0 in LANGUAGE_DISTRACTORS["ioi"] and LANGUAGE_N_RANGE["ioi"][0] == 0
+    for task, (lo, hi) in LANGUAGE_N_RANGE.items():
+        for n in (lo, hi):
+            samples = make_dataset(task, 2, n, seed=0)
+            assert len(samples) == 4 and all(s.n_distractors == n for s in samples)
+        for n in (lo - 1, hi + 1):
+            if n >= 0:
+                with pytest.raises(UserError):
+                    make_dataset(task, 2, n, seed=0)
+
+
+# ----- analysis.length_curves ----------------------------------------------------------------------------------
+def test_length_figure_error_bars_and_chance_lines_follow_the_rows():
+    """analysis.length_curves.length_figure: an N = 0 point's error bar runs from ci_low up to ci_high (an
+    asymmetric Wilson interval here: up = ci_high - accuracy, down = accuracy - ci_low), and each panel's dotted
+    chance line sits at 1/K of its task (shell_game 1/3, parity 1/2). Kills: the two arms of the error bar swapped;
+    the chance line drawn at 0.5 whatever the task."""
+    from analysis.length_curves import length_figure
+
+    rows = [{"task": "shell_game", "n_distractors": 0, "mode": "std", "accuracy": 0.9, "n_samples": 20,
+             "ci_low": 0.7, "ci_high": 0.97},
+            {"task": "shell_game", "n_distractors": 8, "mode": "std", "accuracy": 0.5, "n_samples": 20,
+             "ci_low": 0.3, "ci_high": 0.7},
+            {"task": "parity", "n_distractors": 8, "mode": "std", "accuracy": 0.6, "n_samples": 20,
+             "ci_low": 0.4, "ci_high": 0.8}]
+    fig = length_figure([("m", rows)], modes=("std",))
+    zero, = [t for t in fig.data if t.mode == "markers"]
+    assert list(zero.y) == [0.9]
+    assert list(zero.error_y.array) == pytest.approx([0.07]) and list(zero.error_y.arrayminus) == pytest.approx([0.2])
+    chance = {}
+    for sh in fig.layout.shapes:
+        if sh.y0 == sh.y1:  # the horizontal chance lines
+            chance[sh.xref.split()[0]] = sh.y0  # "x domain": panel 1 (shell_game), "x2 domain": panel 2
+    assert sorted(chance.values()) == pytest.approx([1 / 3, 1 / 2])
+    assert chance["x"] == pytest.approx(1 / 3) and chance["x2"] == pytest.approx(1 / 2)
+
+
+# ----- analysis.where_state ------------------------------------------------------------------------------------
+def test_where_state_lens_trace_is_the_rows_lens_accuracy(tmp_path):
+    """analysis.where_state.where_figure: the 'logit lens on s_i' trace plots each iteration row's lens_accuracy
+    (module doc: '... and the logit lens on s_i'), here different from every swap rate. Kills: the trace drawn
+    from the swap-at-T rate."""
+    from test_where_state import _docs
+
+    from analysis.where_state import where_figure
+
+    probes, loop, fb = (json.loads(open(p).read()) for p in _docs(tmp_path))
+    for i, r in enumerate(loop["results"]["loop_iterations"]["rows"]):
+        r["lens_accuracy"] = 0.95 - 0.15 * i
+    fig = where_figure(probes, loop, [fb])
+    lens, = [t for t in fig.data if t.name and "logit lens" in t.name]
+    assert list(lens.x) == [0, 1, 2, 3, 4]
+    assert list(lens.y) == pytest.approx([0.95, 0.8, 0.65, 0.5, 0.35])
