@@ -377,3 +377,19 @@ def test_where_state_lens_trace_is_the_rows_lens_accuracy(tmp_path):
     lens, = [t for t in fig.data if t.name and "logit lens" in t.name]
     assert list(lens.x) == [0, 1, 2, 3, 4]
     assert list(lens.y) == pytest.approx([0.95, 0.8, 0.65, 0.5, 0.35])
+
+
+# ----- tasks.custom --------------------------------------------------------------------------------------------
+def test_validate_samples_refuses_a_running_value_equal_to_k():
+    """tasks.custom.validate_samples: `running` holds labels in 0..K-1 (docstring); a value K (one past the last
+    label word) is refused. Kills: the running check accepting v <= K."""
+    from common.errors import UserError
+    from tasks import Sample
+    from tasks.custom import validate_samples
+
+    ok = [Sample("t", "a b", 0, 0, 0, 1, running=(1, 0), diff_line=0),
+          Sample("t", "a c", 1, 0, 0, 1, running=(0, 1), diff_line=0)]
+    assert len(validate_samples(ok, ("x", "y"), "f")) == 2
+    bad = [ok[0], Sample("t", "a c", 1, 0, 0, 1, running=(0, 2), diff_line=0)]
+    with pytest.raises(UserError, match="running"):
+        validate_samples(bad, ("x", "y"), "f")
