@@ -382,7 +382,8 @@ def test_where_state_lens_trace_is_the_rows_lens_accuracy(tmp_path):
 # ----- tasks.custom --------------------------------------------------------------------------------------------
 def test_validate_samples_refuses_a_running_value_equal_to_k():
     """tasks.custom.validate_samples: `running` holds labels in 0..K-1 (docstring); a value K (one past the last
-    label word) is refused. Kills: the running check accepting v <= K."""
+    label word) is refused, and so is a diff_line = len(running). Kills: the running check accepting v <= K; the
+    diff_line check accepting diff_line == len(running)."""
     from common.errors import UserError
     from tasks import Sample
     from tasks.custom import validate_samples
@@ -392,4 +393,8 @@ def test_validate_samples_refuses_a_running_value_equal_to_k():
     assert len(validate_samples(ok, ("x", "y"), "f")) == 2
     bad = [ok[0], Sample("t", "a c", 1, 0, 0, 1, running=(0, 2), diff_line=0)]
     with pytest.raises(UserError, match="running"):
+        validate_samples(bad, ("x", "y"), "f")
+    # diff_line indexes running (docstring): diff_line = len(running) is past its end
+    bad = [ok[0], Sample("t", "a c", 1, 0, 0, 1, running=(0, 1), diff_line=2)]
+    with pytest.raises(UserError, match="diff_line"):
         validate_samples(bad, ("x", "y"), "f")
