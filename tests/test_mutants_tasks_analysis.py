@@ -398,3 +398,23 @@ def test_validate_samples_refuses_a_running_value_equal_to_k():
     bad = [ok[0], Sample("t", "a c", 1, 0, 0, 1, running=(0, 1), diff_line=2)]
     with pytest.raises(UserError, match="diff_line"):
         validate_samples(bad, ("x", "y"), "f")
+
+
+def test_where_state_reads_an_unnamed_loops_r_from_its_deepest_causal_row():
+    """analysis.where_state.probe_setting: where --causal's loop mode names no r (a mode this version cannot
+    parse, no `iterations`), the loop's r is the deepest iteration its rows hold, and the probe grid drawn is the
+    one with as many iterations. Mutant killed: the fallback r taken as the shallowest row (min), which picked no
+    grid and refused a valid pair of files."""
+    from analysis.where_state import probe_setting
+
+    def core(mode, it):
+        return {"mode": mode, "n_distractors": 8, "writes": None, "loop": {"part": "core", "iteration": it}}
+
+    probes = {"results": [core("loop-2", i) for i in (1, 2)] + [core("loop-4", i) for i in (1, 2, 3, 4)]}
+    rate = {"follows_donor_rate": 0.5, "follows_donor_rate_ci": None}
+    causal = {"config": {"distractors": 8}, "results": {"loop_iterations": {
+        "mode": "loop-from-the-future", "rows": [{"iteration": i, "swap_T": rate, "swap_all_positions": rate,
+                                                  "lens_accuracy": 0.5} for i in (1, 2, 3, 4)]}}}
+    assert probe_setting(probes, causal) == ("loop-4", 8)
+    causal["results"]["loop_iterations"]["rows"] = causal["results"]["loop_iterations"]["rows"][:2]
+    assert probe_setting(probes, causal) == ("loop-2", 8)
