@@ -128,17 +128,19 @@ def refusals(tmp_path_factory):
     """{case: (completed process, its working directory)}, the cases run a few at a time (each imports torch)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-    def run(case):
+    def run(case, cwd):
         rel, args = case
-        cwd = tmp_path_factory.mktemp("refusal")
         try:
             return subprocess.run([sys.executable, str(ROOT / rel), *args], cwd=cwd, env=env, capture_output=True,
                                   text=True, timeout=60), cwd
         except subprocess.TimeoutExpired:  # this case fails alone, the others still report
             return None, cwd
 
+    # The folders are made here, not in the threads: the factory is not thread-safe, and under pytest-xdist its
+    # first call empties the worker's base folder, so two first calls at once deleted each other's folders.
     with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {(rel, tuple(args)): pool.submit(run, (rel, args)) for rel, args in BAD}
+        futures = {(rel, tuple(args)): pool.submit(run, (rel, args), tmp_path_factory.mktemp("refusal"))
+                   for rel, args in BAD}
         yield {case: f.result() for case, f in futures.items()}
 
 
