@@ -41,7 +41,7 @@ demo: $(STAMP)
 # The tests run in TEST_WORKERS processes (pytest-xdist; default one per CPU this process may use, at most 4:
 # each worker holds its own torch and SmolLM2), a file's tests in one worker, so its module fixtures run once.
 # `make test TEST_WORKERS=0` runs them in this process, one after another.
-TEST_WORKERS ?= $(shell $(PY) -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1; print(min(n, 4) if n > 1 else 0)")
+TEST_WORKERS ?= $(shell $(BIN)/python -c "from common.cpus import available_cpus as cpus; n = cpus(); print(min(n, 4) if n > 1 else 0)")
 test: $(STAMP) $(SMOLLM2_STAMP)
 	FBPROBE_REQUIRE_SMOLLM2=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 

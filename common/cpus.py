@@ -1,4 +1,4 @@
-"""CPU facts shared by the benchmarks."""
+"""CPU facts shared by the benchmarks and the test runner (the Makefile's worker count, the workers' threads)."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,8 @@ from contextlib import contextmanager
 
 
 def available_cpus() -> int:
-    """CPUs this process may run on (its affinity set), the default thread count of the benchmarks."""
+    """CPUs this process may run on (its affinity set): the default thread count of the benchmarks, and what `make
+    test` splits among its pytest-xdist workers."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
