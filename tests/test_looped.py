@@ -296,6 +296,27 @@ def test_depth_flags_are_checked_against_the_loop_modes_stack(tmp_path, capsys):
             assert e.value.code == 2 and "--erase 4: loop-1's depths are 0..3" in capsys.readouterr().err
 
 
+def test_the_card_states_the_largest_r_a_step_draws():
+    """1 + Poisson(r - 1) capped at 2r: at r = 1 every step draws 1 (Poisson(0) = 0), so the card says so instead of
+    "at most 2" (it did); at r = 4 the cap is 8, and the draws reach it. One bound for the config, draw and card."""
+    from dataclasses import replace
+
+    from training.card import _objective
+    from training.config import most_loop_iterations
+    from training.model import loop_iterations_at
+    from training.presets import get_preset
+
+    cfg = get_preset("tiny-loop-track")
+    common = dict(schedule="1", objective="multipass", depth_scale=False)
+    one = " ".join(_objective(dict(common, loop_iterations=1), loop=True))
+    assert "loop iterations per step 1" in one and "Poisson" not in one and "at most" not in one
+    four = " ".join(_objective(dict(common, loop_iterations=4), loop=True))
+    assert "loop iterations per step 1 + Poisson(3), at most 8" in four
+    assert {loop_iterations_at(replace(cfg, loop_iterations=1), s) for s in range(100)} == {1}
+    assert max(loop_iterations_at(cfg, s) for s in range(2000)) == most_loop_iterations(4) == 8
+    assert [most_loop_iterations(r) for r in (1, 2, 3)] == [1, 4, 6]
+
+
 def test_training_recipe_of_a_looped_model_is_checked_and_draws_r_per_step():
     from training.config import TrainConfig
     from training.model import build_model, loop_iterations_at

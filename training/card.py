@@ -16,6 +16,7 @@ from common.io import atomic_write
 from common.jsonio import read_user_json
 from engine.modes import EVAL_MODES as DEFAULT_EVAL_MODES
 from models.full_bandwidth import FullBandwidthLM
+from training.config import most_loop_iterations
 
 
 def fused_sweep(rows: list[dict]) -> list[int]:
@@ -117,8 +118,9 @@ def _objective(tc: dict, loop) -> list[str]:
         parts.append(f"length curriculum N <= {tc.get('length_start', 4)} * 2^(step // {tc['length_doubling']})")
     parts.append(f"depth scaling {tc.get('depth_scale')}")
     if loop:
-        parts.append(f"loop iterations per step 1 + Poisson({tc.get('loop_iterations', 1) - 1}), at most "
-                     f"{2 * tc.get('loop_iterations', 1)}"
+        r = tc.get("loop_iterations", 1)
+        parts.append((f"loop iterations per step 1 + Poisson({r - 1}), at most {most_loop_iterations(r)}" if r > 1
+                      else "loop iterations per step 1")
                      + (f", backpropagation through the last {tc['loop_truncate']}" if tc.get("loop_truncate") else ""))
     elif _fused_passes(tc) or tc.get("objective") == "recurrent":
         parts.append(f"fusion gate init {tc.get('gate_init', 'default')}"

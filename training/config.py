@@ -62,6 +62,12 @@ CHOICES = {  # name: the allowed words
 }
 
 
+def most_loop_iterations(r: int) -> int:
+    """The largest r a looped model's training step can draw at --loop-iterations r: 1 + Poisson(r - 1) capped at
+    2r, so 1 at r = 1 (Poisson(0) is always 0)."""
+    return 1 if r == 1 else 2 * r
+
+
 def int_flag(name: str):
     """argparse `type=` of an integer field: within INT_LIMITS."""
     return int_in(*INT_LIMITS[name])
@@ -334,7 +340,7 @@ class TrainConfig:
             if self.objective != "multipass" or any(parse_schedule(self.schedule)[1:]):  # '1/0': one pass too
                 raise UserError("a looped model has no fusion: train it with --objective multipass --schedule 1 (its "
                                 "feedback is in depth, not across positions)")
-            most = 1 if self.loop_iterations == 1 else 2 * self.loop_iterations  # a step's largest draw (model.py)
+            most = most_loop_iterations(self.loop_iterations)
             if self.loop_truncate >= most:  # refused, not dropped: it would change nothing
                 raise UserError(f"--loop-truncate {self.loop_truncate} never truncates: a step runs at most {most} "
                                 f"iteration(s) at --loop-iterations {self.loop_iterations}; use less or 0")

@@ -8,7 +8,7 @@ import torch
 from models.configs import gpt2_config, qwen3_config
 from models.full_bandwidth import FullBandwidthLM, embedding_rms
 from common.errors import UserError
-from training.config import TrainConfig
+from training.config import TrainConfig, most_loop_iterations
 
 
 def _init_gate(model: FullBandwidthLM, cfg: TrainConfig) -> FullBandwidthLM:
@@ -65,7 +65,7 @@ def loop_iterations_at(cfg: TrainConfig, step: int) -> int:
     import numpy as np
 
     r = cfg.loop_iterations
-    return int(min(2 * r, 1 + np.random.default_rng([cfg.seed, step, 0x100F]).poisson(r - 1)))
+    return int(min(most_loop_iterations(r), 1 + np.random.default_rng([cfg.seed, step, 0x100F]).poisson(r - 1)))
 
 
 def context_limit(lm) -> int | None:
