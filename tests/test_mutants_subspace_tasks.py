@@ -250,6 +250,7 @@ def test_probe_accuracy_is_the_first_probes():
     assert min(f.probe_accuracy for f in two) > 0.9
 
 
+@pytest.mark.filterwarnings("ignore:The least populated class")  # the point: a class too small for the folds
 def test_a_training_fold_with_one_class_is_refused():
     """A training fold that holds a single class has no probe to fit: one UserError line ("too few groups per
     label"), not a solver's ValueError. Label 1 lives in one group only, so the fold holding that group out trains
