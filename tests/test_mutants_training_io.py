@@ -428,3 +428,34 @@ def test_finishing_a_pending_move_leaves_a_killed_writes_temporary_behind(saved,
     assert not (run / PENDING).exists() and (run / STATE_FILE).is_file()
     assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in out.iterdir())
     assert resume(run)[0] == 1
+
+
+def test_a_looped_steps_truncation_and_iterations_are_its_draw_then_the_trained_r(tmp_path, monkeypatch):
+    """Each step of a looped model runs the r it drew (1 + Poisson(r - 1)), with iterations 1..r - k under no_grad
+    at --loop-truncate k ("backpropagate through the last k iterations"), and then puts the model back at the trained
+    r with nothing frozen, which evaluation and the saved checkpoint see. Mutants killed: frozen = r - k - 1 or
+    r - k + 1 (one iteration too many or too few with gradient); the model left at the last step's draw after it."""
+    from training.model import loop_iterations_at
+
+    during, after = [], []
+    real = tloop._step_gradients
+
+    def record(net, micro, cfg, gen, procs):
+        during.append((net.model.iterations, net.model.frozen_iterations))  # net: the StepLoss (one process)
+        return real(net, micro, cfg, gen, procs)
+
+    def at_eval(model, *a, **k):
+        after.append((model.iterations, model.frozen_iterations))
+        return {}
+
+    monkeypatch.setattr(tloop, "_step_gradients", record)
+    monkeypatch.setattr(tloop, "quick_eval", at_eval)
+    out = tmp_path / "run"
+    flags = ("--steps", "8", "--eval-every", "1", "--save-every", "100", "--loop-core", "1", "--loop-iterations", "3",
+             "--loop-truncate", "2", "--objective", "multipass", "--schedule", "1")
+    _train(out, *flags)
+    cfg = _cfg(steps=8, loop_core=1, loop_iterations=3, loop_truncate=2, objective="multipass", schedule="1")
+    drawn = [loop_iterations_at(cfg, s) for s in range(8)]
+    assert len(set(drawn)) > 1 and max(drawn) > 2  # the case is there: r varies, some steps freeze iterations
+    assert during == [(r, max(0, r - 2)) for r in drawn]
+    assert after == [(3, 0)] * 8
