@@ -32,6 +32,9 @@ from training.output import RunOutput
 from training.quick_eval import quick_eval, settings
 
 
+GRAD_CLIP = 1.0  # each step's gradient is clipped to this global norm (docs/usage.md, the optimization row)
+
+
 def lr_at(cfg: TrainConfig, step: int) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -203,7 +206,7 @@ def _train(cfg: TrainConfig, out: Path, staged: bool, resume: bool, stop: int, p
                         model.frozen_iterations = 0
                 k, n = micro[0].k, "; ".join(mb.desc for mb in micro)
                 mask = torch.cat([mb.mask.flatten() for mb in micro])
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP))
                 lv = float(loss)
                 bad = None if math.isfinite(lv) and math.isfinite(grad_norm) else \
                     f"loss {lv}, gradient norm {grad_norm}"
