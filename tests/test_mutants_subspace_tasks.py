@@ -529,3 +529,15 @@ def test_answer_sep_is_at_most_four_whitespace_characters(sep, ok):
     else:
         with pytest.raises(UserError, match="up to 4 whitespace characters"):
             _check_answer_sep(sep, "t")
+
+
+def test_one_input_may_have_another_answer_at_another_n():
+    """"One input, one answer" holds within one N: datasets are read one N at a time, so the same tokens at N = 1
+    and N = 2 with two labels are two prompts of two runs, not a contradiction; within one N they are refused.
+    Mutant killed: the key without N (the same input at two N with other labels wrongly refused)."""
+    from tasks.custom import _check_one_answer_per_input
+
+    ids = [5, 6, 7]
+    _check_one_answer_per_input([ids, ids], [_s(0, 0, 0, n=1), _s(1, 1, 1, n=2)], "t")
+    with pytest.raises(UserError, match="one prompt cannot have two answers"):
+        _check_one_answer_per_input([ids, ids], [_s(0, 0, 0, n=1), _s(1, 1, 1, n=1)], "t")
