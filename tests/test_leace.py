@@ -171,6 +171,22 @@ def test_run_recording_reads_T(tiny_model, mode):
     assert torch.allclose(logits, ctx.clean[mode].logits, atol=1e-5) and torch.allclose(resid, clean, atol=1e-5)
 
 
+def test_run_recording_takes_patches_as_any_iterable(tiny_model):
+    """`patches` may be any iterable (a generator included): the run and its recording see the same patches.
+    Mutant killed: run_recording without its `list(patches)` (a generator consumed by the recorder, the run then
+    unpatched)."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(2, tiny_model.config.vocab_size, (4, 5), generator=g)
+    batch = Batch(ids, torch.ones_like(ids), torch.tensor([0, 1, 0, 1]), torch.tensor([1, 0, 3, 2]),
+                  np.array([0, 0, 1, 1]), (10, 11))
+    ctx = CausalContext(tiny_model, batch, modes=("standard", "recurrent-2"))
+    value = ctx.resid("recurrent-2")[:, -1, 1] * 0.5
+    as_list = run_recording(ctx, "recurrent-2", [Patch("resid", value, depth=1, pos=-1)])
+    as_gen = run_recording(ctx, "recurrent-2", (p for p in [Patch("resid", value, depth=1, pos=-1)]))
+    assert not torch.equal(as_list[0], ctx.clean["recurrent-2"].logits)  # the patch changes the logits
+    assert torch.equal(as_gen[0], as_list[0]) and torch.equal(as_gen[1], as_list[1])
+
+
 # ----- CLIs ---------------------------------------------------------------------------------------------------
 def test_interventions_cli_reports_leace_rows(tiny_ckpt, tmp_path):
     from interventions.run import main
