@@ -541,3 +541,10 @@ def test_one_input_may_have_another_answer_at_another_n():
     _check_one_answer_per_input([ids, ids], [_s(0, 0, 0, n=1), _s(1, 1, 1, n=2)], "t")
     with pytest.raises(UserError, match="one prompt cannot have two answers"):
         _check_one_answer_per_input([ids, ids], [_s(0, 0, 0, n=1), _s(1, 1, 1, n=1)], "t")
+
+
+def test_a_row_with_one_real_token_is_refused():
+    """Batch needs "at least 2 real tokens (T-1 and T) per row": a row padded up to T leaves T-1 a pad column, where
+    the T-1 patches and the recurrence's h_{T-1} would read padding. Mutant killed: only T's mask checked."""
+    with pytest.raises(UserError, match="at least 2 real tokens"):
+        _batch(attention_mask=torch.tensor([[0, 1, 1, 1], [0, 0, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]]))
