@@ -548,3 +548,30 @@ def test_a_row_with_one_real_token_is_refused():
     the T-1 patches and the recurrence's h_{T-1} would read padding. Mutant killed: only T's mask checked."""
     with pytest.raises(UserError, match="at least 2 real tokens"):
         _batch(attention_mask=torch.tensor([[0, 1, 1, 1], [0, 0, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]]))
+
+
+def test_line_index_counts_the_real_newlines_before_each_column_by_hand():
+    """Batch.line_index: per column, the real newlines before it (a newline column still belongs to the line it
+    ends), -1 on padding. Hand reference: a walk over each row's decoded tokens. Rows of two lengths (N = 2 and
+    N = 5), so the short ones are left-padded. Mutants killed: the count including the column's own newline;
+    padding not marked -1. (Padding that decodes to a newline cannot arise: a prompt holding the padding token is
+    refused by tasks.tokenizer.)"""
+    from interventions.batch import Batch
+    from tasks import build_tokenizer, make_dataset
+
+    tok = build_tokenizer()
+    from dataclasses import replace
+
+    samples = make_dataset("parity", 3, 2, seed=0) + [replace(s, pair_id=s.pair_id + 1000)  # unique pair ids
+                                                      for s in make_dataset("parity", 3, 5, seed=1)]
+    b = Batch.from_samples(samples, tok, "parity")
+    assert not bool(b.attention_mask.all())  # the case is there: padded rows
+    for ids, mask, got in zip(b.input_ids.tolist(), b.attention_mask.tolist(), b.line_index.tolist()):
+        want, seen = [], 0
+        for i, m in zip(ids, mask):
+            if not m:
+                want.append(-1)
+                continue
+            want.append(seen)
+            seen += tok.decode([i]) == "\n"
+        assert got == want
