@@ -575,3 +575,15 @@ def test_line_index_counts_the_real_newlines_before_each_column_by_hand():
             want.append(seen)
             seen += tok.decode([i]) == "\n"
         assert got == want
+
+
+def test_a_sample_without_its_pair_is_refused_by_name():
+    """Batch.from_samples: "every sample needs its pair (same pair_id, different label) in the dataset"; a lone
+    sample (its pair dropped) is told so, not as an index error. Mutant killed: only pair ids with more than 2
+    members refused (a lone one then left with pair -1: "pair indices out of range")."""
+    from interventions.batch import Batch
+    from tasks import build_tokenizer, make_dataset
+
+    samples = make_dataset("parity", 3, 2, seed=0)
+    with pytest.raises(UserError, match="every sample needs its pair"):
+        Batch.from_samples(samples[:-1], build_tokenizer(), "parity")
