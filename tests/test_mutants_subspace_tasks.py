@@ -587,3 +587,19 @@ def test_a_sample_without_its_pair_is_refused_by_name():
     samples = make_dataset("parity", 3, 2, seed=0)
     with pytest.raises(UserError, match="every sample needs its pair"):
         Batch.from_samples(samples[:-1], build_tokenizer(), "parity")
+
+
+def test_diff_line_is_kept_only_when_every_sample_has_one():
+    """A task file may give diff_line for some samples only (tasks.custom: optional per sample); the batch then
+    has none (None) rather than an object array holding None. Mutant killed: None only when no sample has one."""
+    from dataclasses import replace
+
+    from interventions.batch import Batch
+    from tasks import build_tokenizer, make_dataset
+
+    samples = make_dataset("parity", 3, 2, seed=0)
+    tok = build_tokenizer()
+    full = Batch.from_samples(samples, tok, "parity")
+    assert full.diff_line is not None and full.diff_line.dtype.kind == "i"
+    some = [replace(s, diff_line=None) if s.pair_id == samples[0].pair_id else s for s in samples]
+    assert Batch.from_samples(some, tok, "parity").diff_line is None
