@@ -87,8 +87,8 @@ def test_sliding_attention_in_some_layers_is_counted():
 
 
 def test_a_looped_cards_iteration_bound_is_twice_r():
-    """A looped model draws each step's r as 1 + Poisson(r - 1), at most 2 r (training.config: `most = 2 *
-    loop_iterations`). Mutant killed: the card printing r itself as the bound."""
+    """A looped model draws each step's r as 1 + Poisson(r - 1), at most 2 r for r > 1 (training.config.
+    most_loop_iterations; r = 1 in tests/test_looped.py). Mutant killed: the card printing r itself as the bound."""
     from training.card import _objective
 
     tc = dict(schedule="1", targets="labels", depth_scale=False, loop_iterations=4)
