@@ -603,3 +603,28 @@ def test_diff_line_is_kept_only_when_every_sample_has_one():
     assert full.diff_line is not None and np.issubdtype(full.diff_line.dtype, np.integer)
     some = [replace(s, diff_line=None) if s.pair_id == samples[0].pair_id else s for s in samples]
     assert Batch.from_samples(some, tok, "parity").diff_line is None
+
+
+def test_a_label_word_that_merges_with_the_prompts_end_is_refused(tmp_path):
+    """A label word must be one token AFTER the prompt's own tokens: under a BPE that merges across the join, the
+    prompt's last token changes and counting the extra tokens is not enough. Here ":" + "1" merge, so prompt +
+    "12" tokenizes as [..., ":1", "2"], one token more than the prompt, yet "2" is not the word "12" after
+    "value:". Mutant killed: the check that the prompt's tokens are a prefix of the joined text's dropped (the
+    answer read as "2")."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from tasks.custom import resolve_task
+
+    chars = list("abcdefghijklmnopqrstuvwxyz0123456789=:\n ")
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab[":1"] = len(vocab)
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[(":", "1")])))
+    header = {"label_words": ["12", "3"], "answer_sep": ""}
+    src = resolve_task(_jsonl(tmp_path / "joined.jsonl", header, _pair_rows(0) + _pair_rows(1)))
+    assert tok.convert_ids_to_tokens(tok("value:12")["input_ids"])[-2:] == [":1", "2"]  # the case is there
+    with pytest.raises(UserError, match="label word '12' is not one token after the prompt"):
+        src.label_token_ids(tok)
+    ok = resolve_task(_jsonl(tmp_path / "plain.jsonl", {"label_words": ["2", "3"], "answer_sep": ""},
+                             _pair_rows(0) + _pair_rows(1)))
+    assert ok.label_token_ids(tok) == [vocab["2"], vocab["3"]]  # no merge at the join: one token each
