@@ -459,3 +459,43 @@ def test_a_looped_steps_truncation_and_iterations_are_its_draw_then_the_trained_
     assert len(set(drawn)) > 1 and max(drawn) > 2  # the case is there: r varies, some steps freeze iterations
     assert during == [(r, max(0, r - 2)) for r in drawn]
     assert after == [(3, 0)] * 8
+
+
+def test_a_save_removes_an_earlier_versions_pickle(tmp_path):
+    """An earlier version's trainer_state.pt "must not lie beside" a new checkpoint (--resume refuses a folder
+    holding it): save_checkpoint removes it, and the folder then resumes. Mutant killed: the unlink dropped (a
+    folder saved over an old run's pickle, refused on its next --resume)."""
+    from tasks import build_tokenizer
+    from training.checkpoint import LEGACY_STATE_FILE, load_resume, save_checkpoint
+    from training.model import build_model
+
+    tok, cfg = build_tokenizer(), _cfg()
+    model = build_model(cfg, len(tok))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LEGACY_STATE_FILE).write_bytes(b"an old pickle")
+    save_checkpoint(model, tok, opt, cfg, 1, {"history": [1]}, out)
+    assert not (out / LEGACY_STATE_FILE).exists()
+    fresh = build_model(cfg, len(tok))
+    assert load_resume(fresh, torch.optim.AdamW(fresh.parameters(), lr=1e-3), cfg, out)[0] == 1
+
+
+def test_resume_refuses_another_sliding_window(tmp_path):
+    """load_resume compares "what each position attends to and how far" with the checkpoint: a run saved with
+    16-token windows does not resume as a model of 32-token windows (every layer sliding in both: only the
+    window's size differs). Mutant killed: sliding_window left out of the compared keys."""
+    from common.errors import UserError
+    from tasks import build_tokenizer
+    from training.checkpoint import load_resume, save_checkpoint
+    from training.model import build_model
+
+    tok = build_tokenizer()
+    cfg16, cfg32 = _cfg(attn_window=16), _cfg(attn_window=32)
+    model = build_model(cfg16, len(tok))
+    out = tmp_path / "run"
+    save_checkpoint(model, tok, torch.optim.AdamW(model.parameters(), lr=1e-3), cfg16, 1, {"history": [1]}, out)
+    other = build_model(cfg32, len(tok))
+    assert other.lm.config.layer_types == model.lm.config.layer_types  # the case is there: the size alone differs
+    with pytest.raises(UserError, match="another architecture \\(sliding_window differ"):
+        load_resume(other, torch.optim.AdamW(other.parameters(), lr=1e-3), cfg32, out)
