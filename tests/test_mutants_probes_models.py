@@ -237,3 +237,85 @@ def test_sandwich_norm_sites_are_the_matching_post_norms(model_type):
     plain = "gemma" if model_type.startswith("gemma") else "olmo"
     assert fam.residual_update(block, "attn_out", plain) is block.self_attn
     assert fam.residual_update(block, "mlp_out", plain) is block.mlp
+
+
+def test_the_fed_state_row_reads_the_lens_without_a_second_norm(tiny_model):
+    """MethodFields.fed_state: the fed state h_{T-1} is already post-final-norm, so its lens is W_U h_{T-1} without the
+    norm (probes/lens.py module doc); LD by hand from W_U and the fed states. The final norm's weight is moved off 1 for
+    the test (a unit-weight norm is nearly idempotent). Mutant killed: `normed=True` -> `normed=False`."""
+    from probes.lens import fed_states, final_norm
+    from probes.methods import MethodFields
+    from stats.linear import ProbeConfig
+
+    g = torch.Generator().manual_seed(6)
+    seqs = [torch.randint(2, tiny_model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 6, 6, 7)]
+    y, groups, ids = np.array([0, 1, 1, 0]), np.array([0, 0, 1, 1]), (3, 5)
+    w = final_norm(tiny_model.lm).weight
+    saved = w.detach().clone()
+    try:
+        with torch.no_grad():
+            w.copy_(torch.linspace(0.2, 3.0, len(w)))
+        h = torch.as_tensor(fed_states(tiny_model, seqs, "recurrent-1", batch_size=4))
+        z = (h @ tiny_model.lm.get_output_embeddings().weight.T).detach().double().numpy()
+        ld = z[np.arange(4), np.array(ids)[y]] - z[np.arange(4), np.array(ids)[1 - y]]
+        [row] = MethodFields(tiny_model, ids, ProbeConfig(n_boot=10), mdl=False).fed_state(
+            "t", "m", "recurrent-1", 2, seqs, y, groups, pad_id=0, batch_size=4)
+    finally:
+        with torch.no_grad():
+            w.copy_(saved)
+    assert row["state"] == "h_{T-1}" and row["n_samples"] == 4
+    assert row["logit_lens_ld"] == pytest.approx(ld.mean(), abs=1e-4)
+
+
+def test_method_fields_read_the_lens_against_the_answers_not_the_probe_labels(tiny_model):
+    """MethodFields.add: `answers` (default `y`) are the label indices the lens reads as words; where the probes fit
+    other labels (the pair role) the lens LD is still the own answer's word minus the other's, by hand from the
+    final norm and W_U. Mutant killed: the lens reading `y` whatever `answers` is."""
+    from probes.methods import MethodFields
+    from stats.linear import ProbeConfig
+
+    acts = torch.randn(6, 2, tiny_model.d_model, generator=torch.Generator().manual_seed(8)) * 2
+    y, answers = np.array([0, 1, 0, 1, 0, 1]), np.array([0, 0, 1, 1, 1, 0])
+    groups, ids = np.repeat(np.arange(3), 2), (3, 5)
+    rows = MethodFields(tiny_model, ids, ProbeConfig(n_boot=10), mdl=False).add(
+        [{}, {}], acts, y, groups, answers=answers)
+    for d in range(2):
+        z = _rms_lens(tiny_model, acts[:, d]).double().numpy()
+        ld = z[np.arange(6), np.array(ids)[answers]] - z[np.arange(6), np.array(ids)[1 - answers]]
+        assert rows[d]["logit_lens_ld"] == pytest.approx(ld.mean(), abs=1e-5)
+        assert rows[d]["mdl_compression"] is None
+
+
+def test_a_layer_types_rule_without_layer_types_is_full_attention():
+    """Family.windows: Qwen2/3 window only the layers `layer_types` marks "sliding_attention" (module doc,
+    `window_rules`); a config without layer_types has no sliding layer, whatever its sliding_window says.
+    Mutant killed: dropping `and types` from the layer_types rule (a crash on a config without layer_types)."""
+    from models.families import family_of
+
+    for mt in ("qwen2", "qwen3"):
+        cfg = {"model_type": mt, "num_hidden_layers": 3, "sliding_window": 4}
+        assert family_of(cfg).windows(cfg) == [None, None, None]
+        typed = {**cfg, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}
+        assert family_of(typed).windows(typed) == [4, None, 4]
+    mistral = {"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": 4}
+    assert family_of(mistral).windows(mistral) == [4, 4]
+
+
+def test_config_dicts_read_each_familys_own_field_names():
+    """family_of takes a config dict too (module doc), whose keys are the config.json spellings with no HF
+    attribute_map behind them: GPT-2 gives depth / width / heads / context as n_layer, n_embd, n_head, n_positions;
+    GPT-Neo its depth and heads as num_layers, num_heads. Mutants killed: GPT-2's `context_field="n_positions"` and
+    GPT-Neo's `heads_field="num_heads"` dropped (the defaults read None from a dict)."""
+    from models.families import family_of
+
+    gpt2 = {"model_type": "gpt2", "n_layer": 3, "n_embd": 48, "n_head": 4, "n_positions": 128, "head_dim": 7}
+    f = family_of(gpt2)
+    assert (f.depth(gpt2), f.width(gpt2), f.heads(gpt2), f.context(gpt2), f.head_dim(gpt2)) == (3, 48, 4, 128, 12)
+    neo = {"model_type": "gpt_neo", "num_layers": 2, "hidden_size": 32, "num_heads": 4,
+           "max_position_embeddings": 64}
+    f = family_of(neo)
+    assert (f.depth(neo), f.width(neo), f.heads(neo), f.context(neo), f.head_dim(neo)) == (2, 32, 4, 64, 8)
+    llama = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+             "head_dim": 16, "max_position_embeddings": 64}
+    f = family_of(llama)
+    assert (f.depth(llama), f.width(llama), f.heads(llama), f.context(llama), f.head_dim(llama)) == (2, 32, 4, 64, 16)
