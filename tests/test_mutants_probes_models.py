@@ -9,15 +9,12 @@ import torch
 from torch import nn
 
 from common.errors import UserError
+from test_mdl import paired as _mdl_paired
 
 
 def paired(n_pairs=60, d=8, shift=3.0, k=3, seed=0):
-    rng = np.random.default_rng(seed)
-    y = np.concatenate([[i % k, (i + 1) % k] for i in range(n_pairs)])
-    groups = np.repeat(np.arange(n_pairs), 2)
-    X = rng.normal(size=(len(y), d))
-    X[np.arange(len(y)), y] += shift
-    return X, y, groups
+    """tests/test_mdl.py's planted pairs (one group each), at this file's defaults; without the generator."""
+    return _mdl_paired(n_pairs=n_pairs, d=d, shift=shift, k=k, seed=seed)[:3]
 
 
 # ---------------------------------------------------------------------------------------------------------- mdl
