@@ -289,3 +289,20 @@ def test_a_pad_that_is_the_bos_or_the_eos_is_no_dedicated_pad():
     assert dedicated_pad_id(tok(pad_token_id=2, eos_token_id=2, bos_token_id=1)) is None
     assert dedicated_pad_id(tok(pad_token_id=1, eos_token_id=2, bos_token_id=1)) is None
     assert dedicated_pad_id(tok(pad_token_id=None, eos_token_id=2, bos_token_id=1)) is None
+
+
+def test_targeted_failure_alpha_is_the_first_drop_beyond_five_points():
+    """targeted.failure_alphas: the first alpha whose accuracy falls MORE than 0.05 below base; a drop of exactly
+    one row in 20 (0.05, as a mean of 0/1 rows computes it) is no failure; a gain is none; per condition."""
+    import numpy as np
+
+    from analysis.recirculation.targeted import failure_alphas
+
+    def change(k_wrong, n=20):  # the mean accuracy change when k of n rows flip from right to wrong
+        return float(np.mean(np.r_[np.zeros(n - k_wrong), -np.ones(k_wrong)]))
+
+    points = [{"alpha": 0.1, "uniform": {"accuracy_change": change(1)}, "targeted": {"accuracy_change": 0.1}},
+              {"alpha": 0.2, "uniform": {"accuracy_change": change(2)}, "targeted": {"accuracy_change": change(1)}},
+              {"alpha": 0.4, "uniform": {"accuracy_change": change(1)}, "targeted": {"accuracy_change": change(3)}}]
+    assert failure_alphas(points) == {"uniform": 0.2, "targeted": 0.4}
+    assert failure_alphas(points[:1]) == {"uniform": None, "targeted": None}

@@ -173,7 +173,13 @@ def targeted(model, tok, spec_sd, task: str, n_pairs: int, n_distractors: int, a
         print(f"[g] alpha {a:g}: " + "; ".join(
             f"{c} acc {point[c]['accuracy']:.3f} ({point[c]['accuracy_change']:+.3f}) LD {point[c]['mean_ld']:+.3f} "
             f"({point[c]['ld_change']:+.3f})" for c in CONDITIONS), file=sys.stderr, flush=True)
-    # (a drop of exactly FAIL_DROP, e.g. 1 of 20 rows, is no failure: float rounding of the means is allowed for)
-    res["failure_alpha"] = {c: next((p["alpha"] for p in res["points"]
-                                     if -p[c]["accuracy_change"] > FAIL_DROP + 1e-9), None) for c in CONDITIONS}
+    res["failure_alpha"] = failure_alphas(res["points"])
     return res
+
+
+def failure_alphas(points: list[dict]) -> dict:
+    """Per condition, the first point's alpha (points in increasing alpha) whose accuracy falls more than
+    FAIL_DROP below base; None where none does."""
+    # (a drop of exactly FAIL_DROP, e.g. 1 of 20 rows, is no failure: float rounding of the means is allowed for)
+    return {c: next((p["alpha"] for p in points if -p[c]["accuracy_change"] > FAIL_DROP + 1e-9), None)
+            for c in CONDITIONS}
