@@ -175,8 +175,9 @@ class LinearProbe(ClassifierMixin, BaseEstimator):
     With ``groups`` the inner CV is a ``StratifiedGroupKFold`` (fewer folds if there are fewer groups than
     ``inner_splits``); without, a ``StratifiedKFold``. Inner folds whose training part has a single class are
     left out. ``C`` ties go to the smallest (strongest regularization). If the inner CV cannot run (fewer than 2
-    groups, or a class too small), ``C`` falls back to the middle of ``Cs``. Fitted: ``pipeline_``,
-    ``scaler_`` / ``clf_`` (its two steps), ``chosen_C_``, ``classes_``, ``n_features_in_``.
+    groups, or a class too small), ``C`` falls back to the middle of the sorted ``Cs`` (whatever order they were
+    listed in; as probes.mdl takes it). Fitted: ``pipeline_``, ``scaler_`` / ``clf_`` (its two steps),
+    ``chosen_C_``, ``classes_``, ``n_features_in_``.
 
     A conforming scikit-learn classifier (``check_estimator``; clone, ``get_params``, Pipelines,
     ``cross_val_score``): its one parameter is ``config`` (None = ``ProbeConfig()``). scikit-learn's tools hand
@@ -207,7 +208,7 @@ class LinearProbe(ClassifierMixin, BaseEstimator):
             if len(Cs) == 1:
                 C, pipe = Cs[0], None
             elif splits is None:
-                C, pipe = Cs[len(Cs) // 2], None
+                C, pipe = sorted(Cs)[len(Cs) // 2], None
             else:
                 usable = [(tr, te) for tr, te in splits if len(np.unique(y[tr])) >= 2]
                 if usable:
