@@ -79,6 +79,31 @@ def test_an_unseen_class_costs_the_escape_charge():
         _neg_log2_prob(S, np.array([0, 1, 2]), np.array([5, 1]))
 
 
+@pytest.mark.parametrize("y, groups, seed", [([0, 1, 1, 0], [3, 0, 3, 1], 51),
+                                              ([1, 0, 1, 1, 1, 0, 0, 0, 0], [1, 4, 1, 3, 2, 4, 2, 4, 4], 74)])
+def test_c_search_leaves_out_inner_splits_whose_training_side_has_one_class(y, groups, seed):
+    """StratifiedGroupKFold can put every group of a class in one test fold (these inputs do, found by search):
+    such a split's training side has one class and nothing to fit; the C search drops it and still chooses a C."""
+    import warnings
+
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    from probes.mdl import _best_c, _c_splits
+    from stats.linear import ProbeConfig
+
+    y, groups = np.array(y), np.array(groups)
+    config = ProbeConfig(random_state=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        raw = list(StratifiedGroupKFold(n_splits=2, shuffle=True, random_state=seed).split(y[:, None], y, groups))
+    assert any(len(set(y[tr])) == 1 for tr, _ in raw)  # the case under test occurs
+    kept = _c_splits(y, groups, config)
+    assert kept and len(kept) < len(raw)
+    assert all(len(set(y[tr])) == 2 for tr, _ in kept)
+    X = np.random.default_rng(0).normal(size=(len(y), 3)) + y[:, None]
+    assert _best_c(X, y, groups, config) in config.Cs
+
+
 def test_no_c_search_takes_the_middle_c():
     """_best_c: no search possible (splits None) -> the middle C of the sorted config.Cs (docstring). Mutant killed:
     `Cs[len(Cs) // 2]` -> `Cs[0]`."""
