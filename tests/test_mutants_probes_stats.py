@@ -344,3 +344,22 @@ def test_distractors_come_back_sorted_and_memory_refuses_n_0():
     assert _parse_distractors("32,8,16", "completion") == [8, 16, 32]
     with pytest.raises(UserError, match="memory with N=0"):
         _parse_distractors("8,0", "memory")
+
+
+def test_newton_binary_stops_at_the_objectives_stationary_point():
+    """stats.estimator._newton_binary: at its result the gradient of 0.5 ||w||^2 + C sum log(1 + exp(-t (w.x + b)))
+    (written here with scipy's expit; the intercept unpenalized) is ~0, reached in a few Newton steps: a
+    wrong sigmoid inside the solver (e.g. sigmoid(2 t z)) leaves the true gradient large and runs to max_iter."""
+    from scipy.special import expit
+
+    from stats.estimator import _newton_binary
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(60, 3))
+    t = np.where(X @ np.array([1.0, -0.5, 0.25]) + 0.3 * rng.normal(size=60) > 0, 1.0, -1.0)
+    C = 0.7
+    beta, it = _newton_binary(X, t, C, 50, 1e-12)
+    Xb = np.hstack([X, np.ones((60, 1))])
+    grad = -C * Xb.T @ (t * expit(-t * (Xb @ beta))) + np.r_[beta[:3], 0.0]
+    assert np.abs(grad).max() < 1e-6
+    assert it < 50
