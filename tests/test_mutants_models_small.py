@@ -345,3 +345,27 @@ def test_byte_tokenizer_ids_fit_the_vocabulary_and_file_documents_refuse_blank_t
     f.write_text("  \n\t\n")
     with pytest.raises(UserError, match="is empty"):
         file_documents([str(f)])
+
+
+def test_weights_hash_takes_a_zero_dim_parameter_and_hashes_its_bytes():
+    """A scalar parameter or buffer (a learned temperature, a step counter) is hashed like any tensor: name, dtype,
+    shape and bytes, by hand with hashlib; changing the scalar changes the hash (it used to raise a RuntimeError)."""
+    import hashlib
+
+    from torch import nn
+
+    from models.fingerprint import weights_hash
+
+    m = nn.Module()
+    m.scale = nn.Parameter(torch.tensor(2.5))
+    m.register_buffer("steps", torch.tensor(7, dtype=torch.int64))
+    m.w = nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    h = hashlib.sha256()
+    for name, t in sorted(m.state_dict().items()):
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.detach().numpy().tobytes())
+    assert weights_hash(m) == h.hexdigest()
+    before = weights_hash(m)
+    with torch.no_grad():
+        m.scale.fill_(2.75)
+    assert weights_hash(m) != before
