@@ -187,22 +187,15 @@ def test_check_config_boundaries():
         return qwen3_config(50, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, **kw)
 
     check_config(cfg(), "x")
-    c = cfg()
-    c.vocab_size = 0
-    with pytest.raises(UserError, match="vocab_size must be a positive integer"):
-        check_config(c, "x")
-    c = cfg()
-    c.rms_norm_eps = 0.0
-    with pytest.raises(UserError, match="rms_norm_eps must be a finite number > 0"):
-        check_config(c, "x")
-    c = cfg(attn_window=4)
-    c.sliding_window = 0
-    with pytest.raises(UserError, match="sliding_window must be an integer >= 1"):
-        check_config(c, "x")
-    c = cfg()
-    c.num_key_value_heads = 3
-    with pytest.raises(UserError, match="num_key_value_heads 3 does not divide num_attention_heads 4"):
-        check_config(c, "x")
+    for build, field, value, message in [
+            ({}, "vocab_size", 0, "vocab_size must be a positive integer"),
+            ({}, "rms_norm_eps", 0.0, "rms_norm_eps must be a finite number > 0"),
+            ({"attn_window": 4}, "sliding_window", 0, "sliding_window must be an integer >= 1"),
+            ({}, "num_key_value_heads", 3, "num_key_value_heads 3 does not divide num_attention_heads 4")]:
+        c = cfg(**build)
+        setattr(c, field, value)
+        with pytest.raises(UserError, match=message):
+            check_config(c, "x")
     ok = types.SimpleNamespace(model_type="nope", hidden_size=32, num_attention_heads=4)
     check_config(ok, "x")  # 4 heads split 32
     bad = types.SimpleNamespace(model_type="nope", hidden_size=30, num_attention_heads=4)
