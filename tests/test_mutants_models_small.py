@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from common.errors import UserError
+from test_mutants_engine_core import _fake_model as fake_model  # an embedding of `vocab` rows
 
 
 # ---------------------------------------------------------------- models.tokenizers
@@ -46,11 +47,6 @@ def test_a_tokenizer_with_an_empty_vocabulary_is_refused_in_one_line(tmp_path):
         load_tokenizer_dir(tmp_path)
 
 
-def _fake_model(rows):
-    emb = types.SimpleNamespace(weight=torch.zeros(rows, 1))
-    return types.SimpleNamespace(lm=types.SimpleNamespace(get_input_embeddings=lambda: emb))
-
-
 def _fake_tok(ids):
     return types.SimpleNamespace(get_vocab=lambda: {f"w{i}": i for i in ids})
 
@@ -58,11 +54,11 @@ def _fake_tok(ids):
 def test_check_fits_accepts_the_last_row_and_refuses_one_past_it():
     from models.tokenizers import check_fits
 
-    check_fits(_fake_tok([0, 3, 9]), _fake_model(10), "t")  # ids 0..9 on a 10-row embedding: fits
+    check_fits(_fake_tok([0, 3, 9]), fake_model(10), "t")  # ids 0..9 on a 10-row embedding: fits
     with pytest.raises(UserError, match="token ids up to 10, the model's embedding has 10 rows"):
-        check_fits(_fake_tok([0, 10]), _fake_model(10), "t")
+        check_fits(_fake_tok([0, 10]), fake_model(10), "t")
     with pytest.raises(UserError, match="up to 12"):
-        check_fits(_fake_tok([12, 0, 5]), _fake_model(10), "t")  # the largest id decides, wherever it is
+        check_fits(_fake_tok([12, 0, 5]), fake_model(10), "t")  # the largest id decides, wherever it is
 
 
 def test_tokenizer_source_refusals_and_presets(tmp_path, monkeypatch):
@@ -91,11 +87,11 @@ def test_resolve_tokenizer_returns_the_named_one_over_the_models_own(tiny_ckpt):
     named = load_tokenizer_dir(tiny_ckpt)
     rows = len(named.get_vocab())
     own = _fake_tok([0])
-    got = resolve_tokenizer(_fake_model(rows), own, "m", str(tiny_ckpt))
+    got = resolve_tokenizer(fake_model(rows), own, "m", str(tiny_ckpt))
     assert got is not own and got.get_vocab() == named.get_vocab()
-    assert resolve_tokenizer(_fake_model(rows), own, "m") is own
+    assert resolve_tokenizer(fake_model(rows), own, "m") is own
     with pytest.raises(UserError, match="does not fit"):
-        resolve_tokenizer(_fake_model(rows - 1), own, "m", str(tiny_ckpt))
+        resolve_tokenizer(fake_model(rows - 1), own, "m", str(tiny_ckpt))
 
 
 # ---------------------------------------------------------------- models.checkpoints
